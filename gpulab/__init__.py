@@ -1,0 +1,25 @@
+"""gpulab: the helper package of the gpulab course.
+
+    device    which device, its facts, the size switch (GPULAB_SCALE)
+    timing    benchmark(): the one timing function
+    memory    allocator readings, peak tracking, the memory guard
+    monitor   NVML sampler of GPU busy %, memory, clocks, PCIe, power
+    plots     one plotting style for the course
+    widgets   the experiment panel and the live monitor
+    results   the results store (JSON, survives restarts)
+    ceilings  notebook 00's measurements, read back by later lessons
+    lesson    notebook template helpers (start, self-checks, "What you saw")
+    specs     architecture table and datasheet peaks (fallback only)
+    cli       `gpulab doctor`
+"""
+from gpulab.device import by_scale, device_facts, pick_device, scale, sync
+from gpulab.memory import fmt_bytes, memory_guard, memory_now, track_peak
+from gpulab.results import results_store
+from gpulab.timing import Timing, benchmark
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Timing", "benchmark", "by_scale", "device_facts", "fmt_bytes", "memory_guard",
+    "memory_now", "pick_device", "results_store", "scale", "sync", "track_peak",
+]

@@ -1,0 +1,193 @@
+"""One look for every plot in the course (matplotlib).
+
+Each function returns a matplotlib Figure: the last line of a notebook cell
+shows it, and a widget panel displays it in its output area.
+
+- `compare_bars`: one bar per run, with its spread (IQR) as error bars.
+- `sweep_plot`: a measured quantity against a swept parameter, one line per series.
+- `timeline_plot`: the GPU monitor's samples over time.
+- `samples_plot`: every timed call of a few `Timing`s, to see median and spread.
+- `roofline_plot`: attainable FLOP/s against arithmetic intensity from measured ceilings.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import matplotlib
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from gpulab.timing import Timing
+
+COLORS = ("#2f6db5", "#e07b24", "#3a9a4f", "#c23b3b", "#7d5ba6", "#8c6d31", "#d45fa5", "#6b6b6b")
+STYLE = {
+    "figure.figsize": (7.0, 3.6),
+    "figure.dpi": 100,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.prop_cycle": matplotlib.cycler(color=COLORS),
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "legend.frameon": False,
+}
+
+
+def _figure(ncols: int = 1, **kw) -> tuple[Figure, list]:
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, ncols, **kw)
+    plt.close(fig)  # keep pyplot from showing it a second time; we return it
+    return fig, list(axes) if ncols > 1 else [axes]
+
+
+def _styled(fig: Figure) -> Figure:
+    fig.tight_layout()
+    return fig
+
+
+def compare_bars(values: Mapping[str, Timing | float], ylabel: str = "ms per call",
+                 title: str = "", baseline: str | None = None) -> Figure:
+    """Bars for named runs. Timings show their median with the IQR as an error bar.
+
+    With `baseline`, each bar is labelled with its ratio to that run.
+    """
+    names = list(values)
+    mids, lows, highs = [], [], []
+    for name in names:
+        v = values[name]
+        if isinstance(v, Timing):
+            mids.append(v.median_ms)
+            lows.append(v.median_ms - v.p25_ms)
+            highs.append(v.p75_ms - v.median_ms)
+        else:
+            mids.append(float(v))
+            lows.append(0.0)
+            highs.append(0.0)
+    fig, (ax,) = _figure(figsize=(max(4.0, 1.1 * len(names) + 2), 3.6))
+    with plt.rc_context(STYLE):
+        bars = ax.bar(range(len(names)), mids, yerr=[lows, highs], capsize=4,
+                      color=[COLORS[i % len(COLORS)] for i in range(len(names))])
+        ax.set_xticks(range(len(names)), names, rotation=20 if len(names) > 4 else 0, ha="right"
+                      if len(names) > 4 else "center")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        if baseline is not None and baseline in values:
+            base = mids[names.index(baseline)]
+            for bar, mid in zip(bars, mids):
+                if base and mid:
+                    ax.annotate(f"{base / mid:.2g}x" if "ms" in ylabel else f"{mid / base:.2g}x",
+                                (bar.get_x() + bar.get_width() / 2, mid),
+                                ha="center", va="bottom", fontsize=9)
+    return _styled(fig)
+
+
+def sweep_plot(x: Sequence[float], series: Mapping[str, Sequence[float | None]], xlabel: str,
+               ylabel: str, title: str = "", logx: bool = False, logy: bool = False,
+               hlines: Mapping[str, float] | None = None,
+               vlines: Mapping[str, float] | None = None) -> Figure:
+    """One line per series against x; optional labelled horizontal/vertical reference lines."""
+    fig, (ax,) = _figure()
+    with plt.rc_context(STYLE):
+        for i, (label, ys) in enumerate(series.items()):
+            pts = [(a, b) for a, b in zip(x, ys) if b is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", ms=3.5, label=label, color=COLORS[i % len(COLORS)])
+        for j, (label, y) in enumerate((hlines or {}).items()):
+            ax.axhline(y, ls="--", lw=1, color=COLORS[(j + len(series)) % len(COLORS)], label=label)
+        for label, xv in (vlines or {}).items():
+            ax.axvline(xv, ls=":", lw=1, color="#555555", label=label)
+        if logx:
+            ax.set_xscale("log")
+        if logy:
+            ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    return _styled(fig)
+
+
+TIMELINE_LABELS = {
+    "busy_pct": "GPU busy %", "mem_used_gib": "memory used (GiB)", "sm_clock_mhz": "SM clock (MHz)",
+    "pcie_rx_gbps": "PCIe rx (GB/s)", "pcie_tx_gbps": "PCIe tx (GB/s)", "power_w": "power (W)",
+}
+
+
+def timeline_plot(timeline: Mapping[str, Sequence[float | None]],
+                  metrics: Sequence[str] = ("busy_pct", "mem_used_gib", "sm_clock_mhz", "power_w"),
+                  title: str = "") -> Figure:
+    """Small multiples of the GPU monitor's timeline (`GpuMonitor.timeline()`)."""
+    metrics = [m for m in metrics if any(v is not None for v in timeline.get(m, []))]
+    if not metrics:
+        fig, (ax,) = _figure(figsize=(6, 1.5))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no GPU monitor samples (see the monitor's status)", ha="center")
+        return fig
+    fig, axes = _figure(ncols=len(metrics), figsize=(3.0 * len(metrics), 2.6))
+    t = timeline["t_s"]
+    with plt.rc_context(STYLE):
+        for i, (ax, m) in enumerate(zip(axes, metrics)):
+            pts = [(a, b) for a, b in zip(t, timeline[m]) if b is not None]
+            ax.plot(*zip(*pts), color=COLORS[i % len(COLORS)], lw=1.5)
+            ax.set_title(TIMELINE_LABELS.get(m, m), fontsize=10)
+            ax.set_xlabel("time (s)")
+            if m == "busy_pct":
+                ax.set_ylim(-2, 102)
+        if title:
+            fig.suptitle(title)
+    return _styled(fig)
+
+
+def samples_plot(timings: Mapping[str, Timing], title: str = "", logy: bool = True) -> Figure:
+    """Every timed call (dots) with the median (bar) per Timing: the spread made visible."""
+    fig, (ax,) = _figure()
+    with plt.rc_context(STYLE):
+        for i, (label, t) in enumerate(timings.items()):
+            xs = [i + (k % 7 - 3) * 0.04 for k in range(len(t.samples_ms))]
+            ax.scatter(xs, t.samples_ms, s=10, alpha=0.6, color=COLORS[i % len(COLORS)])
+            ax.hlines(t.median_ms, i - 0.3, i + 0.3, color="black", lw=2)
+        ax.set_xticks(range(len(timings)), list(timings))
+        ax.set_ylabel("ms per call")
+        if logy:
+            ax.set_yscale("log")
+        ax.set_title(title)
+    return _styled(fig)
+
+
+def roofline_plot(compute_peaks: Mapping[str, float], bandwidth_gbps: float,
+                  points: Mapping[str, tuple[float, float]] | None = None,
+                  title: str = "Roofline from this device's measured ceilings") -> Figure:
+    """Attainable TFLOP/s = min(peak, intensity x bandwidth), on log-log axes.
+
+    compute_peaks: label -> TFLOP/s (one roof each). bandwidth_gbps: memory GB/s.
+    points: label -> (FLOP per byte, achieved TFLOP/s) to place measured kernels.
+    """
+    import numpy as np
+
+    fig, (ax,) = _figure(figsize=(7.0, 4.2))
+    bw_tflops_per_intensity = bandwidth_gbps / 1e3  # TFLOP/s per (FLOP/byte)
+    top = max(compute_peaks.values())
+    ridge_max = top / bw_tflops_per_intensity
+    xs = np.logspace(-2, np.log10(max(ridge_max * 8, 10)), 200)
+    with plt.rc_context(STYLE):
+        ax.plot(xs, xs * bw_tflops_per_intensity, color="#555555", lw=1, ls="--",
+                label=f"memory: {bandwidth_gbps:,.0f} GB/s")
+        for i, (label, peak) in enumerate(sorted(compute_peaks.items(), key=lambda kv: kv[1])):
+            ridge = peak / bw_tflops_per_intensity
+            ax.plot(xs, np.minimum(peak, xs * bw_tflops_per_intensity),
+                    color=COLORS[i % len(COLORS)], lw=2, label=f"{label}: {peak:,.3g} TFLOP/s")
+            ax.annotate(f"ridge {ridge:.3g} FLOP/B", (ridge, peak), fontsize=7,
+                        xytext=(4, -12), textcoords="offset points")
+        for label, (intensity, achieved) in (points or {}).items():
+            ax.scatter([intensity], [achieved], marker="x", s=50, color="black", zorder=5)
+            ax.annotate(label, (intensity, achieved), fontsize=8, xytext=(4, 4),
+                        textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+        ax.set_ylabel("attainable TFLOP/s")
+        ax.set_title(title)
+        ax.legend(fontsize=8, loc="lower right")
+    return _styled(fig)
