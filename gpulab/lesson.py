@@ -57,6 +57,14 @@ def expect(name: str, measured: float | None, low: float | None = None,
     return check
 
 
+def show_table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) -> None:
+    """Display rows as an HTML table (numbers to 4 significant figures)."""
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header) if header else ""
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    display(HTML(f"<table>{'<tr>' + head + '</tr>' if head else ''}{body}</table>"))
+
+
 def what_you_saw(rows: Sequence[tuple[str, Any]], title: str = "What you saw") -> None:
     """The closing table of a notebook: this run's measured numbers, with the device."""
     from gpulab.device import device_facts, scale

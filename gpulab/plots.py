@@ -170,7 +170,8 @@ def roofline_plot(compute_peaks: Mapping[str, float], bandwidth_gbps: float,
     bw_tflops_per_intensity = bandwidth_gbps / 1e3  # TFLOP/s per (FLOP/byte)
     top = max(compute_peaks.values())
     ridge_max = top / bw_tflops_per_intensity
-    xs = np.logspace(-2, np.log10(max(ridge_max * 8, 10)), 200)
+    far = max([ridge_max * 8, 10] + [2 * i for i, _ in (points or {}).values()])
+    xs = np.logspace(-2, np.log10(far), 200)
     with plt.rc_context(STYLE):
         ax.plot(xs, xs * bw_tflops_per_intensity, color="#555555", lw=1, ls="--",
                 label=f"memory: {bandwidth_gbps:,.0f} GB/s")

@@ -29,7 +29,7 @@ from IPython.display import HTML, display
 
 from gpulab import plots
 from gpulab.device import sync
-from gpulab.memory import release
+from gpulab.memory import memory_guard
 from gpulab.timing import Timing
 
 
@@ -184,7 +184,7 @@ class Panel:
             self._say(f"Refused: {err}", error=True)
             print(self.last_message)
             return None
-        with self._lock:
+        with self._lock, memory_guard(quiet=True) as report:
             self.button.disabled = True
             self._say("running " + ", ".join(f"{k}={v}" for k, v in args.items()) + " ...")
             try:
@@ -193,12 +193,13 @@ class Panel:
                 result = None
                 self._say(explain_error(err), error=True)
                 print(self.last_message)
-                if not isinstance(err, (ValueError,)) and "OutOfMemory" not in type(err).__name__:
+                if not isinstance(err, ValueError) and "OutOfMemory" not in type(err).__name__:
                     traceback.print_exc(limit=3)
-                del err
-                release()
+                del err  # drop the traceback's frames, and the tensors they hold
             finally:
                 self.button.disabled = False
+        if not report.ok:
+            print(report.message())
         if result is None:
             return None
         if self.metric not in result:
@@ -206,7 +207,7 @@ class Panel:
                       error=True)
             return None
         self.history.append((args, result))
-        self._say(f"run #{len(self.history)} done.")
+        self._say(f"run #{len(self.history)} done." + ("" if report.ok else " " + report.message()))
         self.redraw()
         return result
 
