@@ -127,11 +127,19 @@ def doctor_findings(cpu_ok: bool = False) -> list[Finding]:
         "panels would show 'Loading widget...' or a missing-extension message",
         "" if ext else "pip install --force-reinstall jupyterlab_widgets, then restart JupyterLab")
 
-    from gpulab.device import SettingError, scale
+    from gpulab.device import SCALES, SettingError, _setting, pick_device, scale
     try:
-        add("GPULAB_SCALE", OK, f"lessons run at scale={scale()}")
+        add("GPULAB_DEVICE", OK, f"lessons run on {pick_device()}")
+        device_ok = True
     except SettingError as err:
-        add("GPULAB_SCALE", FAIL, str(err), "unset it, or set tiny, full or auto")
+        add("GPULAB_DEVICE", FAIL, str(err), "unset GPULAB_DEVICE, or set auto, cuda or cpu")
+        device_ok = False
+    try:
+        _setting("GPULAB_SCALE", SCALES, "auto")
+        add("GPULAB_SCALE", OK, f"lessons run at scale={scale()}" if device_ok
+            else "valid (its 'auto' depends on the device setting above)")
+    except SettingError as err:
+        add("GPULAB_SCALE", FAIL, str(err), "unset GPULAB_SCALE, or set tiny, full or auto")
     return found
 
 

@@ -61,6 +61,8 @@ def nvml_status() -> tuple[bool, str]:
         driver = pynvml.nvmlSystemGetDriverVersion()
         if isinstance(driver, bytes):
             driver = driver.decode()
+    except pynvml.NVMLError as err:
+        return False, f"NVML started but could not list the GPUs: {err}."
     finally:
         pynvml.nvmlShutdown()
     if count == 0:

@@ -48,10 +48,13 @@ def _styled(fig: Figure) -> Figure:
 
 
 def compare_bars(values: Mapping[str, Timing | float], ylabel: str = "ms per call",
-                 title: str = "", baseline: str | None = None) -> Figure:
+                 title: str = "", baseline: str | None = None,
+                 lower_is_better: bool | None = None) -> Figure:
     """Bars for named runs. Timings show their median with the IQR as an error bar.
 
-    With `baseline`, each bar is labelled with its ratio to that run.
+    With `baseline`, each bar is labelled with its speed-up over that run:
+    baseline / value for times (`lower_is_better`), value / baseline for rates.
+    `lower_is_better=None` decides from the values: Timings are times, numbers rates.
     """
     names = list(values)
     mids, lows, highs = [], [], []
@@ -73,11 +76,13 @@ def compare_bars(values: Mapping[str, Timing | float], ylabel: str = "ms per cal
                       if len(names) > 4 else "center")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
+        if lower_is_better is None:
+            lower_is_better = any(isinstance(v, Timing) for v in values.values())
         if baseline is not None and baseline in values:
             base = mids[names.index(baseline)]
             for bar, mid in zip(bars, mids):
                 if base and mid:
-                    ax.annotate(f"{base / mid:.2g}x" if "ms" in ylabel else f"{mid / base:.2g}x",
+                    ax.annotate(f"{base / mid:.2g}x" if lower_is_better else f"{mid / base:.2g}x",
                                 (bar.get_x() + bar.get_width() / 2, mid),
                                 ha="center", va="bottom", fontsize=9)
     return _styled(fig)
@@ -105,7 +110,8 @@ def sweep_plot(x: Sequence[float], series: Mapping[str, Sequence[float | None]],
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(title)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     return _styled(fig)
 
 

@@ -92,6 +92,10 @@ class ResultsStore:
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
             stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
             aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+            n = 1
+            while aside.exists():  # never overwrite an earlier copy
+                n += 1
+                aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
             os.replace(self.path, aside)
             warnings.warn(
                 f"results file {self.path} could not be read ({err}); it was kept as {aside} "
@@ -108,8 +112,10 @@ class ResultsStore:
             if not isinstance(raw, dict):
                 continue
             row = {k: v for k, v in raw.items() if k in known}
-            row.setdefault("extra", {})
-            row["extra"] = {**row["extra"], **{k: v for k, v in raw.items() if k not in known}}
+            extra = row.get("extra") or {}
+            if not isinstance(extra, dict):
+                continue  # a malformed record: skip it, keep the rest
+            row["extra"] = {**extra, **{k: v for k, v in raw.items() if k not in known}}
             try:
                 rec = Record(**row)
             except TypeError:

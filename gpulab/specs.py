@@ -10,6 +10,7 @@ it was halved, and the note says so.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # compute capability major.minor -> (architecture, Tensor Core generation or None)
@@ -105,7 +106,8 @@ DATASHEETS: tuple[Datasheet, ...] = (
 def datasheet_for(device_name: str) -> Datasheet | None:
     """The datasheet entry for a device name, or None for a GPU not in the table."""
     for entry in DATASHEETS:
-        if entry.match.lower() in device_name.lower():
+        # whole words only: "L4" must not match "L40S", nor "A10" match "A100"
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(entry.match)}(?![A-Za-z0-9])", device_name, re.I):
             return entry
     return None
 

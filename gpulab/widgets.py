@@ -77,7 +77,9 @@ class IntRange:
     label: str = ""
 
     def validate(self, name: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, bool):
+            raise ValueError(f"{name} must be a whole number (got {value!r}).")
+        if not isinstance(value, int):
             try:
                 as_float = float(value)
             except (TypeError, ValueError):
@@ -138,7 +140,8 @@ class Panel:
         params = inspect.signature(experiment).parameters
         missing = [k for k in self.controls if k not in params]
         if missing:
-            raise TypeError(f"{experiment.__name__}() has no argument(s) {missing} for the controls")
+            name = getattr(experiment, "__name__", repr(experiment))
+            raise TypeError(f"{name}() has no argument(s) {missing} for the controls")
         self.defaults = {k: (defaults or {}).get(k, params[k].default) for k in self.controls}
         for k, v in self.defaults.items():
             self.controls[k].validate(k, v)

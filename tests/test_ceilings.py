@@ -1,0 +1,197 @@
+"""gpulab.ceilings: notebook 00's experiments, at tiny sizes on the CPU."""
+import json
+
+import pytest
+import torch
+
+from gpulab import ceilings
+from gpulab.ceilings import (CEILING_NAMES, PRECISIONS, TOLERANCE, copy_experiment, matmul_error,
+                             matmul_experiment, measure_ceilings, supported_precisions,
+                             transfer_experiment)
+from gpulab.device import device_facts, facts_for_capability
+from gpulab.results import ResultsStore
+from gpulab.timing import Timing
+
+pytestmark = pytest.mark.usefixtures("on_cpu")     # the CPU path, also on a GPU machine
+
+H100 = facts_for_capability("NVIDIA H100 80GB HBM3", 9, 0)
+ROW = {"lesson": "00", "unit": "TFLOP/s", "gpu": "CPU", "device": "cpu", "torch": "2.4.0",
+       "host": "lab"}
+
+
+@pytest.fixture
+def store(results_path):
+    return ResultsStore(results_path)
+
+
+# -- which precisions -------------------------------------------------------------------
+def test_cpu_precisions():
+    assert supported_precisions(device_facts(torch.device("cpu"))) == ["fp32", "bf16"]
+    assert supported_precisions() == ["fp32", "bf16"]
+
+
+def test_gpu_precisions_follow_the_architecture():
+    assert supported_precisions(facts_for_capability("Tesla P100", 6, 0)) == ["fp32", "fp16"]
+    assert supported_precisions(facts_for_capability("Tesla V100", 7, 0)) == ["fp32", "fp16"]
+    assert supported_precisions(facts_for_capability("NVIDIA A100", 8, 0)) == [
+        "fp32", "tf32", "fp16", "bf16"]
+    assert supported_precisions(H100) == ["fp32", "tf32", "fp16", "bf16"]
+
+
+def test_every_precision_has_a_tolerance():
+    assert set(TOLERANCE) == set(PRECISIONS)
+
+
+# -- correctness check ------------------------------------------------------------------
+def test_matmul_error_fp32_is_tiny_and_repeatable():
+    err = matmul_error("fp32", n=64)
+    assert 0 <= err < TOLERANCE["fp32"]
+    assert matmul_error("fp32", n=64) == err
+
+
+def test_matmul_error_bf16_is_larger_but_within_tolerance():
+    bf16, fp32 = matmul_error("bf16", n=64), matmul_error("fp32", n=64)
+    assert 1e-4 < bf16 < TOLERANCE["bf16"]
+    assert bf16 > 100 * fp32
+
+
+def test_matmul_error_refuses_unknown_precision():
+    with pytest.raises(ValueError, match="precision must be one of fp32, tf32, fp16, bf16"):
+        matmul_error("fp64", n=16)
+
+
+# -- matmul_experiment ----------------------------------------------------------------------
+def test_matmul_experiment_fp32():
+    r = matmul_experiment("fp32", n=64)
+    assert set(r) == {"TFLOP/s", "ms", "rel. error"}
+    assert isinstance(r["ms"], Timing) and r["ms"].method == "perf_counter"
+    assert r["TFLOP/s"] > 0
+    assert r["TFLOP/s"] == pytest.approx(2 * 64**3 / (r["ms"].median_ms / 1e3) / 1e12)
+    assert r["rel. error"] <= TOLERANCE["fp32"]
+
+
+def test_matmul_experiment_bf16():
+    r = matmul_experiment("bf16", n=64)
+    assert r["TFLOP/s"] > 0 and r["rel. error"] <= TOLERANCE["bf16"]
+
+
+def test_matmul_experiment_restores_the_fp32_mode():
+    before = torch.get_float32_matmul_precision()
+    matmul_experiment("tf32", n=32)
+    assert torch.get_float32_matmul_precision() == before
+
+
+@pytest.mark.parametrize("n", [8, 15, 65537])
+def test_matmul_experiment_refuses_bad_sizes(n):
+    with pytest.raises(ValueError, match=f"n must be between 16 and 65536 \\(got {n}\\)"):
+        matmul_experiment("fp32", n=n)
+
+
+def test_matmul_experiment_refuses_bad_precision():
+    with pytest.raises(ValueError, match="precision must be one of"):
+        matmul_experiment("int8", n=64)
+
+
+def test_matmul_experiment_refuses_a_wrong_result(monkeypatch):
+    monkeypatch.setattr(ceilings, "matmul_error", lambda precision, n: 0.5)
+    with pytest.raises(AssertionError, match="bf16 matmul is wrong: relative error 5.00e-01"):
+        matmul_experiment("bf16", n=64)
+
+
+# -- copies -----------------------------------------------------------------------------------
+def test_copy_experiment():
+    r = copy_experiment(1)
+    assert isinstance(r["ms"], Timing)
+    assert r["GB/s"] > 0
+    assert r["GB/s"] == pytest.approx(2 * 2**20 / (r["ms"].median_ms / 1e3) / 1e9)
+
+
+def test_copy_experiment_refuses_zero():
+    with pytest.raises(ValueError, match="mib must be >= 1"):
+        copy_experiment(0)
+
+
+def test_transfer_experiment_needs_a_gpu():
+    with pytest.raises(ValueError, match="need a CUDA GPU"):
+        transfer_experiment("h2d", pinned=True, mib=1)
+
+
+def test_transfer_experiment_refuses_bad_direction():
+    with pytest.raises(ValueError, match="direction must be 'h2d' or 'd2h'"):
+        transfer_experiment("sideways")
+
+
+# -- measure_ceilings and ceilings() ----------------------------------------------------------
+def test_measure_ceilings_on_cpu_records_three_ceilings(store):
+    lines = []
+    found = measure_ceilings(store, sizes={"n": 64, "copy_mib": 1}, progress=lines.append)
+    assert list(found) == ["matmul_fp32", "matmul_bf16", "copy_bandwidth"]
+    assert all(v > 0 for v in found.values())
+    recs = store.records()
+    assert [(r.lesson, r.name, r.unit) for r in recs] == [
+        ("00", "matmul_fp32", "TFLOP/s"), ("00", "matmul_bf16", "TFLOP/s"),
+        ("00", "copy_bandwidth", "GB/s")]
+    assert recs[0].extra["n"] == 64 and recs[2].extra["mib"] == 1
+    assert [r.value for r in recs] == list(found.values())
+    assert len(lines) == 3 and lines[0].startswith("matmul fp32 n=64:")
+
+    back = ceilings.ceilings(store)
+    assert set(back) == set(found)
+    for name, value in found.items():
+        assert back[name].value == value
+        assert back[name].unit == CEILING_NAMES[name]
+        assert back[name].source.startswith("measured ") and back[name].source.endswith("(tiny)")
+
+
+def test_ceilings_prefer_full_size_over_newer_tiny_runs(store, monkeypatch):
+    monkeypatch.setenv("GPULAB_SCALE", "full")
+    store.record("00", "matmul_fp32", 40.0, "TFLOP/s")
+    store.record("00", "matmul_fp32", 45.0, "TFLOP/s")
+    monkeypatch.setenv("GPULAB_SCALE", "tiny")
+    store.record("00", "matmul_fp32", 0.1, "TFLOP/s")
+    c = ceilings.ceilings(store)["matmul_fp32"]
+    assert c.value == 45.0 and c.source.endswith("(full)")
+
+
+def test_ceilings_use_tiny_runs_when_no_full_one(results_path, store):
+    results_path.write_text(json.dumps({"schema": 1, "records": [
+        {**ROW, "name": "matmul_bf16", "value": 0.5, "scale": "tiny", "time": "T1"},
+        {**ROW, "name": "matmul_bf16", "value": 0.7, "scale": "tiny", "time": "T2"},
+    ]}))
+    c = ceilings.ceilings(store)["matmul_bf16"]
+    assert (c.value, c.source) == (0.7, "measured T2 (tiny)")
+
+
+def test_ceilings_ignore_other_lessons_and_other_gpus(results_path, store):
+    results_path.write_text(json.dumps({"schema": 1, "records": [
+        {**ROW, "name": "matmul_fp32", "value": 1.0, "scale": "tiny", "time": "T", "lesson": "03"},
+        {**ROW, "name": "matmul_fp32", "value": 2.0, "scale": "full", "time": "T",
+         "gpu": "NVIDIA H100 80GB HBM3"},
+    ]}))
+    assert ceilings.ceilings(store) == {}          # CPU: nothing measured, no datasheet
+
+
+def test_ceilings_fall_back_to_the_datasheet(store, monkeypatch):
+    monkeypatch.setattr(ceilings, "device_facts", lambda: H100)
+    store.record("00", "matmul_fp32", 50.0, "TFLOP/s")
+    c = ceilings.ceilings(store)
+    assert set(c) == {"matmul_fp32", "matmul_tf32", "matmul_fp16", "matmul_bf16", "copy_bandwidth"}
+    assert c["matmul_fp32"].value == 50.0 and c["matmul_fp32"].source.startswith("measured")
+    assert c["matmul_bf16"].value == 989.0
+    assert c["copy_bandwidth"].value == 3350.0 and c["copy_bandwidth"].unit == "GB/s"
+    assert c["matmul_tf32"].source == "datasheet: " + H100.datasheet.source
+
+
+def test_datasheet_gaps_stay_gaps(store, monkeypatch):
+    v100 = facts_for_capability("Tesla V100-SXM2-16GB", 7, 0)
+    monkeypatch.setattr(ceilings, "device_facts", lambda: v100)
+    assert set(ceilings.ceilings(store)) == {"matmul_fp32", "matmul_fp16", "copy_bandwidth"}
+
+
+# -- on a GPU -------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_pinned_transfers_beat_pageable(monkeypatch):
+    monkeypatch.delenv("GPULAB_DEVICE")
+    pageable = transfer_experiment("h2d", pinned=False, mib=256)["GB/s"]
+    pinned = transfer_experiment("h2d", pinned=True, mib=256)["GB/s"]
+    assert pinned > pageable > 0

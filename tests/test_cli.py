@@ -1,0 +1,181 @@
+"""gpulab.cli: `gpulab doctor` on this (GPU-less) machine and with simulated problems."""
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from gpulab import cli, monitor
+from gpulab.cli import FAIL, OK, WARN, doctor_findings, main
+
+
+def findings(**kw):
+    return {f.check: f for f in doctor_findings(**kw)}
+
+
+def run_main(argv, capsys):
+    code = main(argv)
+    return code, capsys.readouterr().out
+
+
+# -- usage -------------------------------------------------------------------------------
+def test_no_command_prints_usage_and_fails(capsys):
+    code, out = run_main([], capsys)
+    assert code == 2
+    assert out.startswith("usage: gpulab doctor [--cpu-ok] [--json]")
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_succeeds(flag, capsys):
+    code, out = run_main([flag], capsys)
+    assert code == 0 and "usage: gpulab doctor" in out
+
+
+def test_unknown_command_fails(capsys):
+    code, out = run_main(["frobnicate"], capsys)
+    assert code == 2 and "usage:" in out
+
+
+def test_unknown_doctor_option_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["doctor", "--bogus"])
+    assert info.value.code == 2
+
+
+# -- doctor on this machine ---------------------------------------------------------------
+@pytest.mark.cpu_only
+def test_doctor_without_gpu_is_not_ready(capsys):
+    code, out = run_main(["doctor"], capsys)
+    assert code == 1
+    assert "FAIL  GPU" in out
+    assert "fix: run the course on a machine with an NVIDIA GPU" in out
+    assert "NOT READY: 2 problem(s) above." in out        # the GPU and NVML
+
+
+@pytest.mark.cpu_only
+def test_doctor_cpu_ok_accepts_a_cpu_machine(capsys):
+    code, out = run_main(["doctor", "--cpu-ok"], capsys)
+    assert code == 0
+    assert "FAIL" not in out
+    assert "warn  GPU" in out
+    assert out.rstrip().endswith("Ready for the course. (GPU side: not checked, --cpu-ok)")
+
+
+@pytest.mark.cpu_only
+def test_doctor_json(capsys):
+    code, out = run_main(["doctor", "--json"], capsys)
+    rows = json.loads(out)
+    assert code == 1
+    assert all(set(r) == {"check", "status", "detail", "fix"} for r in rows)
+    by_check = {r["check"]: r for r in rows}
+    assert by_check["GPU"]["status"] == FAIL
+    assert "no CUDA GPU" in by_check["GPU"]["detail"]
+    assert "libnvidia-ml.so" in by_check["NVIDIA driver / NVML"]["detail"]
+    assert by_check["python"]["status"] == OK
+
+
+def test_doctor_lists_checks_in_order():
+    checks = list(findings())
+    assert checks[:2] == ["python", "torch"]
+    assert checks[-3:] == ["JupyterLab widget extension", "GPULAB_DEVICE", "GPULAB_SCALE"]
+    assert {"GPU", "NVIDIA driver / NVML", "Triton", "ipywidgets", "nvidia-ml-py"} <= set(checks)
+
+
+@pytest.mark.cpu_only
+def test_console_script_doctor():
+    exe = shutil.which("gpulab")
+    if exe is None:
+        pytest.skip("the gpulab console script is not on PATH")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAB_")}
+    proc = subprocess.run([exe, "doctor"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1
+    assert "NOT READY" in proc.stdout
+    assert "fix:" in proc.stdout
+
+
+# -- simulated problems ---------------------------------------------------------------------
+def test_missing_widget_extension_fails_with_a_fix(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_widget_extension", lambda: None)
+    ext = findings(cpu_ok=True)["JupyterLab widget extension"]
+    assert ext.status == FAIL
+    assert "jupyterlab-manager is not installed" in ext.detail
+    assert "pip install --force-reinstall jupyterlab_widgets" in ext.fix
+    code, out = run_main(["doctor", "--cpu-ok"], capsys)
+    assert code == 1 and "NOT READY" in out
+
+
+def test_bad_gpulab_scale_is_a_failure(monkeypatch, capsys):
+    monkeypatch.setenv("GPULAB_SCALE", "medium")
+    row = findings(cpu_ok=True)["GPULAB_SCALE"]
+    assert row.status == FAIL
+    assert "allowed values are tiny, full, auto" in row.detail
+    assert row.fix == "unset GPULAB_SCALE, or set tiny, full or auto"
+    code, out = run_main(["doctor", "--cpu-ok"], capsys)
+    assert code == 1 and "FAIL  GPULAB_SCALE" in out
+
+
+def test_good_gpulab_scale_is_reported(monkeypatch):
+    monkeypatch.setenv("GPULAB_SCALE", "full")
+    row = findings()["GPULAB_SCALE"]
+    assert (row.status, row.detail) == (OK, "lessons run at scale=full")
+
+
+def test_bad_gpulab_device_is_a_failure(monkeypatch, capsys):
+    monkeypatch.setenv("GPULAB_SCALE", "tiny")
+    monkeypatch.setenv("GPULAB_DEVICE", "gpu")
+    code, out = run_main(["doctor", "--cpu-ok"], capsys)
+    assert code == 1 and "GPULAB_DEVICE" in out
+
+
+def test_missing_package_fails_with_pip_command(monkeypatch):
+    real = cli._version
+    monkeypatch.setattr(cli, "_version", lambda d: None if d == "matplotlib" else real(d))
+    row = findings(cpu_ok=True)["matplotlib"]
+    assert (row.status, row.detail) == (FAIL, "missing (every plot)")
+    assert row.fix.startswith("pip install matplotlib")
+
+
+def test_deprecated_pynvml_distribution_is_a_warning(monkeypatch):
+    real = cli._version
+    monkeypatch.setattr(cli, "_version", lambda d: "11.5.0" if d == "pynvml" else real(d))
+    row = findings()["pynvml package"]
+    assert row.status == WARN
+    assert row.fix == "pip uninstall pynvml  (gpulab needs only nvidia-ml-py)"
+
+
+def test_no_deprecated_pynvml_row_normally(monkeypatch):
+    real = cli._version
+    monkeypatch.setattr(cli, "_version", lambda d: None if d == "pynvml" else real(d))
+    assert "pynvml package" not in findings()
+
+
+def test_missing_pynvml_module_is_explained(monkeypatch):
+    def no_module():
+        raise ImportError("No module named 'pynvml'")
+    monkeypatch.setattr(monitor, "_import_pynvml", no_module)
+    row = findings(cpu_ok=True)["NVIDIA driver / NVML"]
+    assert row.status == WARN
+    assert "pip install nvidia-ml-py" in row.detail
+
+
+@pytest.mark.cpu_only
+def test_gpu_machine_with_cpu_torch_fails_even_with_cpu_ok(monkeypatch):
+    if torch.version.cuda is not None:
+        pytest.skip("this torch is a CUDA build")
+    monkeypatch.setattr(monitor, "nvml_status",
+                        lambda: (True, "NVML ready: driver 550.54.15, 1 GPU(s)."))
+    found = findings(cpu_ok=True)
+    assert found["GPU"].status == FAIL
+    assert found["GPU"].detail == "this machine has an NVIDIA GPU but PyTorch is a CPU build"
+    assert "install a CUDA build" in found["GPU"].fix
+    assert found["NVIDIA driver / NVML"].status == OK
+
+
+@pytest.mark.cpu_only
+def test_cpu_ok_turns_gpu_failures_into_warnings():
+    strict, relaxed = findings(), findings(cpu_ok=True)
+    assert strict["GPU"].status == FAIL and relaxed["GPU"].status == WARN
+    assert strict["NVIDIA driver / NVML"].status == FAIL
+    assert relaxed["NVIDIA driver / NVML"].status == WARN

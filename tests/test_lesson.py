@@ -1,0 +1,97 @@
+"""gpulab.lesson: start, show_source, expect, what_you_saw."""
+import dataclasses
+
+import pytest
+from IPython.display import HTML, Markdown
+
+from gpulab import lesson
+from gpulab.lesson import expect
+from gpulab.memory import fmt_bytes
+
+
+@pytest.fixture
+def shown(monkeypatch):
+    """What the lesson helpers display, instead of showing it."""
+    out = []
+    monkeypatch.setattr(lesson, "display", out.append)
+    return out
+
+
+# -- expect -------------------------------------------------------------------------------
+def test_expect_pass(capsys):
+    check = expect("pinned speed-up", 2.5, low=2, high=4, why="pinned memory skips a copy")
+    assert check.status == "pass"
+    assert check.why == "pinned memory skips a copy"
+    assert capsys.readouterr().out == (
+        "   pass  pinned speed-up: 2.5 (expected [2, 4]) pinned memory skips a copy\n")
+
+
+def test_expect_fail_below_the_band(capsys):
+    check = expect("pinned speed-up", 1.2, low=2, high=4)
+    assert check.status == "FAIL"
+    assert check.why == "this GPU does not show the expected effect"
+    assert capsys.readouterr().out.startswith("   FAIL  pinned speed-up: 1.2 (expected [2, 4])")
+
+
+def test_expect_fail_above_the_band_gives_the_reason():
+    check = expect("overhead", 9.0, high=5, why_not="another process shares the GPU")
+    assert (check.status, check.why) == ("FAIL", "another process shares the GPU")
+
+
+def test_expect_one_sided_band(capsys):
+    assert expect("speed-up", 100.0, low=2).status == "pass"
+    assert "(expected [2, -])" in capsys.readouterr().out
+
+
+def test_expect_not_applicable_is_skipped_never_passed(capsys):
+    check = expect("pinned speed-up", 3.0, low=2, high=4, applies=False,
+                   why_not="no GPU: nothing crosses PCIe")
+    assert check.status == "skipped"
+    assert check.why == "no GPU: nothing crosses PCIe"
+    assert capsys.readouterr().out.startswith("skipped  pinned speed-up: 3 ")
+
+
+def test_expect_without_a_measurement_is_skipped(capsys):
+    check = expect("busy %", None, low=90)
+    assert (check.status, check.why) == ("skipped", "not measurable here")
+    assert "busy %: - (expected [90, -]) not measurable here" in capsys.readouterr().out
+
+
+def test_check_is_frozen():
+    check = expect("x", 1.0, low=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        check.status = "pass"
+
+
+# -- display helpers ------------------------------------------------------------------------
+def test_start_names_the_lesson_and_device(shown, on_cpu):
+    lesson.start("01")
+    (md,) = shown
+    assert isinstance(md, Markdown)
+    assert md.data.startswith("**Lesson 01.** Running on the CPU")
+    assert "scale=tiny" in md.data
+
+
+def test_show_source_shows_the_code(shown):
+    lesson.show_source(fmt_bytes)
+    (md,) = shown
+    assert md.data.startswith("`gpulab.memory.fmt_bytes`:\n```python\ndef fmt_bytes(")
+    assert md.data.rstrip().endswith("```")
+
+
+def test_what_you_saw_table(shown, on_cpu):
+    lesson.what_you_saw([("matmul TFLOP/s", 1.23456), ("note", "<b>bold</b>"), ("runs", 3)])
+    (table,) = shown
+    assert isinstance(table, HTML)
+    html = table.data
+    assert html.startswith("<b>What you saw</b>")
+    assert "<tr><td>matmul TFLOP/s</td><td>1.235</td></tr>" in html
+    assert "<td>&lt;b&gt;bold&lt;/b&gt;</td>" in html
+    assert "<tr><td>runs</td><td>3</td></tr>" in html
+    assert "scale=tiny — CPU: illustrative only" in html
+
+
+def test_what_you_saw_custom_title(shown, on_cpu):
+    lesson.what_you_saw([], title="Results & notes")
+    assert shown[0].data.startswith("<b>Results &amp; notes</b>")
+

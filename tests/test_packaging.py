@@ -1,0 +1,63 @@
+"""The project's own files agree with each other: dependencies, README commands, CI."""
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONDA_TO_PIP = {"pytorch": "torch"}  # conda-forge names that differ from PyPI's
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~ \[;]", requirement.strip(), maxsplit=1)[0].lower()
+
+
+def pyproject_packages() -> set[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(project["dependencies"])
+    for extra in project.get("optional-dependencies", {}).values():
+        reqs += extra
+    return {_name(r) for r in reqs}
+
+
+def environment_packages() -> set[str]:
+    names, in_deps = set(), False
+    for line in (ROOT / "environment.yml").read_text().splitlines():
+        if line.startswith("dependencies:"):
+            in_deps = True
+            continue
+        if in_deps and re.match(r"^  - [A-Za-z]", line):   # top-level conda entries only
+            name = _name(line[4:])
+            if name not in ("python", "pip", "pip:"):
+                names.add(CONDA_TO_PIP.get(name, name))
+    return names
+
+
+def test_environment_yml_and_pyproject_list_the_same_packages():
+    assert environment_packages() == pyproject_packages()
+    assert {"torch", "jupyterlab", "ipywidgets", "nvidia-ml-py", "matplotlib", "nbval"} <= pyproject_packages()
+
+
+def test_the_deprecated_pynvml_distribution_is_not_a_dependency():
+    assert "pynvml" not in pyproject_packages() | environment_packages()
+
+
+def test_environment_yml_installs_the_package_itself():
+    assert "- -e ." in (ROOT / "environment.yml").read_text()
+
+
+def test_console_script_points_at_the_cli():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["gpulab"] == "gpulab.cli:main"
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "bash setup.sh test" in readme and "bash setup.sh lab" in readme
+    assert "bash setup.sh test" in ci
+
+
+def test_setup_script_never_asks_for_an_unpinned_torch_without_a_gpu():
+    script = (ROOT / "setup.sh").read_text()
+    cpu_branch = script.split("no NVIDIA GPU", 1)[1].split("fi", 1)[0]
+    assert "torch==2.13.0" in cpu_branch

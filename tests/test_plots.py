@@ -1,0 +1,148 @@
+"""gpulab.plots: every function returns a Figure with the expected artists."""
+import pytest
+import torch
+from matplotlib.collections import PathCollection
+from matplotlib.container import BarContainer
+from matplotlib.figure import Figure
+
+from gpulab import plots
+from gpulab.monitor import GpuMonitor
+from gpulab.timing import summarize
+
+
+def bars_of(ax) -> BarContainer:
+    (container,) = [c for c in ax.containers if isinstance(c, BarContainer)]
+    return container
+
+
+def error_bar_ranges(container):
+    """(low, high) y of each bar's error bar."""
+    (segments,) = [lc.get_segments() for lc in container.errorbar.lines[2]]
+    return [(round(s[0][1], 9), round(s[1][1], 9)) for s in segments]
+
+
+def texts(ax):
+    return [t.get_text() for t in ax.texts]
+
+
+# -- compare_bars -----------------------------------------------------------------------
+def test_compare_bars_one_bar_per_run():
+    fig = plots.compare_bars({"a": 1.0, "b": 2.0, "c": 3.0}, title="three runs")
+    assert isinstance(fig, Figure)
+    (ax,) = fig.axes
+    assert len(ax.patches) == 3
+    assert [p.get_height() for p in ax.patches] == [1.0, 2.0, 3.0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b", "c"]
+    assert ax.get_title() == "three runs" and ax.get_ylabel() == "ms per call"
+
+
+def test_compare_bars_timings_get_iqr_error_bars():
+    t = summarize([1.0, 2.0, 3.0, 4.0, 5.0], "cpu", "perf_counter")   # p25 2, median 3, p75 4
+    fig = plots.compare_bars({"timed": t, "plain": 6.0})
+    (ax,) = fig.axes
+    assert [p.get_height() for p in ax.patches] == [3.0, 6.0]
+    assert error_bar_ranges(bars_of(ax)) == [(2.0, 4.0), (6.0, 6.0)]
+
+
+def test_compare_bars_baseline_speedup_for_times():
+    fig = plots.compare_bars({"slow": 10.0, "fast": 5.0}, ylabel="ms per call", baseline="slow",
+                             lower_is_better=True)
+    assert texts(fig.axes[0]) == ["1x", "2x"]
+
+
+def test_compare_bars_timings_are_times_without_being_told():
+    slow = summarize([10.0, 10.0, 10.0], "cpu", "perf_counter")
+    fast = summarize([5.0, 5.0, 5.0], "cpu", "perf_counter")
+    fig = plots.compare_bars({"slow": slow, "fast": fast}, ylabel="µs per call", baseline="slow")
+    assert texts(fig.axes[0]) == ["1x", "2x"]
+
+
+def test_compare_bars_baseline_ratio_for_rates():
+    fig = plots.compare_bars({"fp32": 50.0, "bf16": 700.0}, ylabel="TFLOP/s", baseline="fp32")
+    assert texts(fig.axes[0]) == ["1x", "14x"]
+
+
+def test_compare_bars_unknown_baseline_adds_no_labels():
+    fig = plots.compare_bars({"a": 1.0, "b": 2.0}, baseline="missing")
+    assert texts(fig.axes[0]) == []
+
+
+def test_compare_bars_many_names_are_rotated():
+    fig = plots.compare_bars({f"run {i}": float(i + 1) for i in range(6)})
+    (ax,) = fig.axes
+    assert len(ax.patches) == 6
+    assert {t.get_rotation() for t in ax.get_xticklabels()} == {20.0}
+
+
+# -- sweep_plot ------------------------------------------------------------------------
+def test_sweep_plot_lines_and_reference_lines():
+    fig = plots.sweep_plot([1, 2, 4, 8], {"fp32": [1, 2, 3, 4], "bf16": [2, None, 6, 8]},
+                           xlabel="batch", ylabel="ms", logx=True,
+                           hlines={"peak": 10.0}, vlines={"ridge": 3.0})
+    (ax,) = fig.axes
+    assert len(ax.lines) == 4                   # 2 series + 1 hline + 1 vline
+    fp32, bf16 = ax.lines[:2]
+    assert list(bf16.get_xdata()) == [1, 4, 8]  # the None point is left out
+    assert list(fp32.get_ydata()) == [1, 2, 3, 4]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "linear"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["fp32", "bf16", "peak", "ridge"]
+
+
+@pytest.mark.filterwarnings("ignore:No artists with labels found")
+def test_sweep_plot_series_without_values_draws_nothing():
+    fig = plots.sweep_plot([1, 2], {"empty": [None, None]}, xlabel="x", ylabel="y", logy=True)
+    (ax,) = fig.axes
+    assert len(ax.lines) == 0
+    assert ax.get_yscale() == "log"
+
+
+# -- timeline_plot ----------------------------------------------------------------------
+def test_timeline_plot_one_panel_per_metric_with_data():
+    tl = {"t_s": [0.0, 0.2, 0.4], "busy_pct": [10.0, 90.0, 95.0],
+          "mem_used_gib": [1.0, 2.0, 2.0], "sm_clock_mhz": [None, None, None],
+          "power_w": [100.0, None, 300.0]}
+    fig = plots.timeline_plot(tl, title="load")
+    assert len(fig.axes) == 3                   # the clock never read: no panel
+    busy, mem, power = fig.axes
+    assert busy.get_title() == "GPU busy %" and busy.get_ylim() == (-2, 102)
+    assert mem.get_title() == "memory used (GiB)"
+    assert list(power.lines[0].get_ydata()) == [100.0, 300.0]
+    assert fig._suptitle.get_text() == "load"
+
+
+def test_timeline_plot_without_samples_says_so():
+    fig = plots.timeline_plot(GpuMonitor(device=torch.device("cpu")).timeline())
+    (ax,) = fig.axes
+    assert not ax.axison
+    assert texts(ax) == ["no GPU monitor samples (see the monitor's status)"]
+
+
+# -- samples_plot ------------------------------------------------------------------------
+def test_samples_plot_shows_every_call_and_the_median():
+    a = summarize([1.0, 1.1, 1.2, 5.0], "cpu", "perf_counter")
+    b = summarize([2.0, 2.1, 2.2], "cpu", "perf_counter")
+    fig = plots.samples_plot({"a": a, "b": b}, title="spread")
+    (ax,) = fig.axes
+    dots = [c for c in ax.collections if isinstance(c, PathCollection)]
+    assert [len(c.get_offsets()) for c in dots] == [4, 3]
+    assert ax.get_yscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b"]
+
+
+# -- roofline_plot ---------------------------------------------------------------------
+def test_roofline_one_roof_per_peak_plus_memory_line():
+    fig = plots.roofline_plot({"bf16": 700.0, "fp32": 50.0}, bandwidth_gbps=3000.0,
+                              points={"my kernel": (10.0, 20.0)})
+    (ax,) = fig.axes
+    assert len(ax.lines) == 3
+    memory, fp32, bf16 = ax.lines               # roofs drawn lowest first
+    assert memory.get_label() == "memory: 3,000 GB/s"
+    assert fp32.get_label() == "fp32: 50 TFLOP/s"
+    assert bf16.get_label() == "bf16: 700 TFLOP/s"
+    assert max(fp32.get_ydata()) == pytest.approx(50.0)
+    assert max(bf16.get_ydata()) == pytest.approx(700.0)
+    x0 = fp32.get_xdata()[0]
+    assert fp32.get_ydata()[0] == pytest.approx(x0 * 3.0)    # memory-bound: 3 TFLOP/s per FLOP/B
+    assert "ridge 16.7 FLOP/B" in texts(ax) and "ridge 233 FLOP/B" in texts(ax)
+    assert "my kernel" in texts(ax)
+    assert ax.get_xscale() == ax.get_yscale() == "log"

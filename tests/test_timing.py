@@ -1,0 +1,175 @@
+"""gpulab.timing: benchmark() and Timing."""
+import dataclasses
+import time
+
+import pytest
+import torch
+
+from gpulab import timing
+from gpulab.timing import Timing, benchmark, summarize
+
+CPU = torch.device("cpu")
+
+
+class Counter:
+    """A function to time that counts its calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self):
+        self.calls += 1
+
+
+def make_timing(median=2.0, p25=1.5, p75=2.5, **kw):
+    return Timing(median_ms=median, p25_ms=p25, p75_ms=p75, min_ms=kw.get("min", 1.0),
+                  max_ms=kw.get("max", 3.0), n=kw.get("n", 5), device="cpu", method="perf_counter")
+
+
+# -- benchmark on the CPU ----------------------------------------------------------
+@pytest.mark.cpu_only
+def test_default_device_without_cuda_uses_perf_counter():
+    t = benchmark(lambda: None, repeat=3)
+    assert (t.method, t.device) == ("perf_counter", "cpu")
+
+
+def test_cpu_timing_is_ordered():
+    t = benchmark(lambda: sum(range(1000)), repeat=15, device=CPU)
+    assert t.method == "perf_counter"
+    assert t.n == 15 and len(t.samples_ms) == 15
+    assert t.min_ms <= t.p25_ms <= t.median_ms <= t.p75_ms <= t.max_ms
+    assert t.min_ms > 0
+
+
+def test_warmup_calls_are_made_but_not_timed():
+    fn = Counter()
+    t = benchmark(fn, warmup=4, repeat=6, device=CPU)
+    assert fn.calls == 4 + 6
+    assert t.n == 6
+
+
+def test_benchmark_synchronizes_around_every_timed_call(monkeypatch):
+    synced = []
+    monkeypatch.setattr(timing, "sync", synced.append)
+    benchmark(Counter(), warmup=2, repeat=5, device=CPU)
+    assert synced == [CPU] * 10
+
+
+def test_repeat_none_fits_the_budget_between_3_and_max_repeat():
+    fn = Counter()
+    t = benchmark(fn, warmup=0, max_repeat=20, device=CPU)
+    assert t.n == 20                      # a fast call: the cap decides
+    assert fn.calls == 1 + 20             # one probe call, then the timed ones
+
+
+def test_repeat_none_never_goes_below_3():
+    t = benchmark(lambda: time.sleep(0.01), warmup=0, budget_s=0.001, device=CPU)
+    assert t.n == 3
+
+
+def test_repeat_none_follows_the_budget_for_slow_calls():
+    t = benchmark(lambda: time.sleep(0.01), warmup=0, budget_s=0.05, device=CPU)
+    assert 3 <= t.n <= 5                  # 50 ms budget / >=10 ms per call
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"warmup": -1}, "warmup must be >= 0"),
+    ({"repeat": 0}, "repeat must be >= 1"),
+])
+def test_invalid_counts_are_refused(kwargs, message):
+    fn = Counter()
+    with pytest.raises(ValueError, match=message):
+        benchmark(fn, device=CPU, **kwargs)
+    assert fn.calls == 0
+
+
+def test_sync_false_is_the_host_clock_counter_example(monkeypatch):
+    synced = []
+    monkeypatch.setattr(timing, "sync", synced.append)
+    fn = Counter()
+    t = benchmark(fn, warmup=1, repeat=4, sync=False, device=CPU)
+    assert t.method == "host clock, no sync"
+    assert t.n == 4 and fn.calls == 5
+    assert synced == []
+
+
+def test_sync_false_without_repeat_times_ten_calls():
+    assert benchmark(lambda: None, warmup=0, sync=False, device=CPU).n == 10
+
+
+def test_sleep_of_10_ms_measures_about_10_ms():
+    t = benchmark(lambda: time.sleep(0.01), warmup=1, repeat=5, device=CPU)
+    assert 9.0 <= t.median_ms <= 40.0
+
+
+# -- Timing and summarize -----------------------------------------------------------
+def test_timing_is_frozen():
+    t = benchmark(lambda: None, repeat=3, device=CPU)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.median_ms = 0.0
+
+
+def test_summarize_odd_count_gives_known_quartiles():
+    t = summarize([5.0, 1.0, 3.0, 2.0, 4.0], "cpu", "perf_counter")
+    assert (t.p25_ms, t.median_ms, t.p75_ms) == (2.0, 3.0, 4.0)
+    assert (t.min_ms, t.max_ms, t.n) == (1.0, 5.0, 5)
+    assert t.samples_ms == (5.0, 1.0, 3.0, 2.0, 4.0)   # kept in call order
+
+
+def test_summarize_even_count_interpolates():
+    t = summarize([1.0, 2.0, 3.0, 4.0], "cpu", "perf_counter")
+    assert (t.p25_ms, t.median_ms, t.p75_ms) == (1.75, 2.5, 3.25)
+
+
+def test_summarize_single_sample():
+    t = summarize([7.0], "cuda:0", "cuda events")
+    assert (t.p25_ms, t.median_ms, t.p75_ms, t.min_ms, t.max_ms) == (7.0,) * 5
+    assert (t.device, t.method) == ("cuda:0", "cuda events")
+
+
+def test_summarize_refuses_no_samples():
+    with pytest.raises(ValueError, match="no samples"):
+        summarize([], "cpu", "perf_counter")
+
+
+def test_per_second_uses_the_median():
+    t = make_timing(median=2.0)
+    assert t.per_second(1e9) == pytest.approx(5e11)      # 1e9 per 2 ms
+    assert t.per_second(2 * 4096**3) / 1e12 == pytest.approx(68.72, rel=1e-3)
+
+
+def test_spread():
+    t = make_timing(median=2.0, p25=1.5, p75=2.5)
+    assert t.spread_ms == 1.0
+    assert t.spread_pct == 50.0
+    assert make_timing(median=0.0, p25=0.0, p75=0.0).spread_pct == 0.0
+
+
+def test_str_says_what_was_measured():
+    assert str(make_timing(median=2.0, n=5)) == "2 ms (IQR 1 ms, n=5, perf_counter on cpu)"
+
+
+def test_host_time_no_sync_returns_one_time_per_call():
+    fn = Counter()
+    out = timing.host_time_no_sync(fn, 7)
+    assert len(out) == 7 and fn.calls == 7
+    assert all(ms >= 0 for ms in out)
+
+
+# -- on a GPU ----------------------------------------------------------------------
+@pytest.mark.gpu
+def test_cuda_benchmark_uses_events():
+    a = torch.randn(1024, 1024, device="cuda")
+    t = benchmark(lambda: a @ a, repeat=10)
+    assert t.method == "cuda events"
+    assert t.device.startswith("cuda")
+    assert 0 < t.median_ms < 100
+
+
+@pytest.mark.gpu
+def test_cuda_events_time_the_work_not_the_launch():
+    a = torch.randn(4096, 4096, device="cuda")
+    real = benchmark(lambda: a @ a, repeat=10)
+    launch_only = benchmark(lambda: a @ a, repeat=10, sync=False)
+    assert launch_only.method == "host clock, no sync"
+    assert real.median_ms > launch_only.median_ms
