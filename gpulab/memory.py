@@ -94,11 +94,17 @@ def free_memory(device: torch.device | None = None) -> tuple[int, int] | None:
 
 
 def release(device: torch.device | None = None) -> None:
-    """Collect Python garbage and hand cached, unused blocks back to the driver."""
+    """Collect Python garbage, drop cuBLAS's cached workspaces and hand cached,
+    unused blocks back to the driver."""
     gc.collect()
     device = device or pick_device()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        # cuBLAS keeps a workspace per stream (up to 32 MiB on Hopper) in the caching
+        # allocator after the first matmul: library state, not a tensor anyone holds.
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None:
+            clear_workspaces()
         torch.cuda.empty_cache()
 
 

@@ -162,6 +162,35 @@ def samples_plot(timings: Mapping[str, Timing], title: str = "", logy: bool = Tr
     return _styled(fig)
 
 
+def segments_plot(layout: Sequence[Sequence[tuple[float, str]]], title: str = "",
+                  max_rows: int = 60) -> Figure:
+    """The caching allocator's segments, one row each: live blocks blue, free blocks grey.
+
+    `layout` is per segment a list of (MiB, "live"/"free") blocks, as
+    `gpulab.fragmentation.layout_of` returns. Long lists show the first `max_rows`.
+    """
+    rows = list(layout)[:max_rows]
+    fig, (ax,) = _figure(figsize=(7.0, min(6.0, 1.2 + 0.09 * max(len(rows), 1))))
+    with plt.rc_context(STYLE):
+        for y, blocks in enumerate(rows):
+            x = 0.0
+            for size, state in blocks:
+                ax.barh(y, size, left=x, height=0.8, color=COLORS[0] if state == "live" else "#cccccc",
+                        edgecolor="white", linewidth=0.3)
+                x += size
+        ax.set_yticks([])
+        ax.set_ylim(-0.6, max(len(rows), 1) - 0.4)
+        ax.invert_yaxis()
+        ax.set_xlabel("MiB within the segment")
+        ax.set_ylabel(f"segments ({len(rows)}" + (f" of {len(layout)})" if len(layout) > len(rows) else ")"))
+        ax.set_title(title)
+        ax.grid(False)
+        from matplotlib.patches import Patch
+        ax.legend(handles=[Patch(color=COLORS[0], label="live tensor"), Patch(color="#cccccc", label="free")],
+                  fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _styled(fig)
+
+
 def roofline_plot(compute_peaks: Mapping[str, float], bandwidth_gbps: float,
                   points: Mapping[str, tuple[float, float]] | None = None,
                   title: str = "Roofline from this device's measured ceilings") -> Figure:
@@ -181,12 +210,15 @@ def roofline_plot(compute_peaks: Mapping[str, float], bandwidth_gbps: float,
     with plt.rc_context(STYLE):
         ax.plot(xs, xs * bw_tflops_per_intensity, color="#555555", lw=1, ls="--",
                 label=f"memory: {bandwidth_gbps:,.0f} GB/s")
+        last_labelled = None
         for i, (label, peak) in enumerate(sorted(compute_peaks.items(), key=lambda kv: kv[1])):
             ridge = peak / bw_tflops_per_intensity
             ax.plot(xs, np.minimum(peak, xs * bw_tflops_per_intensity),
                     color=COLORS[i % len(COLORS)], lw=2, label=f"{label}: {peak:,.3g} TFLOP/s")
-            ax.annotate(f"ridge {ridge:.3g} FLOP/B", (ridge, peak), fontsize=7,
-                        xytext=(4, -12), textcoords="offset points")
+            if last_labelled is None or peak > 1.25 * last_labelled:  # keep labels apart
+                ax.annotate(f"ridge {ridge:.3g} FLOP/B", (ridge, peak), fontsize=7,
+                            xytext=(4, -12), textcoords="offset points")
+                last_labelled = peak
         for label, (intensity, achieved) in (points or {}).items():
             ax.scatter([intensity], [achieved], marker="x", s=50, color="black", zorder=5)
             ax.annotate(label, (intensity, achieved), fontsize=8, xytext=(4, 4),
@@ -196,5 +228,5 @@ def roofline_plot(compute_peaks: Mapping[str, float], bandwidth_gbps: float,
         ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
         ax.set_ylabel("attainable TFLOP/s")
         ax.set_title(title)
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="upper left")
     return _styled(fig)

@@ -160,7 +160,7 @@ class Panel:
                              + [W.HBox([self.button, self.clear_button]), self.status, self.out])
         self._lock = threading.Lock()
         if run_default:
-            self.run(**self.defaults)
+            self._run(dict(self.defaults), reraise=True)
 
     def values(self) -> dict[str, Any]:
         """The values the controls show now."""
@@ -176,6 +176,11 @@ class Panel:
 
         Returns the measurements, or None when the values were refused or the run failed.
         """
+        return self._run(values, reraise=False)
+
+    def _run(self, values: dict[str, Any], reraise: bool) -> dict[str, Any] | None:
+        # reraise: the default run at construction lets an unexpected error (a bug in
+        # the lesson, not a refused value or an OOM) propagate, so nbval reports it.
         args = {**self.defaults, **values}
         unknown = set(values) - set(self.controls)
         try:
@@ -196,7 +201,10 @@ class Panel:
                 result = None
                 self._say(explain_error(err), error=True)
                 print(self.last_message)
-                if not isinstance(err, ValueError) and "OutOfMemory" not in type(err).__name__:
+                expected = isinstance(err, ValueError) or "OutOfMemory" in type(err).__name__
+                if not expected:
+                    if reraise:
+                        raise
                     traceback.print_exc(limit=3)
                 del err  # drop the traceback's frames, and the tensors they hold
             finally:

@@ -190,10 +190,26 @@ def test_panel_survives_an_error_and_runs_again():
         if isinstance(r, Exception):
             raise r
         return r
-    panel = Panel(experiment, {"n": IntRange(64, 1024)}, metric="ms")
+    panel = Panel(experiment, {"n": IntRange(64, 1024)}, metric="ms", run_default=False)
+    assert panel.run(n=256) is None                      # a click: the error is shown, not raised
+    assert "RuntimeError: flaky" in panel.last_message
     assert panel.history == []
     assert panel.run(n=128) == {"ms": 1.0}
     assert panel.history == [({"n": 128}, {"ms": 1.0})]
+
+
+def test_a_bug_in_the_default_run_is_raised_so_nbval_sees_it():
+    def experiment(n=256):
+        raise TypeError("'bool' object is not callable")
+    with pytest.raises(TypeError, match="not callable"):
+        Panel(experiment, {"n": IntRange(64, 1024)}, metric="ms")
+
+
+def test_a_refusal_or_oom_in_the_default_run_is_only_reported():
+    def experiment(n=256):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    panel = Panel(experiment, {"n": IntRange(64, 1024)}, metric="ms")
+    assert panel.history == [] and "Out of GPU memory" in panel.last_message
 
 
 def test_explain_error():

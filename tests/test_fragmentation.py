@@ -1,0 +1,62 @@
+"""gpulab.fragmentation on the CPU: refusals, the snapshot readers, the child process's errors."""
+import pytest
+
+from gpulab import fragmentation as frag
+
+
+def test_fixes_listed():
+    assert frag.FIXES == ("none", "expandable_segments", "empty_cache", "pool")
+
+
+def test_unknown_fix_is_refused():
+    with pytest.raises(ValueError, match="fix must be one of"):
+        frag.run_in_fresh_process(fix="defrag")
+    with pytest.raises(ValueError, match="fix must be one of"):
+        frag.run_pattern(fix="defrag")
+
+
+def test_without_cuda_it_says_why(on_cpu):
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        frag.run_in_fresh_process(cap_mib=1024)
+
+
+def test_the_child_process_refuses_without_cuda(capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert frag.main(["--cap-mib", "1024"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_layout_of_a_snapshot():
+    MiB = 2**20
+    segments = [
+        {"blocks": [{"size": 24 * MiB, "state": "active_allocated"}, {"size": 16 * MiB, "state": "inactive"}]},
+        {"blocks": [{"size": 40 * MiB, "state": "inactive"}]},
+    ]
+    layout, largest, n = frag.layout_of(segments)
+    assert n == 2
+    assert layout == [[(24.0, "live"), (16.0, "free")], [(40.0, "free")]]
+    assert largest == 40.0
+
+
+def test_trace_timeline_counts_allocs_and_completed_frees():
+    MiB = 2**20
+    snap = {"device_traces": [[
+        {"action": "alloc", "size": 40 * MiB},
+        {"action": "alloc", "size": 24 * MiB},
+        {"action": "free_requested", "size": 40 * MiB},   # not yet free: ignored
+        {"action": "free_completed", "size": 40 * MiB},
+        {"action": "segment_alloc", "size": 40 * MiB},    # segments are not tensors: ignored
+    ]]}
+    assert frag.trace_timeline(snap) == [40.0, 64.0, 24.0]
+    assert frag.trace_timeline({}) == []
+
+
+@pytest.mark.gpu
+def test_the_pattern_ooms_without_a_fix_and_fits_with_each():
+    plain = frag.run_in_fresh_process(cap_mib=1024, fix="none")
+    assert not plain.ok and plain.free_in_cap_mib > plain.big_mib
+    assert plain.largest_free_block_mib < plain.big_mib
+    for fix in ("expandable_segments", "empty_cache", "pool"):
+        assert frag.run_in_fresh_process(cap_mib=1024, fix=fix).ok, fix
