@@ -39,7 +39,7 @@ fi
 
 if [ "$mode" = lab ]; then
   "${pip[@]}" -e .
-  args=(--ip=127.0.0.1 --port="${GPULAB_PORT:-8888}" --ServerApp.root_dir=notebooks)
+  args=(--ip=127.0.0.1 --port="${GPULAB_PORT:-8888}" --ServerApp.root_dir="${GPULAB_NOTEBOOKS:-notebooks}")
   [ "$(id -u)" = 0 ] && args+=(--allow-root)
   echo "setup: starting JupyterLab; open the http://127.0.0.1:...?token=... address it prints"
   exec "$venv/bin/jupyter" lab "${args[@]}" "$@"
