@@ -8,6 +8,11 @@
     widgets   the experiment panel and the live monitor
     results   the results store (JSON, survives restarts)
     ceilings  notebook 00's measurements, read back by later lessons
+    fragmentation  notebook 02's allocator pattern, in a fresh process per setting
+    workloads models and data the lessons train (transformer, GPT, CNN)
+    precision fp32/TF32/fp16/bf16 switches and the AMP step (06, 07)
+    occupancy SM limits, the occupancy calculator, Triton kernels (04)
+    fusion    byte counts and the memory floor of lesson 12
     lesson    notebook template helpers (start, self-checks, "What you saw")
     specs     architecture table and datasheet peaks (fallback only)
     cli       `gpulab doctor`

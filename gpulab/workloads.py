@@ -7,12 +7,21 @@
 - `predicted_memory`: the back-of-envelope for the above, before anything runs.
 - `memory_budget`, `training_peak`, `fits_budget`, `largest_batch`: the memory of a step, and the
   largest batch that fits a budget, found by measuring (never by filling the whole GPU).
+
+Lessons 06 and 07 add:
+- `ResNetish` (ResNet-50's layer shapes at full size) and `image_batches`: a CNN and learnable
+  synthetic images; `GPT`, `padded_copy` and `token_batches`: a language model whose vocabulary
+  can be padded, and learnable token sequences;
+- `count_flops` (PyTorch's FlopCounterMode) and `fit_batch` (a batch that fits a memory budget,
+  extrapolated from two small measured steps);
+- `conv_benchmark_in_fresh_process`: training steps with cudnn.benchmark on or off, each in its
+  own process (`python -m gpulab.workloads --benchmark on|off ...`).
 """
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -220,3 +229,302 @@ def largest_batch(fits: Callable[[int], tuple[bool, int | None]], start: int = 1
             break
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
     return lo, trials
+
+
+# -- lessons 06 and 07: a ResNet-style CNN and a small GPT language model ------------------------
+class Bottleneck(nn.Module):
+    """ResNet's bottleneck block: 1x1 reduce, 3x3 (carries the stride), 1x1 expand x4, each with
+    BatchNorm; a projection shortcut where the shape changes. Notebook 06."""
+
+    expansion = 4
+
+    def __init__(self, c_in: int, planes: int, stride: int = 1, device: torch.device | None = None):
+        super().__init__()
+        c_out = planes * self.expansion
+        self.conv1 = nn.Conv2d(c_in, planes, 1, bias=False, device=device)
+        self.bn1 = nn.BatchNorm2d(planes, device=device)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False, device=device)
+        self.bn2 = nn.BatchNorm2d(planes, device=device)
+        self.conv3 = nn.Conv2d(planes, c_out, 1, bias=False, device=device)
+        self.bn3 = nn.BatchNorm2d(c_out, device=device)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False, device=device),
+                                          nn.BatchNorm2d(c_out, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn2(self.conv2(out)))
+        return F.relu(self.bn3(self.conv3(out)) + self.shortcut(x))
+
+
+class ResNetish(nn.Module):
+    """A bottleneck ResNet for images of `image` x `image` pixels. Notebook 06; reused in 07.
+
+    With depths=(3, 4, 6, 3), width=64 and 1000 classes it has the layer shapes and the
+    parameter count (25.6 M) of ResNet-50 v1.5 (stride on the 3x3 convolution). It is
+    gpulab's own code, not torchvision's model: same arithmetic, not the same implementation.
+    Stem: 7x7 convolution with stride 2 and a 3x3 max-pool with stride 2; four stages, the
+    last three halving the resolution; global average pool; a linear head.
+    """
+
+    def __init__(self, depths: tuple[int, ...] = (3, 4, 6, 3), width: int = 64, classes: int = 1000,
+                 image: int = 224, device: torch.device | None = None):
+        super().__init__()
+        self.depths, self.width, self.classes, self.image = tuple(depths), width, classes, image
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False, device=device),
+                                  nn.BatchNorm2d(width, device=device), nn.ReLU(),
+                                  nn.MaxPool2d(3, stride=2, padding=1))
+        blocks, c_in = [], width
+        for i, depth in enumerate(depths):
+            planes = width * 2**i
+            for j in range(depth):
+                blocks.append(Bottleneck(c_in, planes, stride=2 if i > 0 and j == 0 else 1, device=device))
+                c_in = planes * Bottleneck.expansion
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Linear(c_in, classes, device=device)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.stem(x))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def image_batches(model: ResNetish, batch: int, count: int = 4, seed: int = 0, size: int | None = None,
+                  channels_last: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`count` batches of synthetic images (batch, 3, size, size) and class labels, made on the model's device.
+
+    Learnable on purpose, so loss curves fall: each class has a fixed random 8x8 colour pattern,
+    enlarged to the image size; an image is its class's pattern plus as much Gaussian noise.
+    The patterns depend only on `seed`, so batches of other sizes belong to the same task.
+    Notebook 06.
+    """
+    device = next(model.parameters()).device
+    size = size or model.image
+    g = torch.Generator(device=device).manual_seed(seed)
+    patterns = torch.randn(model.classes, 3, 8, 8, generator=g, device=device)
+    out = []
+    for _ in range(count):
+        labels = torch.randint(0, model.classes, (batch,), generator=g, device=device)
+        x = F.interpolate(patterns[labels], size=(size, size), mode="nearest")
+        x = x + torch.randn(x.shape, generator=g, device=device)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        out.append((x, labels))
+    return out
+
+
+class GPT(nn.Module):
+    """A GPT language model: token and position embeddings, lesson 09's `Block`s, a final LayerNorm
+    and a linear head over the vocabulary. Notebooks 06 and 07.
+
+    `pad_to = m` rounds the embedding table and the head up to a multiple of m rows
+    (`padded_vocab`); the loss reads only the first `vocab` logits, so padding changes the
+    shapes the GPU multiplies, never the model's predictions.
+    """
+
+    def __init__(self, vocab: int, n_blocks: int, width: int, heads: int, seq: int, pad_to: int = 1,
+                 device: torch.device | None = None):
+        super().__init__()
+        if vocab < 2 or pad_to < 1:
+            raise ValueError(f"need vocab >= 2 and pad_to >= 1 (got vocab={vocab}, pad_to={pad_to}).")
+        self.config = dict(vocab=vocab, n_blocks=n_blocks, width=width, heads=heads, seq=seq)
+        self.vocab, self.seq, self.width = vocab, seq, width
+        self.padded_vocab = -(-vocab // pad_to) * pad_to
+        self.tok = nn.Embedding(self.padded_vocab, width, device=device)
+        self.pos = nn.Embedding(seq, width, device=device)
+        self.blocks = nn.Sequential(*(Block(width, heads, device) for _ in range(n_blocks)))
+        self.ln_f = nn.LayerNorm(width, device=device)
+        self.head = nn.Linear(width, self.padded_vocab, bias=False, device=device)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits (batch, seq, padded_vocab) for token ids (batch, seq)."""
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.head(self.ln_f(self.blocks(self.tok(idx) + self.pos(pos))))
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of the next token, in fp32, over the real vocabulary only."""
+        logits = self(idx)[..., :self.vocab]
+        return F.cross_entropy(logits.reshape(-1, self.vocab).float(), targets.reshape(-1))
+
+
+def padded_copy(model: GPT, multiple: int) -> GPT:
+    """`model` with its vocabulary padded to a multiple of `multiple`: the same weights, and zero
+    rows for the padding tokens, which no input uses and the loss never reads. Notebook 07."""
+    device = next(model.parameters()).device
+    padded = GPT(**model.config, pad_to=multiple, device=device)
+    with torch.no_grad():
+        for p, q in zip(model.parameters(), padded.parameters()):
+            q.zero_()
+            q[:p.shape[0]].copy_(p)          # only the embedding and the head differ, in rows
+    padded.train(model.training)
+    return padded
+
+
+def token_batches(model: GPT, batch: int, count: int = 4, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`count` batches of token ids (batch, seq) and next-token targets, made on the model's device.
+
+    Learnable on purpose: a fixed random permutation of the vocabulary says which token follows
+    which, and each sequence starts at a random token. Notebooks 06 and 07.
+    """
+    device = next(model.parameters()).device
+    g = torch.Generator(device=device).manual_seed(seed)
+    follow = torch.randperm(model.vocab, generator=g, device=device)
+    out = []
+    for _ in range(count):
+        tokens = torch.empty(batch, model.seq + 1, dtype=torch.long, device=device)
+        tokens[:, 0] = torch.randint(0, model.vocab, (batch,), generator=g, device=device)
+        for t in range(model.seq):
+            tokens[:, t + 1] = follow[tokens[:, t]]
+        out.append((tokens[:, :-1], tokens[:, 1:]))
+    return out
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """Floating-point operations of `fn()` (e.g. a forward and backward pass), counted by PyTorch's
+    FlopCounterMode: matrix products, convolutions and attention, 2 per multiply-add. Notebook 06."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def fit_batch(peak_at: Callable[[int], int | None], wanted: int, budget: int | None, probe: int = 4) -> int:
+    """The batch to run: `wanted`, halved until the peak memory, extrapolated in a straight line
+    from two measured small batches (`probe` and 2 x `probe`), fits `budget` bytes. Notebook 06.
+
+    `peak_at(b)` runs one training step at batch b and returns its peak bytes (None on the CPU,
+    where `wanted` is returned unchanged). Costs two small steps, never a large trial.
+    """
+    if budget is None:
+        return wanted
+    small, large = peak_at(probe), peak_at(2 * probe)
+    if small is None or large is None:
+        return wanted
+    per_sample = max(large - small, 1) / probe
+    fixed = small - probe * per_sample
+    batch = wanted
+    while batch > 1 and fixed + batch * per_sample > budget:
+        batch //= 2
+    return batch
+
+
+# -- notebook 07: cudnn.benchmark, measured in a fresh process ------------------------------------
+# cuDNN keeps the convolution plan it chose for each shape (and dtype, layout, ...) for the life
+# of the process, whatever torch.backends.cudnn.benchmark says when it is reused. Comparing the
+# flag on and off on the same shapes inside one process would time the first setting's choices
+# twice, so each setting runs in its own process.
+def conv_step_times(benchmark_on: bool, fixed: int = 224, varying: Sequence[int] = (160, 192, 256),
+                    batch: int = 32, precision: str = "bf16", depths: Sequence[int] = (3, 4, 6, 3),
+                    width: int = 64, classes: int = 1000, repeat: int = 10, startup_size: int = 64) -> dict:
+    """Training-step times of a ResNetish with torch.backends.cudnn.benchmark = `benchmark_on`,
+    in *this* process (run it in a fresh one: see conv_benchmark_in_fresh_process). Notebook 07.
+
+    - "start-up": one step on `startup_size` images, which loads cuDNN and cuBLAS;
+    - "first step": the first step on `fixed`-size images (cuDNN picks its plans for this shape);
+    - "steady": further steps on the same size;
+    - "new sizes": one step per size in `varying`, each size new to the process.
+    Returns the samples (ms) of each, the device and the timing method.
+    """
+    import itertools
+
+    from gpulab.device import pick_device
+    from gpulab import precision as P
+    from gpulab.timing import benchmark
+
+    sizes = [startup_size, fixed, *varying]
+    if len(set(sizes)) != len(sizes) or min(sizes) < 32:
+        raise ValueError(f"the start-up size, the fixed size and the varying sizes must all differ and be "
+                         f">= 32 pixels (got {startup_size}, {fixed}, {list(varying)}).")
+    P.check(precision)
+    device = pick_device()
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = benchmark_on
+    try:
+        torch.manual_seed(0)
+        model = ResNetish(tuple(depths), width, classes, image=fixed, device=device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        scaler = P.make_scaler(precision, device)
+
+        def step(xy: tuple[torch.Tensor, torch.Tensor]) -> None:
+            P.train_step(model, opt, *xy, P.classification_loss, precision, scaler)
+
+        startup = image_batches(model, batch, count=1, size=startup_size)[0]
+        fixed_batches = image_batches(model, batch, count=2)
+        new_batches = iter([image_batches(model, batch, count=1, size=s)[0] for s in varying])
+        cycle = itertools.cycle(fixed_batches)
+        times = {
+            "start-up": benchmark(lambda: step(startup), warmup=0, repeat=1, device=device),
+            "first step": benchmark(lambda: step(next(cycle)), warmup=0, repeat=1, device=device),
+            "steady": benchmark(lambda: step(next(cycle)), warmup=1, repeat=repeat, device=device),
+            "new sizes": benchmark(lambda: step(next(new_batches)), warmup=0, repeat=len(varying),
+                                   device=device),
+        }
+    finally:
+        torch.backends.cudnn.benchmark = before
+    t = times["steady"]
+    return {"benchmark": benchmark_on, "device": t.device, "method": t.method, "fixed": fixed,
+            "varying": list(varying), "batch": batch, "precision": precision,
+            "samples_ms": {k: list(v.samples_ms) for k, v in times.items()}}
+
+
+def conv_benchmark_in_fresh_process(benchmark_on: bool, fixed: int = 224, varying: Sequence[int] = (160, 192, 256),
+                                    batch: int = 32, precision: str = "bf16", depths: Sequence[int] = (3, 4, 6, 3),
+                                    width: int = 64, classes: int = 1000, repeat: int = 10,
+                                    timeout_s: float = 300) -> dict:
+    """`conv_step_times` in a new Python process (fresh cuDNN caches); returns a `Timing` per phase. Notebook 07."""
+    import json
+    import subprocess
+    import sys
+
+    from gpulab.timing import summarize
+
+    cmd = [sys.executable, "-m", "gpulab.workloads", "--benchmark", "on" if benchmark_on else "off",
+           "--fixed", str(fixed), "--varying", ",".join(map(str, varying)), "--batch", str(batch),
+           "--precision", precision, "--depths", ",".join(map(str, depths)), "--width", str(width),
+           "--classes", str(classes), "--repeat", str(repeat)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode == 2:          # the child refused the settings
+        raise ValueError(proc.stderr.strip().splitlines()[-1].removeprefix("gpulab.workloads: "))
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise RuntimeError("the cudnn.benchmark process failed: " + " | ".join(tail))
+    raw = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {k: summarize(v, raw["device"], raw["method"]) for k, v in raw["samples_ms"].items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    import sys
+
+    def ints(text: str) -> list[int]:
+        return [int(v) for v in text.split(",") if v]
+
+    p = argparse.ArgumentParser(description="Time a ResNetish training step with cudnn.benchmark on or off "
+                                            "(notebook 07); print JSON.")
+    p.add_argument("--benchmark", choices=("on", "off"), required=True)
+    p.add_argument("--fixed", type=int, default=224)
+    p.add_argument("--varying", type=ints, default=[160, 192, 256])
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--precision", default="bf16")
+    p.add_argument("--depths", type=ints, default=[3, 4, 6, 3])
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--repeat", type=int, default=10)
+    a = p.parse_args(argv)
+    try:
+        out = conv_step_times(a.benchmark == "on", a.fixed, a.varying, a.batch, a.precision, a.depths,
+                              a.width, a.classes, a.repeat)
+    except ValueError as err:
+        print(f"gpulab.workloads: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

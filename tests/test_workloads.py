@@ -66,3 +66,114 @@ def test_largest_batch_resolution_and_nothing_fits():
     best, _ = largest_batch(lambda b: (b <= 50, b), start=1, limit=1024, resolution=8)
     assert 48 >= best >= 42
     assert largest_batch(lambda b: (False, None), start=1)[0] == 0
+
+
+# -- lessons 06 and 07 ---------------------------------------------------------------------------
+from torch import nn  # noqa: E402
+
+from gpulab.workloads import (GPT, ResNetish, conv_benchmark_in_fresh_process, conv_step_times,  # noqa: E402
+                              count_flops, fit_batch, image_batches, main, padded_copy, token_batches)
+
+
+def test_resnetish_at_full_size_has_resnet50s_parameter_count():
+    assert sum(p.numel() for p in ResNetish().parameters()) == 25_557_032     # torchvision's resnet50: the same
+
+
+def tiny_cnn():
+    torch.manual_seed(0)
+    return ResNetish(depths=(1, 1), width=4, classes=3, image=16)
+
+
+def test_resnetish_forward_and_synthetic_images():
+    m = tiny_cnn()
+    batches = image_batches(m, 5, count=2, seed=3)
+    (x, y), (x2, _) = batches
+    assert x.shape == (5, 3, 16, 16) and y.shape == (5,) and y.max() < 3 and not torch.equal(x, x2)
+    assert m(x).shape == (5, 3)
+    again = image_batches(m, 5, count=2, seed=3)
+    assert torch.equal(again[0][0], x) and torch.equal(again[1][1], batches[1][1])
+    other = image_batches(m, 2, count=1, size=24, channels_last=True)[0][0]
+    assert other.shape == (2, 3, 24, 24) and other.is_contiguous(memory_format=torch.channels_last)
+
+
+def tiny_gpt(pad_to=1):
+    torch.manual_seed(0)
+    return GPT(vocab=37, n_blocks=2, width=16, heads=2, seq=8, pad_to=pad_to)
+
+
+def test_gpt_shapes_and_padding():
+    m = tiny_gpt()
+    x, y = token_batches(m, 3, count=1)[0]
+    assert x.shape == y.shape == (3, 8) and m(x).shape == (3, 8, 37)
+    assert tiny_gpt(pad_to=8).padded_vocab == 40 and tiny_gpt(pad_to=8).head.weight.shape == (40, 16)
+    with pytest.raises(ValueError):
+        GPT(vocab=1, n_blocks=1, width=16, heads=2, seq=8)
+
+
+def test_token_batches_follow_one_permutation():
+    m = tiny_gpt()
+    batches = token_batches(m, 4, count=3, seed=2)
+    follow = {}
+    for x, y in batches:
+        assert torch.equal(x[:, 1:], y[:, :-1])
+        for a, b in zip(x.flatten().tolist(), y.flatten().tolist()):
+            assert follow.setdefault(a, b) == b          # each token always has the same successor
+    assert max(max(x.max().item(), y.max().item()) for x, y in batches) < 37
+
+
+def test_padded_copy_is_the_same_model():
+    m = tiny_gpt()
+    p = padded_copy(m, 64)
+    assert p.padded_vocab == 64 and p.vocab == 37
+    assert torch.all(p.head.weight[37:] == 0) and torch.all(p.tok.weight[37:] == 0)
+    x, y = token_batches(m, 2, count=1)[0]
+    assert torch.allclose(p(x)[..., :37], m(x), atol=1e-6)
+    assert torch.allclose(p.loss(x, y), m.loss(x, y), rtol=1e-6)
+    m.loss(x, y).backward()
+    p.loss(x, y).backward()
+    assert torch.all(p.head.weight.grad[37:] == 0)
+    assert torch.allclose(p.head.weight.grad[:37], m.head.weight.grad, atol=1e-6)
+
+
+def test_count_flops_of_a_linear_layer():
+    lin = nn.Linear(8, 4, bias=False)
+    x = torch.randn(5, 8, requires_grad=True)
+    assert count_flops(lambda: lin(x)) == 2 * 5 * 8 * 4
+    assert count_flops(lambda: lin(x).sum().backward()) == 3 * 2 * 5 * 8 * 4     # forward, input and weight grads
+
+
+def test_fit_batch():
+    assert fit_batch(lambda b: None, 128, budget=None) == 128
+    assert fit_batch(lambda b: None, 128, budget=2**30) == 128               # nothing measurable: unchanged
+    peak = lambda b: 1000 + 100 * b                                           # noqa: E731
+    assert fit_batch(peak, 128, budget=1000 + 100 * 128) == 128
+    assert fit_batch(peak, 128, budget=1000 + 100 * 40) == 32
+    assert fit_batch(peak, 128, budget=10) == 1
+
+
+def test_conv_step_times_refuses_repeated_sizes():
+    with pytest.raises(ValueError, match="must all differ"):
+        conv_step_times(False, fixed=32, varying=(32, 40))
+    assert main(["--benchmark", "off", "--fixed", "64", "--varying", "40"]) == 2    # 64 is the start-up size
+
+
+def test_conv_benchmark_runs_in_a_fresh_process(on_cpu):
+    r = conv_benchmark_in_fresh_process(True, fixed=32, varying=(40, 48), batch=2, precision="fp32",
+                                        depths=(1,), width=4, classes=3, repeat=2)
+    assert set(r) == {"start-up", "first step", "steady", "new sizes"}
+    assert r["steady"].n == 2 and r["new sizes"].n == 2 and r["first step"].n == 1
+
+
+def test_a_refusal_in_the_child_process_is_a_valueerror(monkeypatch):
+    import subprocess
+
+    def refused(cmd, **kw):
+        assert cmd[1:3] == ["-m", "gpulab.workloads"] and "--precision" in cmd
+        return subprocess.CompletedProcess(cmd, 2, "", "gpulab.workloads: TF32 is a Tensor Core format\n")
+
+    monkeypatch.setattr(subprocess, "run", refused)
+    with pytest.raises(ValueError, match="^TF32 is a Tensor Core format"):
+        conv_benchmark_in_fresh_process(True, fixed=32, varying=(40,), precision="tf32")
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "Boom\n"))
+    with pytest.raises(RuntimeError, match="Boom"):
+        conv_benchmark_in_fresh_process(True, fixed=32, varying=(40,))

@@ -1,0 +1,222 @@
+"""gpulab.precision on the CPU: refusals per architecture, the TF32 switches, AMP steps, underflow counting,
+the checked matrix product."""
+import pytest
+import torch
+from torch import nn
+
+from gpulab import precision as P
+from gpulab.device import SettingError, device_facts, facts_for_capability
+
+VOLTA = facts_for_capability("Tesla V100-SXM2-32GB", 7, 0)
+TURING = facts_for_capability("Tesla T4", 7, 5)
+PASCAL = facts_for_capability("Tesla P100-PCIE-16GB", 6, 0)
+AMPERE = facts_for_capability("NVIDIA A100-SXM4-80GB", 8, 0)
+HOPPER = facts_for_capability("NVIDIA H200", 9, 0)
+
+
+def test_precisions_and_specs():
+    assert P.PRECISIONS == ("fp32", "tf32", "fp16", "bf16")
+    assert [P.SPECS[p].scaler for p in P.PRECISIONS] == [False, False, True, False]
+    assert P.SPECS["tf32"].dtype is None and P.SPECS["tf32"].fp32_mode == "tf32"
+    assert P.SPECS["bf16"].dtype is torch.bfloat16 and P.SPECS["fp16"].dtype is torch.float16
+
+
+@pytest.mark.parametrize("facts, expected", [
+    (PASCAL, ["fp32", "fp16"]), (VOLTA, ["fp32", "fp16"]), (TURING, ["fp32", "fp16"]),
+    (AMPERE, ["fp32", "tf32", "fp16", "bf16"]), (HOPPER, ["fp32", "tf32", "fp16", "bf16"]),
+])
+def test_supported_per_architecture(facts, expected):
+    assert P.supported(facts) == expected
+
+
+def test_refusals_say_why():
+    assert "Ampere" in P.refusal("tf32", VOLTA) and "Turing" in P.refusal("bf16", TURING)
+    assert "GradScaler" in P.refusal("bf16", VOLTA)
+    assert "must be one of" in P.refusal("fp8", HOPPER)
+    with pytest.raises(ValueError, match="no TF32"):
+        P.check("tf32", VOLTA)
+    assert P.check("bf16", HOPPER) is P.SPECS["bf16"]
+
+
+@pytest.mark.cpu_only
+def test_on_the_cpu_tf32_is_refused_and_the_rest_runs():
+    facts = device_facts()
+    assert P.supported(facts) == ["fp32", "fp16", "bf16"]
+    assert "CPU" in P.refusal("tf32", facts)
+    assert P.best_half(facts) == "bf16"
+
+
+def test_best_half():
+    assert P.best_half(VOLTA) == "fp16" and P.best_half(AMPERE) == "bf16"
+
+
+def test_what_to_expect_follows_the_architecture():
+    assert "no Tensor Cores" in P.what_to_expect(PASCAL)[0]
+    volta = " ".join(P.what_to_expect(VOLTA))
+    assert "generation-1" in volta and "No TF32 and no bf16" in volta
+    hopper = " ".join(P.what_to_expect(HOPPER))
+    assert "generation-4" in hopper and "FP8" in hopper and "no scaler" in hopper
+    assert "FP8" not in " ".join(P.what_to_expect(AMPERE))
+
+
+def _switches():
+    return P.matmul_fp32_mode(), P.conv_fp32_mode()
+
+
+def test_fp32_math_sets_both_switches_and_restores_them():
+    before = _switches()
+    with P.fp32_math("tf32"):
+        assert _switches() == ("tf32", "tf32")
+    with P.fp32_math("ieee"):
+        assert _switches() == ("ieee", "ieee")
+    assert _switches() == before
+    with pytest.raises(RuntimeError):
+        with P.fp32_math("ieee"):
+            raise RuntimeError("boom")
+    assert _switches() == before
+    with pytest.raises(SettingError):
+        with P.fp32_math("medium"):
+            pass
+
+
+def test_fp32_math_uses_the_new_cudnn_switch_when_it_exists():
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if conv is None or not hasattr(conv, "fp32_precision"):
+        pytest.skip("this torch has only cudnn.allow_tf32")
+    before = conv.fp32_precision
+    with P.fp32_math("ieee"):
+        assert conv.fp32_precision == "ieee"
+    assert conv.fp32_precision == before
+
+
+def _classifier():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 16, generator=g)
+    y = (x[:, :4].argmax(1))             # learnable
+    return model, x, y
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_train_step_learns_in_each_precision(precision):
+    model, x, y = _classifier()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scaler = P.make_scaler(precision)
+    assert (scaler is not None) == (precision == "fp16")
+    losses = [P.train_step(model, opt, x, y, P.classification_loss, precision, scaler).item() for _ in range(20)]
+    assert losses[-1] < 0.7 * losses[0]
+    assert all(p.dtype == torch.float32 for p in model.parameters())    # fp32 master weights
+
+
+def test_fp16_without_a_scaler_is_refused():
+    model, x, y = _classifier()
+    with pytest.raises(ValueError, match="GradScaler"):
+        P.train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), x, y, P.classification_loss, "fp16")
+
+
+def test_underflow_is_counted_and_the_scaler_prevents_it():
+    model, x, y = _classifier()
+    ref = P.unscaled_gradients(model, x, y, P.classification_loss, "fp32")
+    assert ref.dtype == torch.float32 and ref.numel() == sum(p.numel() for p in model.parameters())
+    assert all(p.grad is None for p in model.parameters())          # gradients are handed back
+    lost16 = P.lost_fraction(P.unscaled_gradients(model, x, y, P.classification_loss, "fp16", weight=1e-7), ref)
+    scaled = P.unscaled_gradients(model, x, y, P.classification_loss, "fp16", weight=1e-7, scale=2.0**16)
+    lostbf = P.lost_fraction(P.unscaled_gradients(model, x, y, P.classification_loss, "bf16", weight=1e-7), ref)
+    assert lost16 > 0.5
+    assert P.lost_fraction(scaled, ref) < 0.01 and lostbf < 0.01
+    # unscale_ divides in fp32: the scaled gradients are the fp32 ones, up to fp16 rounding
+    assert ((scaled - 1e-7 * ref).norm() / (1e-7 * ref).norm()).item() < 1e-2
+
+
+def test_lost_fraction_counts_only_entries_alive_in_the_reference():
+    ref = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    assert P.lost_fraction(torch.tensor([0.0, 0.0, 2.0, 3.0]), ref) == pytest.approx(1 / 3)
+    assert P.lost_fraction(torch.zeros(4), torch.zeros(4)) == 0.0
+
+
+def test_loss_curve():
+    c = P.LossCurve([4.0, 3.0, 2.0, 1.0], skipped=1)
+    assert list(c) == [4.0, 3.0, 2.0, 1.0] and c.skipped == 1
+    assert c.window(2) == 1.5 and "1 skipped" in str(c) and str(P.LossCurve([2.0, 1.0])) == "2 steps: 2 -> 1"
+
+
+def _workload():
+    model, x, y = _classifier()
+    return P.Workload("mlp", model, lambda b: [(x[:b], y[:b]), (x[b:2 * b], y[b:2 * b])], P.classification_loss,
+                      lambda m: torch.optim.SGD(m.parameters(), lr=0.1), unit="samples/s")
+
+
+def test_workload_reset_restores_the_starting_weights():
+    work = _workload()
+    start = [p.detach().clone() for p in work.model.parameters()]
+    opt = work.reset()
+    P.train_step(work.model, opt, *work.batches(8)[0], work.loss_fn)
+    assert not all(torch.equal(a, b) for a, b in zip(start, work.model.parameters()))
+    work.reset()
+    assert all(torch.equal(a, b) for a, b in zip(start, work.model.parameters()))
+
+
+def test_precision_run_trains_times_and_refuses():
+    work = _workload()
+    r = P.precision_run(work, "bf16", 8, steps=6, repeat=3, warmup=1)
+    assert set(r) == {"samples/s", "ms per step", "peak (GiB)", "loss curve"}
+    assert len(r["loss curve"]) == 6 and r["ms per step"].n == 3 and r["samples/s"] > 0
+    if not torch.cuda.is_available():
+        assert r["peak (GiB)"] == "not measured on the CPU"
+    again = P.precision_run(work, "bf16", 8, steps=6, repeat=1, warmup=0)
+    assert list(again["loss curve"]) == list(r["loss curve"])          # same start, same data
+    with pytest.raises(ValueError):
+        P.precision_run(work, "fp8", 8, steps=1)
+
+
+def test_first_loss_agrees_across_precisions():
+    work = _workload()
+    x, y = work.batches(8)[0]
+    ref = P.first_loss(work, x, y, "fp32")
+    assert P.first_loss(work, x, y, "fp32") == ref
+    assert abs(P.first_loss(work, x, y, "bf16") - ref) < 2e-2 * abs(ref)
+
+
+@pytest.mark.parametrize("n, expected", [(4095, 2), (4094, 4), (4100, 8), (4088, 16), (4064, 64), (4096, 256),
+                                         (50257, 2), (50304, 256)])
+def test_alignment_in_bytes(n, expected):
+    assert P.alignment(n) == expected
+
+
+def test_alignment_of_other_element_sizes():
+    assert P.alignment(4095, element_bytes=4) == 4 and P.alignment(4, element_bytes=4) == 16
+
+
+def test_gemm_experiment_checks_then_times():
+    r = P.gemm_experiment(64, "bf16", repeat=3)
+    assert set(r) == {"TFLOP/s", "ms", "rel. error"}
+    assert r["rel. error"] <= P.GEMM_TOLERANCE["bf16"] and r["TFLOP/s"] > 0 and r["ms"].n == 3
+    rect = P.gemm_experiment(48, "fp32", m=16, k=33, repeat=1)
+    assert rect["rel. error"] <= P.GEMM_TOLERANCE["fp32"]
+
+
+def test_gemm_experiment_refuses_bad_sizes():
+    with pytest.raises(ValueError, match="between 16 and 65536"):
+        P.gemm_experiment(8, "bf16")
+    with pytest.raises(ValueError, match="must be one of"):
+        P.gemm_experiment(64, "int8")
+
+
+@pytest.mark.cpu_only
+def test_gemm_experiment_refuses_what_the_cpu_cannot_do():
+    with pytest.raises(ValueError, match="stops at 2048"):
+        P.gemm_experiment(4096, "bf16")
+    with pytest.raises(ValueError, match="TF32"):
+        P.gemm_experiment(64, "tf32")
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_tf32_changes_the_product_and_ieee_does_not():
+    a = torch.randn(512, 512, device="cuda")
+    with P.fp32_math("ieee"):
+        ref = a @ a
+    with P.fp32_math("tf32"):
+        tf = a @ a
+    err = ((tf - ref).norm() / ref.norm()).item()
+    assert 0 < err < P.GEMM_TOLERANCE["tf32"] if device_facts().tf32 else err == 0
