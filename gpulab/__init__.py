@@ -13,6 +13,10 @@
     precision fp32/TF32/fp16/bf16 switches and the AMP step (06, 07)
     occupancy SM limits, the occupancy calculator, Triton kernels (04)
     fusion    byte counts and the memory floor of lesson 12
+    data      lesson 03's dataset (importable by DataLoader workers)
+    transfers lesson 05's host<->device copies at any size
+    streams   lesson 08's overlap and per-stream timelines
+    graphs    lesson 11's CUDA graph capture (draft lesson)
     lesson    notebook template helpers (start, self-checks, "What you saw")
     specs     architecture table and datasheet peaks (fallback only)
     cli       `gpulab doctor`

@@ -8,6 +8,8 @@ shows it, and a widget panel displays it in its output area.
 - `timeline_plot`: the GPU monitor's samples over time.
 - `samples_plot`: every timed call of a few `Timing`s, to see median and spread.
 - `roofline_plot`: attainable FLOP/s against arithmetic intensity from measured ceilings.
+- `segments_plot`: the caching allocator's segments (lesson 02).
+- `stream_timeline_plot`: work on each CUDA stream over time (lesson 08).
 """
 from __future__ import annotations
 
@@ -188,6 +190,46 @@ def segments_plot(layout: Sequence[Sequence[tuple[float, str]]], title: str = ""
         from matplotlib.patches import Patch
         ax.legend(handles=[Patch(color=COLORS[0], label="live tensor"), Patch(color="#cccccc", label="free")],
                   fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _styled(fig)
+
+
+def stream_timeline_plot(runs: Mapping[str, Sequence], title: str = "",
+                         xlabel: str = "ms from start") -> Figure:
+    """Spans as horizontal bars: one row per (run, stream), one colour per step name.
+
+    Each span needs .stream, .name, .start_ms, .end_ms and .ms (`gpulab.streams.Span`). Lesson 08.
+    """
+    from matplotlib.patches import Patch
+
+    rows: list[tuple[str, list]] = []
+    for run, spans in runs.items():
+        for stream in dict.fromkeys(s.stream for s in spans):
+            rows.append((f"{run}: {stream}", [s for s in spans if s.stream == stream]))
+    names = list(dict.fromkeys(s.name for spans in runs.values() for s in spans))
+    color = {n: COLORS[i % len(COLORS)] for i, n in enumerate(names)}
+    fig, (ax,) = _figure(figsize=(7.0, 1.2 + 0.45 * max(len(rows), 1)))
+    with plt.rc_context(STYLE):
+        for y, (_, spans) in enumerate(rows):
+            for s in spans:
+                ax.barh(y, s.ms, left=s.start_ms, height=0.6, color=color[s.name], edgecolor="white")
+        for run, spans in runs.items():
+            if spans:
+                end = max(s.end_ms for s in spans)
+                ys = [y for y, (label, _) in enumerate(rows) if label.startswith(f"{run}: ")]
+                ax.plot([end, end], [min(ys) - 0.4, max(ys) + 0.4], color="black", linewidth=1)
+                ax.annotate(f"{end:.2f} ms", (end, min(ys)), xytext=(4, 0), textcoords="offset points",
+                            va="center", fontsize=8)
+        ends = [s.end_ms for spans in runs.values() for s in spans]
+        if ends:
+            ax.set_xlim(0, max(ends) * 1.15)
+        ax.set_yticks(range(len(rows)), [label for label, _ in rows])
+        ax.set_ylim(-0.6, max(len(rows), 1) - 0.4)
+        ax.invert_yaxis()
+        ax.set_xlabel(xlabel)
+        ax.set_title(title)
+        ax.grid(axis="y", visible=False)
+        ax.legend(handles=[Patch(color=color[n], label=n) for n in names], fontsize=8,
+                  loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _styled(fig)
 
 

@@ -1,0 +1,106 @@
+"""CUDA streams: overlap a host->device copy with compute, and draw what ran when.
+Introduced in notebook 08.
+
+- `predict_overlap`: serial = copy + compute; overlapped = max(copy, compute).
+- `copy_then_compute`: the lesson's sequence, serial on one stream or overlapped on two,
+  joined back to the current stream before it returns (so CUDA events on the current
+  stream bracket all of it).
+- `record_spans`: when each step started and ended on its stream (CUDA events per stream).
+- the spans are drawn by `gpulab.plots.stream_timeline_plot`, one row per stream. It uses
+  `gpulab.plots`' style; it belongs in `gpulab.plots` and should move there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from gpulab.device import pick_device
+
+
+def require_cuda(device: torch.device | None = None) -> None:
+    """Streams exist only on a CUDA device: refuse with ValueError elsewhere."""
+    device = device or pick_device()
+    if device.type != "cuda":
+        raise ValueError("needs a CUDA GPU: CUDA streams do not exist on the CPU")
+
+
+def predict_overlap(copy_ms: float, compute_ms: float) -> dict[str, float]:
+    """Back-of-envelope: one stream runs copy then compute; two streams run them side by side."""
+    if copy_ms < 0 or compute_ms < 0:
+        raise ValueError("times must be >= 0")
+    serial = copy_ms + compute_ms
+    overlapped = max(copy_ms, compute_ms)
+    return {"serial_ms": serial, "overlapped_ms": overlapped,
+            "saved_ms": serial - overlapped,
+            "overlapped / serial": overlapped / serial if serial else 1.0}
+
+
+def copy_then_compute(host: torch.Tensor, dev: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                      out: torch.Tensor, overlap: bool,
+                      copy_stream: "torch.cuda.Stream | None" = None) -> None:
+    """Copy `host` into `dev` and compute `out = a @ b`.
+
+    Serial: both on the current stream, copy first. Overlapped: the copy on `copy_stream`,
+    the matmul on the current stream; the current stream then waits for the copy stream,
+    so anything queued after this call (the end event of a timing, a reader of `dev`) sees
+    both results. `dev` and `out` are allocated once by the caller and live on, so no
+    `record_stream` is needed here (notebook 08 shows when it is).
+    """
+    if not overlap:
+        dev.copy_(host, non_blocking=True)
+        torch.mm(a, b, out=out)
+        return
+    if copy_stream is None:
+        raise ValueError("overlap=True needs a copy_stream")
+    current = torch.cuda.current_stream()
+    copy_stream.wait_stream(current)          # dev is not still being read by earlier work
+    with torch.cuda.stream(copy_stream):
+        dev.copy_(host, non_blocking=True)
+    torch.mm(a, b, out=out)
+    current.wait_stream(copy_stream)          # join: the copy is done before what follows
+
+
+@dataclass(frozen=True)
+class Span:
+    """One step on one stream: its start and end in ms from the start of the recording."""
+
+    stream: str
+    name: str
+    start_ms: float
+    end_ms: float
+
+    @property
+    def ms(self) -> float:
+        return self.end_ms - self.start_ms
+
+
+Step = tuple  # (stream label, step name, torch.cuda.Stream, fn)
+
+
+def record_spans(steps: Sequence[Step]) -> list[Span]:
+    """Run `steps` in order, each `fn()` queued on its stream, and time each with CUDA events
+    recorded on that stream. Every stream first waits for a start event on the current
+    stream; the current stream waits for all of them at the end. Returns the spans."""
+    require_cuda()
+    current = torch.cuda.current_stream()
+    base = torch.cuda.Event(enable_timing=True)
+    base.record(current)
+    streams = []
+    for _, _, stream, _ in steps:
+        if all(stream is not s for s in streams):
+            streams.append(stream)
+            stream.wait_event(base)
+    marks = []
+    for label, name, stream, fn in steps:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream):
+            start.record(stream)
+            fn()
+            end.record(stream)
+        marks.append((label, name, start, end))
+    for stream in streams:
+        current.wait_stream(stream)
+    torch.cuda.synchronize()
+    return [Span(label, name, base.elapsed_time(s), base.elapsed_time(e)) for label, name, s, e in marks]

@@ -1,0 +1,89 @@
+"""gpulab.data: the CPU-heavy dataset, the loader settings and the timed loop (CPU only)."""
+import pytest
+import torch
+
+from gpulab.data import (LoopResult, SmallCNN, SyntheticImages, conv_flops, live_workers, make_loader,
+                         make_step, train_from_loader, window_mean)
+
+
+def test_samples_depend_only_on_index_and_seed():
+    a = SyntheticImages(8, size=16, passes=2, seed=3)
+    b = SyntheticImages(8, size=16, passes=2, seed=3)
+    x, y = a[5]
+    assert x.shape == (3, 16, 16) and x.dtype == torch.float32 and x.is_contiguous()
+    assert 0 <= y < 10
+    assert torch.equal(x, b[5][0]) and y == b[5][1]
+    assert not torch.equal(x, a[4][0])
+    assert not torch.equal(x, SyntheticImages(8, size=16, passes=2, seed=4)[5][0])
+
+
+def test_passes_change_the_image_and_bad_arguments_are_refused():
+    assert not torch.equal(SyntheticImages(2, size=8, passes=0)[0][0], SyntheticImages(2, size=8, passes=3)[0][0])
+    with pytest.raises(IndexError):
+        SyntheticImages(2, size=8)[2]
+    with pytest.raises(ValueError):
+        SyntheticImages(0)
+    with pytest.raises(ValueError):
+        SyntheticImages(4, passes=-1)
+
+
+def test_workers_give_the_same_batches_and_exit():
+    ds = SyntheticImages(12, size=8, passes=1)
+    ref = list(make_loader(ds, 4, num_workers=0))
+    par = list(make_loader(ds, 4, num_workers=2, prefetch_factor=1))
+    assert len(ref) == len(par) == 3
+    for (xa, ya), (xb, yb) in zip(ref, par):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert live_workers() == 0
+
+
+def test_make_loader_refusals():
+    ds = SyntheticImages(4, size=8)
+    with pytest.raises(ValueError, match="num_workers"):
+        make_loader(ds, 2, num_workers=-1)
+    with pytest.raises(ValueError, match="prefetch_factor"):
+        make_loader(ds, 2, num_workers=1, prefetch_factor=0)
+    assert make_loader(ds, 2, num_workers=0, prefetch_factor=4).prefetch_factor is None
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs a CUDA GPU"):
+            make_loader(ds, 2, pin_memory=True)
+
+
+def test_train_from_loader_times_the_steps_after_warmup():
+    torch.manual_seed(0)
+    model = SmallCNN(width=4, blocks=2)
+    step = make_step(model)
+    loader = make_loader(SyntheticImages(5 * 4, size=16, passes=1), 4, num_workers=1)
+    r = train_from_loader(loader, step, warmup=2, device=torch.device("cpu"))
+    assert isinstance(r, LoopResult)
+    assert r.steps == 3 and r.batch_size == 4 and r.num_workers == 1 and r.prefetch_factor == 2
+    assert r.step_ms > 0 and r.host_wait_ms >= 0 and r.end_s > r.start_s
+    assert r.images_per_s == pytest.approx(4 / (r.step_ms / 1e3))
+    assert len(r.losses) == 5
+    assert live_workers() == 0
+    with pytest.raises(ValueError, match="warmup"):
+        train_from_loader(make_loader(SyntheticImages(4, size=16), 4), step, warmup=1,
+                          device=torch.device("cpu"))
+
+
+def test_small_cnn_shapes_and_flops():
+    m = SmallCNN(width=4, blocks=3, classes=7)
+    assert m(torch.randn(2, 3, 32, 32)).shape == (2, 7)
+    # stage 1 at 32x32: 3->4, 4->4; stage 2 at 16x16: 4->8, 8->8; stage 3 at 8x8: 8->16, 16->16
+    macs = 32 * 32 * (3 * 4 + 4 * 4) + 16 * 16 * (4 * 8 + 8 * 8) + 8 * 8 * (8 * 16 + 16 * 16)
+    assert conv_flops(m, 2, 32) == 2 * 2 * 9 * macs
+
+
+def test_window_mean():
+    tl = {"t_s": [0.0, 0.5, 1.0, 1.5], "busy_pct": [10.0, None, 30.0, 50.0]}
+    assert window_mean(tl, 0.0, 1.0) == pytest.approx(20.0)
+    assert window_mean(tl, 2.0, 3.0) is None
+    assert window_mean({}, 0, 1) is None
+
+
+def test_calibrate_passes():
+    from gpulab.data import calibrate_passes
+    few, many = calibrate_passes(16, 0.05), calibrate_passes(16, 0.5)
+    assert 1 <= few <= many <= 200
+    with pytest.raises(ValueError):
+        calibrate_passes(16, 0)

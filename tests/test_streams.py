@@ -1,0 +1,49 @@
+import pytest
+import torch
+
+from gpulab.plots import stream_timeline_plot
+from gpulab.streams import Span, copy_then_compute, predict_overlap, require_cuda
+
+CPU = torch.device("cpu")
+
+
+def test_predict_overlap_reference_numbers():
+    p = predict_overlap(4.9, 1.4)
+    assert p["serial_ms"] == pytest.approx(6.3)
+    assert p["overlapped_ms"] == pytest.approx(4.9)
+    assert p["saved_ms"] == pytest.approx(1.4)
+    assert p["overlapped / serial"] == pytest.approx(4.9 / 6.3)
+
+
+def test_predict_overlap_refuses_negative():
+    with pytest.raises(ValueError):
+        predict_overlap(-1.0, 1.0)
+
+
+def test_require_cuda_refuses_cpu():
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        require_cuda(CPU)
+
+
+def test_serial_copy_then_compute_on_cpu():
+    host, dev = torch.arange(6.0), torch.zeros(6)
+    a, b, out = torch.eye(3), torch.full((3, 3), 2.0), torch.empty(3, 3)
+    copy_then_compute(host, dev, a, b, out, overlap=False)
+    assert torch.equal(dev, host) and torch.equal(out, b)
+
+
+def test_overlap_needs_a_stream():
+    with pytest.raises(ValueError, match="copy_stream"):
+        copy_then_compute(torch.zeros(1), torch.zeros(1), torch.eye(1), torch.eye(1),
+                          torch.empty(1, 1), overlap=True)
+
+
+def test_span_and_timeline_plot():
+    runs = {"serial": [Span("stream 0", "copy", 0.0, 4.9), Span("stream 0", "matmul", 4.9, 6.3)],
+            "overlapped": [Span("copy stream", "copy", 0.0, 4.9), Span("default", "matmul", 0.0, 1.4)]}
+    assert runs["serial"][1].ms == pytest.approx(1.4)
+    fig = stream_timeline_plot(runs, title="t")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "serial: stream 0", "overlapped: copy stream", "overlapped: default"]
+    assert len(ax.patches) == 4
