@@ -196,6 +196,11 @@ class GpuMonitor:
 
     # -- results ----------------------------------------------------------
     @property
+    def started_at(self) -> float | None:
+        """`time.perf_counter()` when sampling began (each sample's t_s counts from it); None if never started."""
+        return getattr(self, "_t0", None)
+
+    @property
     def duration_s(self) -> float:
         return self.samples[-1].t_s - self.samples[0].t_s if len(self.samples) > 1 else 0.0
 

@@ -266,3 +266,11 @@ def test_monitor_sees_the_gpu_busy_during_matmuls():
     busy = [v for v in mon.timeline()["busy_pct"] if v is not None]
     assert max(busy) >= 50
     assert mon.mean("mem_used_gib") > 0
+
+
+def test_started_at_is_none_before_start_then_the_sampling_clock(fake_pynvml):
+    assert GpuMonitor().started_at is None
+    mon = sampling_monitor(fake_pynvml())
+    s = mon.sample_once()
+    assert mon.started_at is not None
+    assert 0 <= s.t_s < 5 and abs((mon.started_at + s.t_s) - time.perf_counter()) < 5
