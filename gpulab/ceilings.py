@@ -16,9 +16,9 @@ from typing import Iterator
 
 import torch
 
-from gpulab.device import DeviceFacts, device_facts, float32_matmul, pick_device, scale
+from gpulab.device import DeviceFacts, device_facts, float32_matmul, pick_device, require_cuda, scale
 from gpulab.results import ResultsStore, results_store
-from gpulab.timing import Timing, benchmark
+from gpulab.timing import benchmark
 
 # precision -> (dtype, fp32 matmul mode or None)
 PRECISIONS: dict[str, tuple[torch.dtype, str | None]] = {
@@ -116,9 +116,7 @@ def transfer_experiment(direction: str = "h2d", pinned: bool = True, mib: int = 
     """
     if direction not in ("h2d", "d2h"):
         raise ValueError(f"direction must be 'h2d' or 'd2h' (got {direction!r}).")
-    device = pick_device()
-    if device.type != "cuda":
-        raise ValueError("host<->device transfers need a CUDA GPU; on the CPU there is no bus to cross.")
+    device = require_cuda("host<->device copies cross a bus the CPU does not have.")
     n = mib * 2**20 // 4
     host = torch.randn(n)
     if pinned:

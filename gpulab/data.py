@@ -14,7 +14,6 @@ is the time the GPU waited for data.
 from __future__ import annotations
 
 import multiprocessing
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -23,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from gpulab.device import pick_device, sync
+from gpulab.device import pick_device
+from gpulab.timing import stopwatch
 
 
 class SyntheticImages(Dataset):
@@ -138,28 +138,28 @@ def train_from_loader(loader: DataLoader, step: Callable[[torch.Tensor, torch.Te
         raise ValueError(f"the loader has {n_batches} batches; need more than warmup={warmup}")
     waits, losses = [], []
     it = iter(loader)
-    start = None
-    for i in range(n_batches):
-        if i == warmup:
-            sync(device)
-            start = time.perf_counter()
-        t0 = time.perf_counter()
+
+    def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
         x, y = next(it)
-        x = x.to(device, non_blocking=loader.pin_memory)
-        y = y.to(device, non_blocking=loader.pin_memory)
-        if i >= warmup:
-            waits.append((time.perf_counter() - t0) * 1e3)
-        losses.append(step(x, y))
-    sync(device)
-    end = time.perf_counter()
+        return (x.to(device, non_blocking=loader.pin_memory),
+                y.to(device, non_blocking=loader.pin_memory))
+
+    for _ in range(warmup):
+        losses.append(step(*next_batch()))
+    with stopwatch(device=device) as loop:          # device synchronized at both ends
+        for _ in range(n_batches - warmup):
+            with stopwatch(sync=False, device=device) as wait:   # host time only
+                x, y = next_batch()
+            waits.append(wait.ms)
+            losses.append(step(x, y))
     for _ in it:        # nothing left: this ends the iterator, which shuts its workers down
         pass
     del it
     timed = n_batches - warmup
     return LoopResult(num_workers=loader.num_workers, pin_memory=loader.pin_memory,
                       prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
-                      steps=timed, batch_size=loader.batch_size, step_ms=(end - start) * 1e3 / timed,
-                      host_wait_ms=sum(waits) / len(waits), start_s=start, end_s=end,
+                      steps=timed, batch_size=loader.batch_size, step_ms=loop.ms / timed,
+                      host_wait_ms=sum(waits) / len(waits), start_s=loop.start_s, end_s=loop.end_s,
                       losses=[float(v) for v in losses])
 
 

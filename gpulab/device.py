@@ -54,6 +54,18 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
+def require_cuda(why: str, device: torch.device | None = None) -> torch.device:
+    """The course's CUDA device, or ValueError("needs a CUDA GPU: <why>") on the CPU.
+
+    Lessons call it where an experiment only exists on a GPU (streams, graphs, host<->device
+    copies, the caching allocator); panels show the ValueError as a refusal.
+    """
+    device = device or pick_device()
+    if device.type != "cuda":
+        raise ValueError(f"needs a CUDA GPU: {why}")
+    return device
+
+
 def scale() -> str:
     """'tiny' or 'full': how big the lessons' problems are.
 

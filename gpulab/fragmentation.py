@@ -37,6 +37,9 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 
+from gpulab.device import require_cuda
+
+NO_ALLOCATOR = "the caching allocator this experiment studies is CUDA's."
 FIXES = ("none", "expandable_segments", "empty_cache", "pool")
 MiB = 2**20
 
@@ -109,12 +112,9 @@ def run_pattern(cap_mib: int = 4096, fix: str = "none", a_mib: int = 40, b_mib: 
 
     if fix not in FIXES:
         raise ValueError(f"fix must be one of {', '.join(FIXES)} (got {fix!r}).")
-    if not torch.cuda.is_available():
-        raise ValueError("the fragmentation experiment needs a CUDA GPU: "
-                         "the caching allocator it studies is CUDA's.")
     if not 10 <= b_mib < a_mib:
         raise ValueError(f"need 10 <= b_mib < a_mib (got a_mib={a_mib}, b_mib={b_mib}).")
-    dev = torch.device("cuda", torch.cuda.current_device())
+    dev = require_cuda(NO_ALLOCATOR)
     total = torch.cuda.get_device_properties(dev).total_memory
     torch.cuda.empty_cache()
     if torch.cuda.memory_reserved(dev):
@@ -183,10 +183,7 @@ def run_in_fresh_process(cap_mib: int = 4096, fix: str = "none", timeout_s: floa
     """
     if fix not in FIXES:
         raise ValueError(f"fix must be one of {', '.join(FIXES)} (got {fix!r}).")
-    from gpulab.device import pick_device
-    if pick_device().type != "cuda":
-        raise ValueError("the fragmentation experiment needs a CUDA GPU: "
-                         "the caching allocator it studies is CUDA's.")
+    require_cuda(NO_ALLOCATOR)
     env = dict(os.environ)
     env.pop("PYTORCH_ALLOC_CONF", None)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)

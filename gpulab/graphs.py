@@ -18,13 +18,9 @@ from typing import Callable
 import torch
 from torch import nn
 
-from gpulab.device import pick_device
+from gpulab.device import require_cuda
 
-
-def require_cuda(device: torch.device | None = None) -> None:
-    device = device or pick_device()
-    if device.type != "cuda":
-        raise ValueError("needs a CUDA GPU: CUDA graphs record CUDA kernel launches")
+NO_GRAPHS = "CUDA graphs record CUDA kernel launches"
 
 
 def tiny_ops(x: torch.Tensor, count: int) -> torch.Tensor:
@@ -52,7 +48,7 @@ def capture(fn: Callable[..., object], *static_inputs: torch.Tensor, warmup: int
     capture. Replaying reads the static inputs' memory and writes the static output's:
     to run on new data, `.copy_()` it into the static inputs.
     """
-    require_cuda()
+    require_cuda(NO_GRAPHS)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -136,7 +132,7 @@ def capture_violation(kind: str, timeout_s: float = 60.0) -> str:
     `torch.cuda.graph` in a fresh Python process; return what it printed."""
     if kind not in ("item", "synchronize"):
         raise ValueError(f"kind must be 'item' or 'synchronize' (got {kind!r})")
-    require_cuda()
+    require_cuda(NO_GRAPHS)
     proc = subprocess.run([sys.executable, "-c", _VIOLATION.format(kind=kind)], capture_output=True,
                           text=True, timeout=timeout_s)
     out = proc.stdout.strip()

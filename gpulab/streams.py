@@ -12,18 +12,13 @@ Introduced in notebook 08.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
-from gpulab.device import pick_device
+from gpulab.device import require_cuda
 
-
-def require_cuda(device: torch.device | None = None) -> None:
-    """Streams exist only on a CUDA device: refuse with ValueError elsewhere."""
-    device = device or pick_device()
-    if device.type != "cuda":
-        raise ValueError("needs a CUDA GPU: CUDA streams do not exist on the CPU")
+NO_STREAMS = "CUDA streams do not exist on the CPU"
 
 
 def predict_overlap(copy_ms: float, compute_ms: float) -> dict[str, float]:
@@ -83,7 +78,7 @@ def record_spans(steps: Sequence[Step]) -> list[Span]:
     """Run `steps` in order, each `fn()` queued on its stream, and time each with CUDA events
     recorded on that stream. Every stream first waits for a start event on the current
     stream; the current stream waits for all of them at the end. Returns the spans."""
-    require_cuda()
+    require_cuda(NO_STREAMS)
     current = torch.cuda.current_stream()
     base = torch.cuda.Event(enable_timing=True)
     base.record(current)

@@ -6,10 +6,11 @@ Nothing else in the course times device work by hand.
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -86,14 +87,48 @@ def _cuda_event_times(fn: Callable[[], object], repeat: int) -> list[float]:
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
+def _sync(device: torch.device) -> None:
+    sync(device)   # looked up at call time: `stopwatch`'s own `sync` argument hides the name
+
+
+@dataclass
+class Interval:
+    """Filled in by `stopwatch` (host clock, seconds from time.perf_counter)."""
+
+    start_s: float = 0.0
+    end_s: float = 0.0
+
+    @property
+    def ms(self) -> float:
+        return (self.end_s - self.start_s) * 1e3
+
+
+@contextlib.contextmanager
+def stopwatch(sync: bool = True, device: torch.device | None = None) -> Iterator[Interval]:
+    """Host-clock interval of a block that cannot be repeated by `benchmark` (lesson 03's
+    pass over a data loader). With `sync` the device is synchronized on entry and exit,
+    so the interval holds the GPU work the block queued; `sync=False` times host work only
+    (e.g. the wait inside `next(loader)`).
+    """
+    device = device or pick_device()
+    interval = Interval()
+    if sync:
+        _sync(device)
+    interval.start_s = time.perf_counter()
+    try:
+        yield interval
+    finally:
+        if sync:
+            _sync(device)
+        interval.end_s = time.perf_counter()
+
+
 def _host_times(fn: Callable[[], object], repeat: int, device: torch.device) -> list[float]:
     out = []
     for _ in range(repeat):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        out.append((time.perf_counter() - t0) * 1e3)
+        with stopwatch(device=device) as call:
+            fn()
+        out.append(call.ms)
     return out
 
 

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from gpulab.device import pick_device
+from gpulab.device import pick_device, require_cuda
 from gpulab.timing import benchmark
 
 DIRECTIONS = ("h2d", "d2h")
@@ -36,8 +36,7 @@ def _buffers(nbytes: int, direction: str, pinned: bool, device: torch.device):
         raise ValueError(f"direction must be 'h2d' or 'd2h' (got {direction!r}).")
     if nbytes < 1:
         raise ValueError(f"nbytes must be >= 1 (got {nbytes}).")
-    if device.type != "cuda":
-        raise ValueError("needs a CUDA GPU: host<->device copies cross a bus the CPU does not have.")
+    require_cuda("host<->device copies cross a bus the CPU does not have.", device)
     # Random bytes with a period of 1,000,003 (a prime, so no chunk of a power-of-two size repeats
     # its neighbour): cheap to make at 256 MiB, and a misplaced chunk still fails the check.
     g = torch.Generator().manual_seed(nbytes)

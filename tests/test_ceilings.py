@@ -112,7 +112,7 @@ def test_copy_experiment_refuses_zero():
 
 
 def test_transfer_experiment_needs_a_gpu():
-    with pytest.raises(ValueError, match="need a CUDA GPU"):
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
         transfer_experiment("h2d", pinned=True, mib=1)
 
 

@@ -228,3 +228,12 @@ def test_describe_on_cpu_says_numbers_are_illustrative(on_cpu):
 def test_describe_reports_the_scale_setting(monkeypatch, on_cpu):
     monkeypatch.setenv("GPULAB_SCALE", "full")
     assert "scale=full" in device.describe()
+
+
+def test_require_cuda_refuses_the_cpu_with_the_reason(monkeypatch):
+    from gpulab.device import require_cuda
+    with pytest.raises(ValueError, match=r"^needs a CUDA GPU: no bus here$"):
+        require_cuda("no bus here", torch.device("cpu"))
+    monkeypatch.setenv("GPULAB_DEVICE", "cpu")
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        require_cuda("forced CPU")

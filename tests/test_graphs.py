@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from gpulab.graphs import (MLP, capture_violation, make_mlp_step, max_difference, require_cuda,
+from gpulab.device import require_cuda
+from gpulab.graphs import (MLP, NO_GRAPHS, capture_violation, make_mlp_step, max_difference,
                            tiny_ops, tiny_ops_reference)
 
 CPU = torch.device("cpu")
@@ -20,7 +21,7 @@ def test_tiny_ops_refuses_zero():
 
 def test_require_cuda_refuses_cpu():
     with pytest.raises(ValueError, match="needs a CUDA GPU"):
-        require_cuda(CPU)
+        require_cuda(NO_GRAPHS, CPU)
 
 
 def test_mlp_step_matches_backward():

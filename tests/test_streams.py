@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from gpulab.plots import stream_timeline_plot
-from gpulab.streams import Span, copy_then_compute, predict_overlap, require_cuda
+from gpulab.device import require_cuda
+from gpulab.streams import NO_STREAMS, Span, copy_then_compute, predict_overlap
 
 CPU = torch.device("cpu")
 
@@ -22,7 +23,7 @@ def test_predict_overlap_refuses_negative():
 
 def test_require_cuda_refuses_cpu():
     with pytest.raises(ValueError, match="needs a CUDA GPU"):
-        require_cuda(CPU)
+        require_cuda(NO_STREAMS, CPU)
 
 
 def test_serial_copy_then_compute_on_cpu():

@@ -173,3 +173,22 @@ def test_cuda_events_time_the_work_not_the_launch():
     launch_only = benchmark(lambda: a @ a, repeat=10, sync=False)
     assert launch_only.method == "host clock, no sync"
     assert real.median_ms > launch_only.median_ms
+
+
+def test_stopwatch_times_the_block_on_the_host_clock():
+    from gpulab.timing import stopwatch
+    with stopwatch() as w:
+        time.sleep(0.02)
+    assert 15 <= w.ms <= 200
+    assert w.end_s > w.start_s
+    with stopwatch(sync=False) as quick:
+        pass
+    assert 0 <= quick.ms < w.ms
+
+
+def test_stopwatch_records_the_end_even_when_the_block_raises():
+    from gpulab.timing import stopwatch
+    with pytest.raises(RuntimeError):
+        with stopwatch() as w:
+            raise RuntimeError("boom")
+    assert w.end_s >= w.start_s > 0

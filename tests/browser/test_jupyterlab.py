@@ -11,6 +11,7 @@ it fails. A screenshot of every step lands in test-artifacts/browser/.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -163,12 +164,25 @@ def panel_runs(page) -> int:
     return max(table.locator("tr").count() - 1, 0)
 
 
-def test_a_lesson_panel_renders_and_reacts_to_a_toggle(lab, browser):
+@contextlib.contextmanager
+def ran_notebook(browser, lab, notebook: str, name: str):
+    """A page with `notebook` opened and run through without a failed cell; a screenshot
+    is saved if anything in the block fails, and the page is always closed."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    steps = Steps(page, "lesson01")
+    steps = Steps(page, name)
     try:
-        open_and_run_all(page, lab, "01_measuring_time.ipynb", steps)
+        open_and_run_all(page, lab, notebook, steps)
         assert_no_errors(page, steps)
+        yield page, steps
+    except Exception:
+        steps.shot("failed")
+        raise
+    finally:
+        page.close()
+
+
+def test_a_lesson_panel_renders_and_reacts_to_a_toggle(lab, browser):
+    with ran_notebook(browser, lab, "01_measuring_time.ipynb", "lesson01") as (page, steps):
         page.wait_for_timeout(1000)
         assert_widgets_rendered(page, steps)
         run_button = page.locator(".jupyter-widgets button", has_text="Run").first
@@ -193,19 +207,10 @@ def test_a_lesson_panel_renders_and_reacts_to_a_toggle(lab, browser):
         assert after == before + 1
         assert ("True" if not was else "False") in last_row, f"the new run did not use the toggle: {last_row}"
         page.locator(".widget-output img").first.wait_for(timeout=30_000)   # the plot follows the table
-    except Exception:
-        steps.shot("failed")
-        raise
-    finally:
-        page.close()
 
 
 def test_notebook_00_shows_the_ceilings_table(lab, browser):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    steps = Steps(page, "lesson00")
-    try:
-        open_and_run_all(page, lab, "00_gpu_ceilings.ipynb", steps)
-        assert_no_errors(page, steps)
+    with ran_notebook(browser, lab, "00_gpu_ceilings.ipynb", "lesson00") as (page, steps):
         seen = page.locator(".jp-OutputArea-output table", has_text="matmul fp32").last
         seen.wait_for(timeout=30_000)
         seen.scroll_into_view_if_needed()
@@ -215,8 +220,3 @@ def test_notebook_00_shows_the_ceilings_table(lab, browser):
         facts = page.locator(".jp-OutputArea-output table", has_text="compute capability").first
         facts.scroll_into_view_if_needed()
         assert "architecture" in facts.text_content()
-    except Exception:
-        steps.shot("failed")
-        raise
-    finally:
-        page.close()
