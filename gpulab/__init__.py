@@ -16,7 +16,7 @@
     data      lesson 03's dataset (importable by DataLoader workers)
     transfers lesson 05's host<->device copies at any size
     streams   lesson 08's overlap and per-stream timelines
-    graphs    lesson 11's CUDA graph capture (draft lesson)
+    graphs    lesson 11's CUDA graph capture
     lesson    notebook template helpers (start, self-checks, "What you saw")
     specs     architecture table and datasheet peaks (fallback only)
     cli       `gpulab doctor`

@@ -81,13 +81,22 @@ def make_mlp_step(model: nn.Module, loss_model: Callable | None = None):
     Uses `torch.autograd.grad`, not `.backward()`, so parameters' `.grad` is never touched:
     eager, graphed and compiled steps then compare their outputs directly.
     `loss_model` (e.g. a compiled `model`) replaces `model` for the forward.
+
+    The loss is returned *detached*. A loss that keeps its autograd graph alive also keeps the
+    parameters' gradient-accumulator nodes alive, and each node remembers the stream it was
+    created on. An eager step on the default stream followed by a capture then makes autograd
+    wait on the legacy default stream from inside the capture, and CUDA refuses with
+    `cudaErrorStreamCaptureImplicit` ("operation would make the legacy stream depend on a
+    capturing blocking stream"); see pytorch/pytorch#164302. This is what broke the first
+    version of notebook 11 on the H200.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    run = loss_model or model
+    run = model if loss_model is None else loss_model     # not `or`: a compiled module has no truth value
 
     def step(x: torch.Tensor, target: torch.Tensor):
         loss = run(x, target)
-        return (loss, *torch.autograd.grad(loss, params))
+        grads = torch.autograd.grad(loss, params)
+        return (loss.detach(), *grads)
 
     return step
 

@@ -34,6 +34,33 @@ def test_mlp_step_matches_backward():
     assert len(grads) == 6 and loss.ndim == 0
 
 
+def test_mlp_step_returns_a_detached_loss():
+    # A loss that still holds its autograd graph keeps the gradient-accumulator nodes (and the
+    # stream they were made on) alive, which breaks a later CUDA graph capture (pytorch#164302).
+    model = MLP(width=8, depth=2)
+    loss, *grads = make_mlp_step(model)(torch.randn(2, 8), torch.randn(2, 8))
+    assert loss.grad_fn is None and not loss.requires_grad
+    assert all(g.grad_fn is None for g in grads)
+
+
+def test_mlp_step_accepts_a_compiled_module():
+    # `loss_model or model` called len() on torch.compile's wrapper, which raises: found on the H200.
+    model = MLP(width=8, depth=2)
+    make_mlp_step(model, torch.compile(model))      # compiles lazily: nothing runs here
+
+
+@pytest.mark.gpu
+def test_mlp_step_captures_after_an_eager_step():
+    from gpulab.graphs import capture
+    model = MLP(width=64, depth=3).cuda()
+    x, t = torch.randn(8, 64, device="cuda"), torch.randn(8, 64, device="cuda")
+    step = make_mlp_step(model)
+    eager = [r.clone() for r in step(x, t)]          # an eager step first, as notebook 11 does
+    graph, out = capture(step, x, t)
+    graph.replay()
+    assert max_difference(out, eager) < 1e-3
+
+
 def test_max_difference_checks_lengths():
     with pytest.raises(ValueError):
         max_difference([torch.zeros(1)], [torch.zeros(1), torch.zeros(1)])
