@@ -3,6 +3,11 @@
 Exit status 0 when everything the course needs is there, 1 otherwise; each
 problem comes with a concrete fix. `--cpu-ok` accepts a machine without a GPU
 (the course then runs at tiny size and its numbers are only illustrative).
+
+For instructors and maintainers (see README, "For instructors"):
+`gpulab bench` runs each lesson's headline comparison headless against its band
+(gpulab.bench); `gpulab room FOLDER` merges a room's results files (gpulab.room);
+`gpulab report` prints or rewrites the README's "measured on" block.
 """
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import argparse
 import importlib
 import importlib.metadata as md
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -171,12 +177,112 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def bench(argv: list[str] | None = None) -> int:
+    """`gpulab bench`: exit 0, or 1 with --check when a row fails; 2 for bad arguments or bands."""
+    from gpulab import bench as B
+    from gpulab.device import SCALES
+
+    parser = argparse.ArgumentParser(
+        prog="gpulab bench", description="Run each lesson's headline comparison and check it against its band.")
+    parser.add_argument("--scale", choices=SCALES, default=None,
+                        help="problem sizes (default: GPULAB_SCALE, else auto: full on a GPU, tiny on the CPU)")
+    parser.add_argument("--lessons", default="", help="comma-separated lessons, e.g. 03,05 (default: all)")
+    parser.add_argument("--json", metavar="PATH", default=None,
+                        help="where to write the JSON (default: beside the results store, under bench/)")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when a ratio falls outside its band or a result is wrong")
+    parser.add_argument("--bands", metavar="PATH", default=None, help="bands file (default: gpulab/bands.toml)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    args = parser.parse_args(argv)
+    try:
+        experiments = B.select(args.lessons.split(",") if args.lessons else None)
+        bands = B.load_bands(args.bands)
+    except ValueError as err:
+        print(f"gpulab bench: {err}", file=sys.stderr)
+        return 2
+    before = os.environ.get("GPULAB_SCALE")
+    if args.scale:
+        os.environ["GPULAB_SCALE"] = args.scale
+    try:
+        report = B.run(experiments, bands, progress=not args.no_progress)
+        path = B.write_json(report, args.json or B.default_json_path(report))
+        recorded = B.record(report)
+    finally:
+        if args.scale:
+            if before is None:
+                os.environ.pop("GPULAB_SCALE", None)
+            else:
+                os.environ["GPULAB_SCALE"] = before
+    from gpulab.results import default_path
+    print(B.format_table(report))
+    print(f"\nJSON: {path}\nresults store: {recorded} row(s) recorded in {default_path()}")
+    return 1 if args.check and report.failed else 0
+
+
+def room(argv: list[str] | None = None) -> int:
+    """`gpulab room FOLDER`: exit 0 (bad files are reported, not fatal); 2 if FOLDER is not a folder."""
+    from gpulab import room as R
+
+    parser = argparse.ArgumentParser(
+        prog="gpulab room", description="Merge a folder of results stores and bench JSON files into one comparison.")
+    parser.add_argument("folder", help="folder with learners' results files and `gpulab bench` JSON files")
+    parser.add_argument("--png", metavar="PATH", default=None, help="save the grouped bar chart as a PNG")
+    parser.add_argument("--json", metavar="PATH", default=None, help="write the merged table as JSON")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    args = parser.parse_args(argv)
+    try:
+        merged = R.merge(args.folder)
+    except FileNotFoundError as err:
+        print(f"gpulab room: {err}", file=sys.stderr)
+        return 2
+    print(R.format_table(merged, markdown=args.markdown))
+    if args.png:
+        R.room_plot(merged).savefig(args.png, dpi=120)
+        print(f"plot: {args.png}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(merged.to_json(), indent=1) + "\n", encoding="utf-8")
+        print(f"JSON: {args.json}")
+    return 0
+
+
+def report(argv: list[str] | None = None) -> int:
+    """`gpulab report`: print the README's "measured on" block, or rewrite it with --readme."""
+    from gpulab import room as R
+
+    parser = argparse.ArgumentParser(
+        prog="gpulab report", description="The README's 'measured on' block, from the committed results files.")
+    parser.add_argument("--results", default="results", help="folder of committed results files (default: results)")
+    parser.add_argument("--readme", metavar="PATH", default=None,
+                        help="rewrite the block between the measured-on markers in this file")
+    args = parser.parse_args(argv)
+    try:
+        if args.readme:
+            changed = R.update_readme(args.readme, args.results)
+            print(f"{args.readme}: {'measured-on block rewritten' if changed else 'already up to date'}")
+        else:
+            print(R.measured_on_block(args.results))
+    except (FileNotFoundError, ValueError) as err:
+        print(f"gpulab report: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+USAGE = """usage: gpulab doctor [--cpu-ok] [--json]
+       gpulab bench [--scale tiny|full|auto] [--lessons 03,05] [--json PATH] [--check] [--bands PATH]
+       gpulab room FOLDER [--png out.png] [--json out.json] [--markdown]
+       gpulab report [--readme README.md] [--results results]
+
+  doctor   check that this machine is ready for the course
+  bench    run each lesson's headline comparison; --check fails when a ratio leaves its band
+  room     merge a folder of learners' results files into one comparison across GPUs
+  report   print (or, with --readme, rewrite) the README's "measured on" block"""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"doctor": doctor}
+    commands = {"doctor": doctor, "bench": bench, "room": room, "report": report}
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
-        print("usage: gpulab doctor [--cpu-ok] [--json]\n\n"
-              "  doctor   check that this machine is ready for the course")
+        print(USAGE)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     return commands[argv[0]](argv[1:])
 

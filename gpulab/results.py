@@ -35,6 +35,10 @@ class CorruptResultsWarning(UserWarning):
     """The results file could not be read; it was kept aside under another name."""
 
 
+class ResultsFileError(ValueError):
+    """The text is not a results store: not JSON, cut off, or JSON of another shape."""
+
+
 def default_path() -> Path:
     """Where results go: $GPULAB_RESULTS, else ~/.gpulab/results.json."""
     env = os.environ.get("GPULAB_RESULTS")
@@ -54,6 +58,51 @@ class Record:
     time: str
     host: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_store(text: str) -> list[Any]:
+    """The raw rows of a results file's text (rows may still be malformed: see `to_record`).
+
+    ResultsFileError when the text is not a results store at all. Used by the store itself
+    and by `gpulab.room`, which reads learners' files without ever moving them.
+    """
+    try:
+        data = json.loads(text)
+        records = data["records"]
+        if not isinstance(records, list):
+            raise TypeError("'records' is not a list")
+        return records
+    except (ValueError, KeyError, TypeError) as err:
+        raise ResultsFileError(f"{type(err).__name__}: {err}") from err
+
+
+def to_record(raw: Any) -> Record | None:
+    """One stored row as a Record, or None if it is malformed (not a dict, a required field
+    missing, `extra` not a dict). Fields this version does not know (a newer gpulab's) are kept
+    in `extra`; fields with defaults (`host`, `extra`) may be missing (an older gpulab's)."""
+    if not isinstance(raw, dict):
+        return None
+    known = Record.__dataclass_fields__
+    row = {k: v for k, v in raw.items() if k in known}
+    extra = row.get("extra") or {}
+    if not isinstance(extra, dict):
+        return None
+    row["extra"] = {**extra, **{k: v for k, v in raw.items() if k not in known}}
+    try:
+        return Record(**row)
+    except TypeError:
+        return None
+
+
+def read_records(path: str | os.PathLike) -> list[Record]:
+    """Every well-formed record of the results file at `path`, read only: the file is never
+    moved or changed. OSError if it cannot be opened; ResultsFileError if it is not a results
+    store (UnicodeDecodeError counts as that)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ResultsFileError(f"not UTF-8 text ({err.reason})") from err
+    return [rec for rec in map(to_record, parse_store(text)) if rec is not None]
 
 
 @contextlib.contextmanager
@@ -84,12 +133,8 @@ class ResultsStore:
         if not self.path.exists():
             return []
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            records = data["records"]
-            if not isinstance(records, list):
-                raise TypeError("'records' is not a list")
-            return records
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+            return parse_store(self.path.read_text(encoding="utf-8"))
+        except (ResultsFileError, UnicodeDecodeError) as err:
             stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
             aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
             n = 1
@@ -106,20 +151,11 @@ class ResultsStore:
     def records(self, lesson: str | None = None, name: str | None = None,
                 gpu: str | None = None, scale: str | None = None) -> list[Record]:
         """Records matching every filter given, oldest first. Unknown keys from newer versions are kept in `extra`."""
-        known = {f for f in Record.__dataclass_fields__}
         out = []
         for raw in self._read():
-            if not isinstance(raw, dict):
-                continue
-            row = {k: v for k, v in raw.items() if k in known}
-            extra = row.get("extra") or {}
-            if not isinstance(extra, dict):
+            rec = to_record(raw)
+            if rec is None:
                 continue  # a malformed record: skip it, keep the rest
-            row["extra"] = {**extra, **{k: v for k, v in raw.items() if k not in known}}
-            try:
-                rec = Record(**row)
-            except TypeError:
-                continue  # a record missing required fields: skip it, keep the rest
             if ((lesson is None or rec.lesson == lesson) and (name is None or rec.name == name)
                     and (gpu is None or rec.gpu == gpu) and (scale is None or rec.scale == scale)):
                 out.append(rec)

@@ -1,0 +1,181 @@
+"""gpulab.room and `gpulab room` / `gpulab report`: merging a room's files, bad and old ones included."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gpulab import room as R
+from gpulab.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORD = {"lesson": "05", "unit": "GB/s", "device": "cuda", "torch": "2.11.0+cu130", "scale": "full",
+          "time": "2026-11-29T17:29:09+00:00", "host": "vm", "extra": {}}
+
+
+def store_file(path, gpu, pinned, pageable, schema=1, **changes):
+    rows = [{**RECORD, "gpu": gpu, "name": "h2d_pinned_largest_gbps", "value": pinned, **changes},
+            {**RECORD, "gpu": gpu, "name": "h2d_pageable_largest_gbps", "value": pageable, **changes}]
+    path.write_text(json.dumps({"schema": schema, "records": rows}), encoding="utf-8")
+    return path
+
+
+def bench_file(path, gpu, rows, **top):
+    data = {"kind": "gpulab-bench", "schema": 1, "gpu": gpu, "torch": "2.11", "scale": "full",
+            "time": "2026-11-30T10:00:00+00:00", "run_id": f"run-{path.stem}", "rows": rows, **top}
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def row(lesson, metric, ratio, status="pass", correct=True):
+    return {"lesson": lesson, "metric": metric, "ratio": ratio, "status": status, "correct": correct}
+
+
+PCIE = "pinned / pageable host->device GB/s"
+STREAMS = "copy + matmul, overlapped / serial ms"
+
+
+@pytest.fixture
+def room_folder(tmp_path):
+    """Two learners on an H200 (a store and a bench JSON), one on an A100, and every kind of bad file."""
+    folder = tmp_path / "room"
+    (folder / "late").mkdir(parents=True)
+    store_file(folder / "alice.json", "NVIDIA H200", 55.0, 5.0)                   # 11x
+    bench_file(folder / "bob.json", "NVIDIA H200", [row("05", PCIE, 7.0), row("08", STREAMS, 0.78),
+                                                    row("06", "CNN images/s, best 16-bit / fp32", 9.9, "wrong", False)])
+    bench_file(folder / "late" / "carol.json", "NVIDIA A100-SXM4-80GB", [row("05", PCIE, 2.5)])
+    # an older gpulab: schema 0, records without host or extra; a bench file without schema or run_id
+    old = store_file(folder / "old-store.json", "Tesla T4", 12.0, 4.0, schema=0)
+    data = json.loads(old.read_text())
+    for r in data["records"]:
+        del r["host"], r["extra"]
+    old.write_text(json.dumps(data))
+    old_bench = {"kind": "gpulab-bench", "gpu": "Tesla T4", "rows": [row("08", STREAMS, 0.8), "junk", {"lesson": "05"}]}
+    (folder / "old-bench.json").write_text(json.dumps(old_bench))
+    # bad files
+    (folder / "truncated.json").write_text('{"schema": 1, "records": [{"lesson": "05", "na')
+    (folder / "corrupt.json").write_bytes(b"\x00\xff\xfe binary garbage")
+    (folder / "list.json").write_text("[1, 2, 3]")
+    (folder / "other.json").write_text('{"name": "a notebook setting"}')
+    (folder / "bad-records.json").write_text('{"schema": 1, "records": {"not": "a list"}}')
+    (folder / "bench-no-gpu.json").write_text('{"kind": "gpulab-bench", "rows": []}')
+    (folder / "notes.txt").write_text("not a results file, and not *.json: ignored")
+    return folder
+
+
+def test_merge_reads_good_old_and_mixed_files_and_reports_bad_ones(room_folder):
+    before = {p: p.read_bytes() for p in room_folder.rglob("*") if p.is_file()}
+    room = R.merge(room_folder)
+    bad = {Path(b.path).name: b.why for b in room.bad}
+    assert set(bad) == {"truncated.json", "corrupt.json", "list.json", "other.json", "bad-records.json",
+                        "bench-no-gpu.json"}
+    assert "cut off" in bad["truncated.json"] and "UTF-8" in bad["corrupt.json"]
+    assert "neither" in bad["list.json"] and "neither" in bad["other.json"]
+    assert "cannot read" in bad["bad-records.json"] and "GPU's name" in bad["bench-no-gpu.json"]
+    kinds = {Path(p).name: (k, n) for p, k, n in room.files}
+    assert kinds == {"alice.json": ("store", 1), "bob.json": ("bench", 2), "carol.json": ("bench", 1),
+                     "old-store.json": ("store", 1), "old-bench.json": ("bench", 1)}
+    assert room.skipped_rows == 3             # bob's wrong row, two malformed rows of the old bench file
+    assert room.gpus == ["NVIDIA A100-SXM4-80GB", "NVIDIA H200", "Tesla T4"]
+    assert {p: p.read_bytes() for p in room_folder.rglob("*") if p.is_file()} == before   # nothing moved
+
+
+def test_table_is_the_median_per_gpu_with_the_count(room_folder):
+    table = R.cells(R.merge(room_folder))
+    assert table[("05", PCIE)] == {"NVIDIA A100-SXM4-80GB": (2.5, 1), "NVIDIA H200": (9.0, 2), "Tesla T4": (3.0, 1)}
+    assert table[("08", STREAMS)] == {"NVIDIA H200": (0.78, 1), "Tesla T4": (0.8, 1)}
+    assert ("06", "CNN images/s, best 16-bit / fp32") not in table          # a wrong result is never merged
+    text = R.format_table(R.merge(room_folder))
+    assert "9x (median of 2)" in text and "2.5x" in text and "truncated.json: not JSON" in text
+    md = R.format_table(R.merge(room_folder), markdown=True)
+    assert "| lesson | headline | NVIDIA A100-SXM4-80GB | NVIDIA H200 | Tesla T4 |" in md
+
+
+def test_tiny_runs_get_their_own_column(tmp_path):
+    bench_file(tmp_path / "cpu.json", "CPU", [row("07", "matmul TFLOP/s, n=4096 / n=4095", 1.04, "n/a")],
+               scale="tiny")
+    assert R.merge(tmp_path).gpus == ["CPU (tiny)"]
+
+
+def test_a_bench_run_in_both_its_json_and_a_store_counts_once(tmp_path):
+    bench_file(tmp_path / "run.json", "NVIDIA H200", [row("05", PCIE, 7.0)], run_id="r1")
+    rec = {**RECORD, "gpu": "NVIDIA H200", "lesson": "05", "name": "bench_ratio", "value": 7.0, "unit": "x",
+           "extra": {"metric": PCIE, "run_id": "r1"}}
+    (tmp_path / "store.json").write_text(json.dumps({"schema": 1, "records": [rec]}))
+    assert R.cells(R.merge(tmp_path))[("05", PCIE)] == {"NVIDIA H200": (7.0, 1)}
+
+
+def test_an_empty_folder_merges_to_nothing(tmp_path):
+    room = R.merge(tmp_path)
+    assert room.measurements == [] and room.bad == [] and R.cells(room) == {}
+    assert "no *.json files" in R.format_table(room)
+    assert R.room_plot(room) is not None
+
+
+def test_the_committed_results_merge_without_bad_files():
+    room = R.merge(ROOT / "results")
+    assert room.bad == [] and room.gpus == ["NVIDIA H200"]
+    assert {m.lesson for m in room.measurements} >= {"00", "05", "06", "07", "08", "09"}
+
+
+# -- the chart and the command ----------------------------------------------------------------
+def test_plot_has_a_bar_per_lesson_and_gpu_and_saves_a_png(room_folder, tmp_path):
+    fig = R.room_plot(R.merge(room_folder))
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["05", "08"]
+    assert len(ax.patches) == 5              # 05: three GPUs, 08: two
+    assert ax.get_yscale() == "log"
+    out = tmp_path / "room.png"
+    fig.savefig(out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_room_command_prints_the_table_and_writes_png_and_json(room_folder, tmp_path, capsys):
+    png, js = tmp_path / "r.png", tmp_path / "r.json"
+    assert main(["room", str(room_folder), "--png", str(png), "--json", str(js)]) == 0
+    out = capsys.readouterr().out
+    assert "lesson" in out and "NVIDIA H200" in out and "bad files (skipped):" in out
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    data = json.loads(js.read_text())
+    assert {(c["lesson"], c["gpu"], c["count"]) for c in data["table"]} >= {("05", "NVIDIA H200", 2)}
+    assert len(data["bad"]) == 6
+
+
+def test_room_command_without_a_folder_exits_2(tmp_path, capsys):
+    assert main(["room", str(tmp_path / "missing")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
+# -- the README's "measured on" block ---------------------------------------------------------
+def test_readme_block_is_generated_from_the_committed_results():
+    block = R.readme_block(ROOT / "README.md")
+    assert block is not None, "README.md has no measured-on block"
+    assert block == R.measured_on_block(ROOT / "results"), \
+        "README's measured-on block is stale or edited by hand: run `gpulab report --readme README.md`"
+    assert "NVIDIA H200" in block and "2.11.0+cu130" in block
+
+
+def test_newest_bench_file_per_gpu_wins_over_store_runs(tmp_path):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    store_file(folder / "store.json", "NVIDIA H200", 55.0, 5.0)
+    bench_file(folder / "old.json", "NVIDIA H200", [row("05", PCIE, 6.0)], time="2026-11-30T09:00:00+00:00")
+    bench_file(folder / "new.json", "NVIDIA H200", [row("05", PCIE, 7.5), row("08", STREAMS, 0.7)])
+    block = R.measured_on_block(folder)
+    assert "`results/new.json`" in block and "old.json" not in block and "store.json" not in block
+    assert "| 05 | PCIe transfers: pinned / pageable host->device GB/s | 2 - 30 | 7.5x |" in block
+    assert "2026-11-30" in block and "`gpulab bench` JSON" in block
+
+
+def test_report_rewrites_only_the_block(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    shutil.copytree(ROOT / "results", tmp_path / "results")
+    readme.write_text(f"# title\n\nbefore\n{R.README_START}\nstale 99x\n{R.README_END}\nafter\n")
+    assert main(["report", "--readme", str(readme), "--results", str(tmp_path / "results")]) == 0
+    text = readme.read_text()
+    assert text.startswith("# title\n\nbefore\n") and text.endswith("\nafter\n") and "stale" not in text
+    assert "13.3x (median of 3)" in text
+    assert not R.update_readme(readme, tmp_path / "results")          # second run: nothing to change
+    readme.write_text("no markers here")
+    assert main(["report", "--readme", str(readme), "--results", str(tmp_path / "results")]) == 2
+    assert "no <!-- measured-on:start -->" in capsys.readouterr().err
