@@ -352,6 +352,77 @@ def checkpointing_memory() -> Measured:
                     notes=f"step time every block / none: {step_ms[1] / step_ms[0]:.2f}x")
 
 
+def accumulation_memory() -> Measured:
+    """Lesson 10: peak memory of one big batch against the same effective batch accumulated over
+    micro-batches (`workloads.accumulate`, `track_peak`); the gradients are checked equal first."""
+    from gpulab.device import float32_matmul
+    from gpulab.memory import free_memory, track_peak
+    from gpulab.workloads import (TransformerStack, accumulate, make_batch, param_bytes, predicted_memory,
+                                  train_step)
+
+    device = pick_device()
+    if device.type != "cuda":
+        raise Skipped("peak memory is read from CUDA's caching allocator; the CPU has none")
+    cfg = by_scale(tiny=dict(n_blocks=4, width=64, heads=4, seq=32, micro=4),
+                   full=dict(n_blocks=12, width=1024, heads=16, seq=1024, micro=8))
+    steps = 4
+    dtype = torch.bfloat16 if device_facts().bf16 else torch.float16
+    torch.manual_seed(0)
+    model = TransformerStack(cfg["n_blocks"], cfg["width"], cfg["heads"], cfg["seq"], device=device)
+    params = sum(p.numel() for p in model.parameters())
+    micro, free = cfg["micro"], free_memory()[0]
+    while micro > 1 and predicted_memory(cfg["n_blocks"], micro * steps, cfg["seq"], cfg["width"], params,
+                                         0, True)[1] > 0.5 * free:
+        micro //= 2
+    x, y = make_batch(model, 2 * steps, seed=1)                 # correct first, in fp32, as notebook 10
+    with float32_matmul("ieee"):
+        train_step(model, x, y)
+        big = [p.grad.clone() for p in model.parameters()]
+        accumulate(model, zip(x.chunk(steps), y.chunk(steps)), steps)
+        acc = [p.grad.clone() for p in model.parameters()]
+    norm = torch.sqrt(sum((g.double() ** 2).sum() for g in big)).item()
+    diff = max((a - b).abs().max().item() for a, b in zip(acc, big)) / norm
+    del x, y, big, acc
+    model.zero_grad(set_to_none=True)
+    try:
+        xb, yb = make_batch(model, micro * steps)
+        with track_peak() as one:
+            train_step(model, xb, yb, dtype)
+        model.zero_grad(set_to_none=True)
+        with track_peak() as accumulated:
+            accumulate(model, zip(xb.chunk(steps), yb.chunk(steps)), steps, dtype)
+        del xb, yb
+    finally:
+        model.zero_grad(set_to_none=True)
+    base = param_bytes(model)
+    big_peak, acc_peak = base + one.peak_above_start, base + accumulated.peak_above_start
+    return Measured(big_peak / GiB, acc_peak / GiB, "GiB", big_peak / acc_peak, diff < 1e-5,
+                    f"fp32 gradients, {steps} micro-batches vs one batch: largest difference / norm {diff:.1e} (< 1e-5)",
+                    f"one batch of {micro * steps}", f"{steps} x {micro} accumulated")
+
+
+def fusion_compile() -> Measured:
+    """Lesson 12: the seed's (x + y).relu().mean(1), eager against torch.compile (`fusion.fused_operation`)."""
+    from gpulab.fusion import check_close, compile_backend, fused_operation
+    from gpulab.timing import benchmark
+
+    device = pick_device()
+    n = by_scale(tiny=512, full=8192)
+    torch.manual_seed(0)
+    x = torch.randn(n, n, device=device)
+    y = torch.randn(n, n, device=device)
+    backend, why = compile_backend(device)
+    torch.compiler.reset()
+    compiled = torch.compile(fused_operation, backend=backend)
+    worst = check_close(compiled(x, y), fused_operation(x, y))      # raises if it differs (1e-5)
+    eager = benchmark(lambda: fused_operation(x, y))
+    fused = benchmark(lambda: compiled(x, y))
+    del x, y
+    return Measured(eager.median_ms, fused.median_ms, "ms", eager.median_ms / fused.median_ms, True,
+                    f"compiled vs eager: largest difference {worst:.1e} (<= 1e-5)",
+                    f"eager, fp32 {n} x {n}", f"torch.compile ({backend})")
+
+
 def graphs_tiny_ops() -> Measured:
     """Lesson 11: 400 tiny elementwise ops, eager against one CUDA graph replay (`graphs.capture`)."""
     from gpulab.graphs import NO_GRAPHS, capture, max_difference, tiny_ops, tiny_ops_reference
@@ -395,16 +466,15 @@ REGISTRY: tuple[Experiment, ...] = (
                _stored("08", "overlapped_vs_serial")),
     Experiment("09", "activation checkpointing", "peak memory, every block / none", checkpointing_memory,
                _stored("09", "peak_ratio_every_block")),
+    Experiment("10", "gradient accumulation", "peak memory, one big batch / accumulated", accumulation_memory),
     Experiment("11", "CUDA graphs", "400 tiny ops, eager / graph replay ms", graphs_tiny_ops,
                _stored("11", "tiny_ops_speedup")),
+    Experiment("12", "kernel fusion", "eager / torch.compile ms", fusion_compile, _stored("12", "eager_vs_compile")),
 )
 
 # Lessons whose headline comparison exists only as code in the notebook: not benched (see report).
 NOT_IN_BENCH = {
     "02": "its headline is an outcome (an OOM under a memory cap, removed by a fix), not a ratio",
-    "10": "its headline (accumulated gradients equal the big batch's, flat memory) runs the notebook's own "
-          "accumulate(); it is not in gpulab",
-    "12": "its headline times the notebook's own fused_operation(); it is not in gpulab",
 }
 
 

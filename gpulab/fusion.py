@@ -31,6 +31,12 @@ PLANS = {
 }
 
 
+def fused_operation(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The seed article's function: (x + y).relu().mean(dim=1). Eager it runs three kernels
+    (add, relu, mean) and writes two intermediates; fused it reads x and y once. Notebook 12."""
+    return (x + y).relu().mean(dim=1)
+
+
 def bytes_moved(n: int, element_bytes: int = 4) -> dict[str, int]:
     """Bytes read + written by (x + y).relu().mean(dim=1) on n x n inputs, per plan. Notebook 12.
 

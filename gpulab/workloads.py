@@ -121,6 +121,18 @@ def train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     return loss.detach()
 
 
+def accumulate(model: nn.Module, micro_batches, steps: int, dtype: torch.dtype | None = None,
+               divide: bool = True) -> None:
+    """One effective batch by gradient accumulation: forward and backward on each of `steps`
+    micro-batches; the gradients add up in `.grad`. Each loss is divided by `steps`, so the sum
+    equals the mean over the whole batch (`divide=False` is the classic mistake). Notebook 10."""
+    model.zero_grad(set_to_none=True)
+    for x, y in micro_batches:
+        with autocast(x.device, dtype):
+            loss = loss_fn(model(x), y)
+        (loss / steps if divide else loss).backward()
+
+
 @dataclass
 class Saved:
     """Filled in by `saved_for_backward`: distinct storages autograd keeps, by address."""
