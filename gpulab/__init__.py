@@ -17,9 +17,12 @@
     transfers lesson 05's host<->device copies at any size
     streams   lesson 08's overlap and per-stream timelines
     graphs    lesson 11's CUDA graph capture
+    distributed  lesson 14's multi-process experiments (torchrun, NCCL or gloo)
+    bench     `gpulab bench`: each lesson's headline comparison, judged against bands.toml
+    room      merge a room of learners' results into one table and chart
     lesson    notebook template helpers (start, self-checks, "What you saw")
     specs     architecture table and datasheet peaks (fallback only)
-    cli       `gpulab doctor`
+    cli       `gpulab doctor`, `bench`, `room`, `report`
 """
 from gpulab.device import by_scale, device_facts, pick_device, scale, sync
 from gpulab.memory import fmt_bytes, memory_guard, memory_now, track_peak

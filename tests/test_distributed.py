@@ -1,0 +1,206 @@
+"""gpulab.distributed: arithmetic, the correctness checks, plan(), and real launches with gloo on
+2 CPU processes at the tiny size (each launch costs ~3 s of process start-up)."""
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+from gpulab import distributed as D
+
+TINY = D.SIZES["tiny"]
+
+
+# -- arithmetic ---------------------------------------------------------------------------
+def test_bus_bandwidth_follows_nccl_tests():
+    assert D.algbw_gbps(2e9, 0.5) == pytest.approx(4.0)
+    assert D.busbw_gbps(100.0, 2) == pytest.approx(100.0)        # 2(n-1)/n = 1
+    assert D.busbw_gbps(100.0, 8) == pytest.approx(175.0)        # 2 * 7 / 8
+    assert D.busbw_gbps(100.0, 1) == 0.0                          # nothing to move
+    assert D.ring_bytes_per_gpu(1000, 4) == pytest.approx(1500)
+    assert D.dp_bytes_gpu0(1000, 4) == 6000
+    with pytest.raises(ValueError):
+        D.busbw_gbps(1.0, 0)
+    with pytest.raises(ValueError):
+        D.algbw_gbps(1.0, 0.0)
+
+
+def test_bubble_formula_and_measurement():
+    assert D.bubble_fraction(2, 1) == pytest.approx(0.5)
+    assert D.bubble_fraction(2, 8) == pytest.approx(1 / 9)
+    assert D.bubble_fraction(4, 4) == pytest.approx(3 / 7)
+    assert D.bubble_fraction(1, 5) == 0.0
+    assert D.measured_bubble(busy_ms=5.0, wall_ms=10.0) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        D.bubble_fraction(2, 0)
+    with pytest.raises(ValueError):
+        D.measured_bubble(1.0, 0.0)
+
+
+def test_overlap_fraction_is_clipped():
+    assert D.overlap_fraction(10.0, 4.0, 10.0) == pytest.approx(1.0)       # fully hidden
+    assert D.overlap_fraction(10.0, 4.0, 14.0) == pytest.approx(0.0)       # serial
+    assert D.overlap_fraction(10.0, 4.0, 12.0) == pytest.approx(0.5)
+    assert D.overlap_fraction(10.0, 4.0, 20.0) == 0.0                      # worse than serial
+    assert D.overlap_fraction(10.0, 4.0, 8.0) == 1.0                       # noise below compute
+    assert D.overlap_fraction(10.0, 0.0, 10.0) is None
+
+
+def test_bucket_layout_matches_ddp():
+    # 8 Linear(64, 64): weight 16384 B, bias 256 B; DDP's rebuilt buckets at a 0.02 MiB cap were
+    # 4 x 33280 B and at 0.05 MiB 2 x 66560 B (read from DDP's logging data, torch 2.13, gloo).
+    sizes = [16384, 256] * 8
+    assert D.bucket_layout(sizes, int(0.02 * D.MiB)) == [33280] * 4
+    assert D.bucket_layout(sizes, int(0.05 * D.MiB)) == [66560] * 2
+    assert D.bucket_layout(sizes, 10**9) == [sum(sizes)]
+    assert D.bucket_layout([10, 500, 10], 100) == [510, 10]   # a parameter larger than the cap stays whole
+    bufs = D.bucket_buffers([400, 8], torch.device("cpu"))
+    assert [b.numel() for b in bufs] == [100, 2]
+
+
+def test_micro_batch_check():
+    D.check_micro_batches(8, 4)
+    with pytest.raises(ValueError, match="divide"):
+        D.check_micro_batches(8, 3)
+
+
+def test_grad_check_catches_a_broken_gradient():
+    torch.manual_seed(0)
+    ref = [torch.randn(50, 50), torch.randn(50)]
+    assert D.check_grads([g.clone() for g in ref], ref, 1e-5, "same") == 0.0
+    broken = [g.clone() for g in ref]
+    broken[1][3] += 1e-3 * math.sqrt(sum(float((g ** 2).sum()) for g in ref))
+    with pytest.raises(D.Mismatch, match="broken"):
+        D.check_grads(broken, ref, 1e-5, "broken")
+    with pytest.raises(D.Mismatch):            # NaN never passes
+        D.check_grads([g * float("nan") for g in ref], ref, 1e-5, "nan")
+
+
+def test_nccl_report_parses_the_log():
+    log = ("h:1:1 [0] NCCL INFO NCCL version 2.27.3+cuda13.0\n"
+           "h:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read\n"
+           "h:1:2 [1] NCCL INFO Channel 01/0 : 1[1] -> 0[0] via P2P/CUMEM/read\n")
+    assert D.nccl_report(log) == {"version": "2.27.3+cuda13.0", "transports": ["P2P/CUMEM/read"]}
+    assert D.nccl_report("") == {"version": None, "transports": []}
+
+
+# -- plan -----------------------------------------------------------------------------------
+def _gpus(monkeypatch, n):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+
+def test_plan_two_gpus(monkeypatch):
+    _gpus(monkeypatch, 2)
+    p = D.plan()
+    assert (p.backend, p.nproc, p.device, p.size) == ("nccl", 2, "cuda", "full")
+    assert (p.dp_device, p.dp_gpus, p.dp_backend) == ("cuda", 2, "nccl")
+    assert p.notes == ()
+
+
+def test_plan_one_gpu(monkeypatch):
+    _gpus(monkeypatch, 1)
+    p = D.plan()
+    assert (p.backend, p.nproc, p.device, p.size) == ("gloo", 2, "cpu", "tiny")
+    assert (p.dp_device, p.dp_gpus, p.dp_size) == ("cuda", 1, "full")
+    assert any("needs 2 or more GPUs" in n for n in p.notes)
+    assert "GPUs visible: 1" in p.describe()
+
+
+def test_plan_no_gpu_and_forced_cpu(monkeypatch):
+    _gpus(monkeypatch, 0)
+    p = D.plan()
+    assert (p.backend, p.device, p.dp_device, p.dp_gpus, p.dp_backend) == ("gloo", "cpu", "cpu", 0, "gloo")
+    _gpus(monkeypatch, 4)
+    monkeypatch.setenv("GPULAB_DEVICE", "cpu")          # honoured: the CPU path on a GPU machine
+    p = D.plan()
+    assert (p.gpus, p.backend, p.size) == (0, "gloo", "tiny")
+
+
+def test_launch_env_keeps_nvls_off(monkeypatch):
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    for backend in D.BACKENDS:
+        env = D.launch_env(backend, 2)
+        assert env["NCCL_NVLS_ENABLE"] == "0"
+    assert D.launch_env("gloo", 2)["OMP_NUM_THREADS"] == "1"
+
+
+# -- real launches (gloo, 2 CPU processes) ----------------------------------------------------
+def test_launch_success():
+    res = D.launch("hello", 2, "gloo", timeout_s=60)
+    assert res["sum"] == res["expected"] == 3.0
+    assert [r["rank"] for r in res["ranks"]] == [0, 1]
+    assert res["world_size"] == 2 and res["launch_s"] > res["work_s"]
+
+
+def test_launch_failure_is_explained():
+    with pytest.raises(D.LaunchError, match=r"rank 1: ValueError: rank 1 was asked to fail"):
+        D.launch("hello", 2, "gloo", timeout_s=60, fail=True)
+
+
+def test_launch_timeout_stops_the_processes():
+    t0 = time.perf_counter()
+    with pytest.raises(D.LaunchError, match="did not finish within 2 s"):
+        D.launch("hello", 2, "gloo", timeout_s=2, sleep_s=30)
+    assert time.perf_counter() - t0 < 20
+
+
+def test_launch_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="unknown experiment"):
+        D.launch("nope", 2, "gloo")
+    with pytest.raises(ValueError, match="backend"):
+        D.launch("hello", 2, "mpi")
+
+
+def test_ddp_check_catches_a_missing_all_reduce():
+    # corrupt=True: rank 0 keeps its own gradient (no all-reduce); the check must fail.
+    with pytest.raises(D.LaunchError, match="Mismatch: DDP over 2 processes"):
+        D.launch("ddp", 2, "gloo", timeout_s=90, model=TINY["model"], batch=TINY["batch"], warmup=1, repeat=1,
+                 buckets_mb=[None], accum_steps=2, accum_micro=1, corrupt=True)
+
+
+def test_ddp_experiment_on_two_cpu_processes():
+    res = D.launch("ddp", 2, "gloo", timeout_s=90, model=TINY["model"], batch=TINY["batch"], warmup=1, repeat=2,
+                   buckets_mb=[0.01, None], accum_steps=2, accum_micro=1)
+    assert set(res["checks"]) == {"DDP step", "2 micro-steps with no_sync", "2 micro-steps without no_sync"}
+    assert all(d <= res["tol"] for d in res["checks"].values())
+    assert [b["label"] for b in res["buckets"]] == ["0.01 MiB", "whole model"]
+    assert res["buckets"][0]["n_buckets"] > 1 and res["buckets"][1]["n_buckets"] == 1
+    assert len(res["step_ms_by_rank"]) == 2 and D.samples_per_s(res["throughput"]) > 0
+
+
+def test_pipeline_matches_the_unsplit_model():
+    res = D.launch("pipeline", 2, "gloo", timeout_s=90, model=TINY["pipe_model"], batch=TINY["pipe_batch"],
+                   micro_batches=[1, 4], warmup=1, repeat=1)
+    assert [r["micro_batches"] for r in res["rows"]] == [1, 4]
+    for row in res["rows"]:
+        assert abs(row["loss"] - res["ref_loss"]) <= 1e-5 * abs(res["ref_loss"])
+        assert all(0.0 <= st["bubble"] < 1.0 and st["grad_diff"] <= res["tol"] for st in row["stages"])
+        assert row["bubble_formula"] == D.bubble_fraction(2, row["micro_batches"])
+
+
+def test_single_process_dp_on_cpu():
+    res = D.launch("dp", 1, "gloo", timeout_s=60, model=TINY["model"], batch=2, gpus=0, warmup=1, repeat=2)
+    assert res["dp_device_ids"] == []                     # DataParallel wraps nothing on the CPU
+    assert set(res["timings"]) == {"1 device, plain", "DDP, 1 process"}
+    assert res["checks"]["DDP, 1 process"] <= res["tol"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_nccl_allreduce_on_two_gpus():
+    res = D.launch("allreduce", 2, "nccl", timeout_s=120, sizes=[2**20, 2**26], warmup=2, repeat=5)
+    assert [r["bytes"] for r in res["rows"]] == [2**20, 2**26]
+    assert all(r["busbw_gbps"] == pytest.approx(r["algbw_gbps"]) for r in res["rows"])   # n = 2
+    assert res["link"]["peer_access"] is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_dp_and_ddp_on_two_gpus():
+    res = D.launch("dp", 1, "nccl", timeout_s=120, model=TINY["model"], batch=4, gpus=2, warmup=1, repeat=2)
+    assert res["dp_device_ids"] == [0, 1]
+    assert all(d <= res["tol"] for d in res["checks"].values())
