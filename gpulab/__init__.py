@@ -17,6 +17,7 @@
     transfers lesson 05's host<->device copies at any size
     streams   lesson 08's overlap and per-stream timelines
     graphs    lesson 11's CUDA graph capture
+    capstone  lesson 13's two jobs, every toggle, the waterfall and MFU
     distributed  lesson 14's multi-process experiments (torchrun, NCCL or gloo)
     bench     `gpulab bench`: each lesson's headline comparison, judged against bands.toml
     room      merge a room of learners' results into one table and chart

@@ -10,6 +10,7 @@ shows it, and a widget panel displays it in its output area.
 - `roofline_plot`: attainable FLOP/s against arithmetic intensity from measured ceilings.
 - `segments_plot`: the caching allocator's segments (lesson 02).
 - `stream_timeline_plot`: work on each CUDA stream over time (lesson 08).
+- `waterfall_plot`: a cumulative quantity built up step by step, each step a floating bar (lesson 13).
 """
 from __future__ import annotations
 
@@ -271,4 +272,69 @@ def roofline_plot(compute_peaks: Mapping[str, float], bandwidth_gbps: float,
         ax.set_ylabel("attainable TFLOP/s")
         ax.set_title(title)
         ax.legend(fontsize=8, loc="upper left")
+    return _styled(fig)
+
+
+UP, DOWN, SKIPPED = COLORS[2], COLORS[3], "#cccccc"
+
+
+def waterfall_plot(rows: Sequence[tuple[str, float | None]], notes: Sequence[str] | None = None,
+                   ylabel: str = "speed-up over the baseline (x)", title: str = "", logy: bool = True,
+                   total_label: str = "total", higher_is_better: bool = True) -> Figure:
+    """A waterfall: the first row's bar, then one floating bar per step from the cumulative value before it
+    to the value after it (green where it got better, red where worse: up, unless `higher_is_better` is
+    False, as for memory), then the total. Lesson 13.
+
+    rows: (label, cumulative value) in order, the first being the start (e.g. ("baseline", 1.0)); a None
+    value is a step that did not count (skipped or failed): a grey marker at the level it left unchanged.
+    notes: one text per row, written above its bar (e.g. each step's share). Log scale by default, so
+    equal ratios are equal heights.
+    """
+    if not rows or rows[0][1] is None:
+        raise ValueError("a waterfall needs a first row with a value")
+    values = [v for _, v in rows if v is not None]
+    if logy and min(values) <= 0:
+        raise ValueError("a log-scale waterfall needs positive values")
+    low = min(values) / 1.6 if logy else min(0.0, min(values))
+    fig, (ax,) = _figure(figsize=(max(5.0, 0.95 * (len(rows) + 1) + 2), 3.8))
+    with plt.rc_context(STYLE):
+        level = rows[0][1]
+        xs = range(len(rows) + 1)
+        for i, (label, value) in enumerate(rows):
+            if i == 0:
+                ax.bar(i, value - low, bottom=low, color=COLORS[0], width=0.6)
+                top = value
+            elif value is None:
+                ax.bar(i, 0, bottom=level, color=SKIPPED, width=0.6, edgecolor=SKIPPED, linewidth=2)
+                ax.plot([i - 0.3, i + 0.3], [level, level], color="#888888", lw=2, ls=":")
+                top = level
+            else:
+                better = (value >= level) == higher_is_better
+                ax.bar(i, value - level, bottom=level, width=0.6, color=UP if better else DOWN)
+                top = max(value, level)
+                level = value
+            if i + 1 < len(rows):
+                ax.plot([i + 0.3, i + 0.7], [level, level], color="#555555", lw=0.8)
+            if notes is not None and i < len(notes) and notes[i]:
+                ax.annotate(notes[i], (i, top), xytext=(0, 3), textcoords="offset points", ha="center",
+                            va="bottom", fontsize=8)
+        ax.bar(len(rows), level - low, bottom=low, color=COLORS[4], width=0.6)
+        ax.annotate(f"{level / rows[0][1]:.3g}x" if logy else f"{level:.3g}", (len(rows), level), xytext=(0, 3),
+                    textcoords="offset points", ha="center", va="bottom", fontsize=8)
+        labels = [label for label, _ in rows] + [total_label]
+        ax.set_xticks(list(xs), labels, rotation=25 if len(labels) > 4 else 0,
+                      ha="right" if len(labels) > 4 else "center")
+        high = max(values)
+        if logy:
+            from matplotlib.ticker import FuncFormatter, LogLocator
+
+            ax.set_yscale("log")
+            ax.set_ylim(low, high * 1.6)                  # room above the tallest bar for its note
+            ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+        else:
+            ax.set_ylim(low, high + 0.15 * (high - low or 1.0))
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
     return _styled(fig)

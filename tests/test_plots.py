@@ -146,3 +146,36 @@ def test_roofline_one_roof_per_peak_plus_memory_line():
     assert "ridge 16.7 FLOP/B" in texts(ax) and "ridge 233 FLOP/B" in texts(ax)
     assert "my kernel" in texts(ax)
     assert ax.get_xscale() == ax.get_yscale() == "log"
+
+
+# -- waterfall_plot --------------------------------------------------------------------
+def test_waterfall_floating_bars_colour_by_direction_and_skip_rows():
+    from matplotlib.colors import to_rgb
+
+    rows = [("baseline", 1.0), ("+ a", 2.0), ("+ b", None), ("+ c", 1.5), ("+ d", 3.0)]
+    fig = plots.waterfall_plot(rows, notes=["", "+2x", "skipped", "-25%", "+2x"], title="steps")
+    (ax,) = fig.axes
+    bars = ax.patches
+    assert len(bars) == len(rows) + 1                     # one per row and the total
+    a, skipped, c, d = bars[1:5]
+    assert (a.get_y(), a.get_y() + a.get_height()) == pytest.approx((1.0, 2.0))   # floats from the level before
+    assert a.get_facecolor()[:3] == pytest.approx(to_rgb(plots.UP))
+    assert skipped.get_height() == 0 and skipped.get_y() == pytest.approx(2.0)     # level unchanged
+    assert (c.get_y() + c.get_height(), c.get_y()) == pytest.approx((1.5, 2.0))   # down: from 2 to 1.5
+    assert c.get_facecolor()[:3] == pytest.approx(to_rgb(plots.DOWN))
+    assert (d.get_y(), d.get_y() + d.get_height()) == pytest.approx((1.5, 3.0))
+    total = bars[-1]
+    assert total.get_y() + total.get_height() == pytest.approx(3.0)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["baseline", "+ a", "+ b", "+ c", "+ d", "total"]
+    assert "3x" in texts(ax) and "-25%" in texts(ax) and "skipped" in texts(ax)
+    assert ax.get_yscale() == "log" and ax.get_title() == "steps"
+    memory = plots.waterfall_plot([("start", 30.0), ("+ a", 12.0)], logy=False, higher_is_better=False)
+    assert memory.axes[0].patches[1].get_facecolor()[:3] == pytest.approx(to_rgb(plots.UP))   # less is better
+    assert memory.axes[0].get_yscale() == "linear"
+
+
+def test_waterfall_refuses_rows_it_cannot_draw():
+    with pytest.raises(ValueError, match="first row"):
+        plots.waterfall_plot([("baseline", None), ("+ a", 2.0)])
+    with pytest.raises(ValueError, match="positive"):
+        plots.waterfall_plot([("baseline", 1.0), ("+ a", 0.0)])

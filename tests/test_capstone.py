@@ -1,0 +1,257 @@
+"""gpulab.capstone: toggles and their refusals, the loss check, the waterfall's shares, MFU, tiny real runs."""
+import math
+
+import pytest
+import torch
+
+import gpulab
+from gpulab import capstone as C
+from gpulab.ceilings import Ceiling
+from gpulab.device import device_facts, facts_for_capability
+from gpulab.timing import summarize
+
+CPU_FACTS = device_facts(torch.device("cpu"))
+V100 = facts_for_capability("Tesla V100-SXM2-16GB", 7, 0)
+A100 = facts_for_capability("NVIDIA A100-SXM4-80GB", 8, 0)
+
+
+# -- options and their validation --------------------------------------------------------------------
+@pytest.mark.parametrize("kw, message", [
+    (dict(amp="fp8"), "amp must be one of"),
+    (dict(amp=None), "amp must be one of"),
+    (dict(tf32=1), "tf32 must be True or False"),
+    (dict(accumulation=0), "accumulation must be a whole number"),
+    (dict(accumulation=True), "accumulation must be a whole number"),
+    (dict(accumulation=2.0), "accumulation must be a whole number"),
+])
+def test_options_refuse_bad_values(kw, message):
+    with pytest.raises(ValueError, match=message):
+        C.Options(**kw)
+
+
+def test_options_add_toggles_and_say_which_are_on():
+    o = C.Options().adding("tf32").adding("amp", "fp16").adding("accumulation")
+    assert (o.tf32, o.amp, o.accumulation) == (True, "fp16", C.ACCUMULATION)
+    assert o.label == f"tf32 + fp16 + accumulation x{C.ACCUMULATION}"
+    assert C.Options().label == "fp32 baseline"
+    assert o.without("amp", "tf32") == C.Options(accumulation=C.ACCUMULATION)
+    assert C.Options(compile=True, cuda_graphs=True).compile_mode == "reduce-overhead"
+    assert C.Options(compile=True).compile_mode == "default"
+    with pytest.raises(ValueError, match="unknown toggle"):
+        C.Options().adding("turbo")
+
+
+@pytest.mark.parametrize("job, kw, batch, message", [
+    ("gpt", dict(channels_last=True), None, "channels_last applies to the CNN only"),
+    ("cnn", dict(aligned=True), None, "aligned applies to the GPT only"),
+    ("gpt", dict(cuda_graphs=True), None, "cuda_graphs needs compile"),
+    ("gpt", dict(accumulation=3), 16, "accumulation 3 does not divide the batch 16"),
+    ("cnn", dict(compile=True, cuda_graphs=True, accumulation=2), None, "cuda_graphs with accumulation"),
+    ("gpt", {}, 0, "batch must be a whole number"),
+    ("vit", {}, None, "job must be one of"),
+])
+def test_check_refuses_impossible_combinations(job, kw, batch, message):
+    with pytest.raises(ValueError, match=message):
+        C.check(job, C.Options(**kw), batch)
+    assert message.split()[0] in C.problem(job, C.Options(**kw), batch, CPU_FACTS)
+
+
+def test_check_accepts_what_a_job_can_take():
+    C.check("cnn", C.Options(tf32=True, amp="bf16", channels_last=True, fused=True, loader=True, compile=True,
+                             cuda_graphs=True, checkpointing=True), 128)
+    C.check("cnn", C.Options(amp="fp16", compile=True, checkpointing=True, accumulation=4), 128)
+    C.check("gpt", C.Options(aligned=True, accumulation=2), 16)
+
+
+def test_refusals_on_the_cpu():
+    assert C.refusal(C.Options(amp="bf16", fused=True, checkpointing=True), CPU_FACTS) is None
+    for toggle, words in [("tf32", "no TF32"), ("loader", "pinned"), ("compile", "skipped on the CPU"),
+                          ("cuda_graphs", "need a CUDA GPU")]:
+        options = C.Options(**{toggle: True, **({"compile": True} if toggle == "cuda_graphs" else {})})
+        why = C.refusal(options, CPU_FACTS)
+        assert why.startswith(f"{'compile' if toggle == 'cuda_graphs' else toggle}:") and (
+            words in why or toggle == "cuda_graphs")
+    assert "CUDA GPU" in C.refusal(C.Options(cuda_graphs=True), CPU_FACTS)
+
+
+def test_refusals_on_an_old_gpu_and_a_new_one():
+    assert "Ampere" in C.refusal(C.Options(amp="bf16"), V100)
+    assert C.refusal(C.Options(tf32=True), V100).startswith("tf32:")
+    assert C.refusal(C.Options(amp="fp16", loader=True, compile=True, cuda_graphs=True), V100,
+                     backend="inductor") is None
+    assert "would not fuse" in C.refusal(C.Options(compile=True), V100, backend="aot_eager")
+    everything = C.Options(tf32=True, amp="bf16", channels_last=True, fused=True, loader=True, compile=True,
+                           cuda_graphs=True, checkpointing=True, accumulation=2)
+    assert C.refusal(everything, A100, backend="inductor") is None
+    assert C.all_on("gpt", 16, V100, backend="inductor").amp == "fp16"       # bf16 refused, fp16 taken
+    assert C.all_on("cnn", 128, CPU_FACTS) == C.Options(amp="bf16", channels_last=True, fused=True)
+
+
+# -- the loss check ----------------------------------------------------------------------------------
+def test_loss_matches_catches_a_wrong_loss():
+    base = [6.9, 6.5, 6.2]
+    assert C.loss_matches(base, [6.9, 6.51, 6.21], tol=3e-3) == (True, pytest.approx(0.01 / 6.2))
+    ok, worst = C.loss_matches(base, [6.9, 6.5, 6.9], tol=3e-2)
+    assert not ok and worst == pytest.approx(0.7 / 6.2)
+    assert C.loss_matches(base, [6.9, float("nan"), 6.2], tol=1.0) == (False, math.inf)
+    assert C.loss_matches(base, [6.9], tol=1e-9)[0]                  # compares the common prefix
+    with pytest.raises(ValueError):
+        C.loss_matches([], [1.0], tol=1.0)
+
+
+def test_tolerances_follow_the_precision():
+    assert C.loss_tolerance("gpt", C.Options(amp="bf16"))[0] > C.loss_tolerance("gpt", C.Options(tf32=True))[0] \
+        > C.loss_tolerance("gpt", C.Options(fused=True))[0]
+    # BatchNorm makes the CNN's micro-batching part of its arithmetic: its reference keeps the split
+    assert C.reference_options("cnn", C.Options(amp="bf16", accumulation=4)) == C.Options(accumulation=4)
+    assert C.reference_options("gpt", C.Options(amp="bf16", accumulation=4)) == C.Options()
+
+
+def test_a_run_that_trains_differently_is_caught(monkeypatch):
+    runs = C.Runs()
+    assert runs.checked("gpt", C.Options()).status == "baseline"
+    assert runs.checked("gpt", C.Options(fused=True)).status == "ok"
+    monkeypatch.setattr(C, "LR", 0.5)                 # a "faster" variant that is not the same training
+    bad = runs.checked("gpt", C.Options(aligned=True))
+    assert bad.status == "loss mismatch" and not bad.counted and bad.loss_diff > bad.tolerance
+    assert bad.result.time is None and "not timed" in bad.result.notes[0]       # never timed
+    assert runs.mismatches() == ["gpt: aligned (batch 8)"]
+
+
+# -- the waterfall -----------------------------------------------------------------------------------
+def fake_result(job, options, batch, rate, peak, losses=(5.0, 4.0, 3.0)):
+    t = summarize([1000.0 * batch / rate] * 3, "cpu", "perf_counter")     # batch items in rate per second
+    return C.JobResult(job=job, options=options, batch=batch, losses=tuple(losses), time=t, unit="img/s",
+                       items_per_step=batch, flops_per_step=1e9, peak_bytes=peak, first_step_ms=1.0)
+
+
+def fake_runner(table):
+    """A runner whose rate, peak and losses come from `table[options.label]`."""
+    calls = []
+
+    def run(job, options, batch, config=None, timed=True, monitor=False, **kw):
+        calls.append((options.label, batch, timed, monitor))
+        return fake_result(job, options, batch, *table[options.label])
+    run.calls = calls
+    return run
+
+
+def test_waterfall_shares_add_to_100_percent_and_failures_do_not_count():
+    runner = fake_runner({
+        "fp32 baseline": (100, 1000),
+        "tf32": (200, 1000),                                   # x2
+        "tf32 + bf16": (150, 600, (5.0, 4.0, 9.0)),            # wrong losses: not counted, not kept
+        "tf32 + fused": (800, 400),                            # x4 over tf32
+    })
+    steps = C.waterfall("cnn", ("tf32", "amp", "fused"), C.Runs(runner=runner), facts=A100, half="bf16")
+    assert [s.label for s in steps] == ["baseline", "+ tf32", "+ amp", "+ fused"]
+    assert [s.status for s in steps] == ["baseline", "ok", "loss mismatch", "ok"]
+    assert steps[3].options == C.Options(tf32=True, fused=True)          # bf16 was not kept
+    shares = [s.share_pct for s in steps if s.share_pct is not None]
+    assert sum(shares) == pytest.approx(100.0)
+    assert shares == pytest.approx([100 / 3, 200 / 3])                   # log 2 : log 4 of log 8
+    assert steps[2].share_pct is None and steps[2].speedup is None
+    assert steps[3].speedup == pytest.approx(8.0)
+    assert [s.memory_saved for s in steps] == [None, 0, None, 600]
+    assert steps[3].memory_share_pct == pytest.approx(100.0)
+    assert C.fastest(steps) is steps[3]
+
+
+def test_waterfall_row_that_slows_down_has_a_negative_share():
+    runner = fake_runner({"fp32 baseline": (100, 1000), "bf16": (400, 500), "bf16 + checkpointing": (200, 200)})
+    steps = C.waterfall("cnn", ("amp", "checkpointing"), C.Runs(runner=runner), facts=A100, half="bf16")
+    assert [round(s.share_pct) for s in steps[1:]] == [200, -100]
+    assert sum(s.share_pct for s in steps[1:]) == pytest.approx(100.0)
+    assert [round(s.memory_share_pct) for s in steps[1:]] == [62, 38]
+
+
+def test_a_tiny_gpt_waterfall_on_the_cpu():
+    runs = C.Runs()
+    steps = C.waterfall("gpt", C.ORDERS["gpt"], runs, facts=CPU_FACTS)
+    status = {s.label: s.status for s in steps}
+    assert status["+ tf32"].startswith("skipped: tf32:") and status["+ compile"].startswith("skipped: compile:")
+    assert status["+ loader"].startswith("skipped: loader:")
+    assert [status[k] for k in ("baseline", "+ amp", "+ aligned", "+ fused")] == ["baseline", "ok", "ok", "ok"]
+    assert sum(s.share_pct for s in steps if s.share_pct is not None) == pytest.approx(100.0)
+    last = steps[-3]
+    assert last.options == C.Options(amp="bf16", aligned=True, fused=True)
+    assert all(s.result.peak_bytes is None for s in steps if s.result is not None)   # no allocator on the CPU
+
+
+# -- real runs at the tiny size ----------------------------------------------------------------------
+@pytest.mark.parametrize("job, extra", [("gpt", dict(aligned=True)), ("cnn", dict(channels_last=True))])
+def test_tiny_run_of_each_job(job, extra):
+    cfg = C.job_config(job, "tiny")
+    r = C.run_job(job, device=torch.device("cpu"))
+    assert len(r.losses) == C.LOSS_STEPS and all(math.isfinite(v) for v in r.losses)
+    assert r.batch == cfg["batch"] and r.items_per_step == cfg["batch"] * (cfg["seq"] if job == "gpt" else 1)
+    assert r.time.n >= 3 and r.items_per_s > 0 and r.tflops > 0 and r.first_step_ms > 0
+    assert r.peak_bytes is None and r.busy_pct is None
+    options = C.Options(amp="bf16", fused=True, checkpointing=True, accumulation=2, **extra)
+    s = C.run_job(job, options, loss_steps=2, timed=False)
+    assert s.time is None and s.items_per_s is None and len(s.losses) == 2
+    assert C.loss_matches(C.run_job(job, C.reference_options(job, options), timed=False).losses, s.losses,
+                          C.loss_tolerance(job, options)[0])[0]
+    with pytest.raises(ValueError, match="compile"):
+        C.run_job(job, C.Options(compile=True))
+
+
+def test_run_with_the_monitor_says_why_there_is_no_busy_percentage():
+    r = C.run_job("gpt", C.Options(), monitor=True, budget_s=0.01)
+    assert r.busy_pct is None and "CPU" in r.monitor_status
+
+
+def test_gpt_flops_counted_agree_with_the_formula():
+    cfg = C.job_config("gpt", "tiny")
+    counted = C.model_flops("gpt", cfg, 4, torch.device("cpu"))
+    formula = C.gpt_flops_per_token(**cfg)["total"] * 4 * cfg["seq"]
+    assert counted == pytest.approx(formula, rel=0.02)
+    full = C.gpt_flops_per_token(**C.job_config("gpt", "full"))
+    assert full["N"] == 12 * 12 * 2048**2 + 2048 * 50257      # 12 blocks x 12 w^2, and the head
+
+
+# -- MFU -------------------------------------------------------------------------------------------
+def test_mfu_against_a_fake_ceiling():
+    measured = Ceiling("matmul_bf16", 200.0, "TFLOP/s", "measured 2026-11-29T10:00:00+00:00 (full)")
+    assert C.mfu(50.0, measured) == pytest.approx(0.25)
+    r = fake_result("gpt", C.Options(), 10, rate=1000, peak=None)      # a step: 10 ms, 1e9 FLOPs -> 0.1 TFLOP/s
+    assert r.tflops == pytest.approx(0.1)
+    assert C.mfu(r, measured) == pytest.approx(0.1 / 200)
+    assert C.peak_is_measured(measured)
+    assert not C.peak_is_measured(Ceiling("matmul_bf16", 989.0, "TFLOP/s", "datasheet: NVIDIA H200"))
+    assert not C.peak_is_measured(Ceiling("matmul_bf16", 1.0, "TFLOP/s", "measured 2026 (tiny)"))
+    assert C.mfu(50.0, None) is None and C.mfu(None, measured) is None
+
+
+def test_bf16_peak_comes_from_notebook_00s_record():
+    assert C.bf16_peak() is None                          # nothing measured, and the CPU has no datasheet
+    gpulab.results_store().record("00", "matmul_bf16", 1.5, "TFLOP/s", n=256)
+    peak = C.bf16_peak()
+    assert peak.value == 1.5 and peak.source.startswith("measured") and not C.peak_is_measured(peak)
+
+
+# -- the seeds' tables and the headline ---------------------------------------------------------------
+def test_seed_rows_map_to_configurations():
+    runner = fake_runner({"fp32 baseline": (100, 1000), "bf16": (250, 500), "bf16 + aligned": (300, 500),
+                          "bf16 + checkpointing": (200, 200),
+                          "bf16 + channels_last + checkpointing": (500, 200)})
+    runs = C.Runs(runner=runner)
+    v100 = C.seed_v100_rows(runs, "gpt", 16)
+    assert [r.options.label if r.options else None for r in v100] == [
+        "fp32 baseline", "bf16", "bf16 + aligned", None]
+    assert v100[3].why == C.NO_POOLING and v100[2].checked.status == "ok"
+    rows = C.seed_4090_rows(runs, C.Options(amp="bf16", channels_last=True), "cnn", 4)
+    assert [r.batch for r in rows] == [4, 8, 16, 32]
+    assert [r.options.label for r in rows] == ["fp32 baseline", "bf16", "bf16 + checkpointing",
+                                               "bf16 + channels_last + checkpointing"]
+    timed = [c for c in runner.calls if c[2]]
+    assert all(monitor for *_, monitor in timed[-4:])             # utilization sampled on every row
+    assert [c[1] for c in runner.calls if not c[2]] == [8, 16, 32]   # untimed fp32 references per batch
+
+
+def test_headline_on_the_cpu():
+    h = C.headline("gpt", "tiny")
+    assert h["unit"] == "tokens/s" and h["correct"] is True
+    assert h["optimized_label"] == "bf16 + aligned + fused"
+    assert h["ratio"] == pytest.approx(h["optimized"] / h["baseline"])
+    assert "losses within" in h["check"] and h["mfu"] is None
