@@ -741,8 +741,27 @@ def exp_pipeline(ctx: Ctx, model: dict, batch: int, micro_batches: Sequence[int]
             "activation_bytes": batch * model["seq"] * model["width"] * 4}
 
 
+def exp_suite(ctx: Ctx, ddp: dict, allreduce: dict, pipeline: dict | None = None) -> dict:
+    """`ddp`, then `allreduce`, then (with `pipeline` given) `pipeline`, in one set of processes.
+
+    Each launch pays seconds of start-up (Python, PyTorch, the process group) before any
+    measurement; running three parts in one launch pays it once. Each part's own time is kept.
+    """
+    out: dict[str, Any] = {}
+    for name, fn, params in (("ddp", exp_ddp, ddp), ("allreduce", exp_allreduce, allreduce),
+                             ("pipeline", exp_pipeline, pipeline)):
+        if params is None:
+            out[name] = None
+            continue
+        dist.barrier()                      # every rank starts the part together
+        t0 = time.perf_counter()
+        out[name] = dict(fn(ctx, **params), work_s=time.perf_counter() - t0)
+    return out
+
+
 EXPERIMENTS: dict[str, Callable[..., dict]] = {
     "hello": exp_hello, "dp": exp_dp, "ddp": exp_ddp, "allreduce": exp_allreduce, "pipeline": exp_pipeline,
+    "suite": exp_suite,
 }
 
 

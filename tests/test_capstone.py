@@ -207,7 +207,7 @@ def test_gpt_flops_counted_agree_with_the_formula():
     formula = C.gpt_flops_per_token(**cfg)["total"] * 4 * cfg["seq"]
     assert counted == pytest.approx(formula, rel=0.02)
     full = C.gpt_flops_per_token(**C.job_config("gpt", "full"))
-    assert full["N"] == 12 * 12 * 2048**2 + 2048 * 50257      # 12 blocks x 12 w^2, and the head
+    assert full["N"] == 8 * 12 * 2048**2 + 2048 * 50257      # 8 blocks x 12 w^2, and the head
 
 
 # -- MFU -------------------------------------------------------------------------------------------

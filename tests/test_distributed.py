@@ -182,6 +182,17 @@ def test_pipeline_matches_the_unsplit_model():
         assert row["bubble_formula"] == D.bubble_fraction(2, row["micro_batches"])
 
 
+def test_suite_runs_every_part_in_one_launch_and_skips_a_missing_one():
+    res = D.launch("suite", 2, "gloo", timeout_s=90,
+                   ddp=dict(model=TINY["model"], batch=TINY["batch"], warmup=1, repeat=1, buckets_mb=[None],
+                            accum_steps=2, accum_micro=1),
+                   allreduce=dict(sizes=[4096], warmup=1, repeat=1), pipeline=None)
+    assert res["pipeline"] is None and res["world_size"] == 2
+    assert res["ddp"]["checks"]["DDP step"] <= res["ddp"]["tol"]
+    assert [r["bytes"] for r in res["allreduce"]["rows"]] == [4096]
+    assert res["ddp"]["work_s"] > 0 and res["allreduce"]["work_s"] > 0
+
+
 def test_single_process_dp_on_cpu():
     res = D.launch("dp", 1, "gloo", timeout_s=60, model=TINY["model"], batch=2, gpus=0, warmup=1, repeat=2)
     assert res["dp_device_ids"] == []                     # DataParallel wraps nothing on the CPU
