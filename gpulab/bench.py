@@ -448,6 +448,16 @@ def graphs_tiny_ops() -> Measured:
                     f"eager, {n_ops} launches", "one CUDA graph replay")
 
 
+def capstone_gpt() -> Measured:
+    """Lesson 13: the GPT job, fp32 against every toggle this device accepts (`capstone.headline`)."""
+    from gpulab.capstone import headline
+
+    h = headline("gpt")
+    notes = f"MFU {100 * h['mfu']:.0f}% of {h['peak']}" if h["mfu"] is not None else "MFU: no 16-bit peak known"
+    return Measured(h["baseline"], h["optimized"], h["unit"], h["ratio"], h["correct"], h["check"],
+                    h["baseline_label"], h["optimized_label"], notes=notes)
+
+
 REGISTRY: tuple[Experiment, ...] = (
     Experiment("00", "GPU ceilings", "16-bit / fp32 matmul TFLOP/s", ceilings_half_vs_fp32,
                _stored_ratio("00", ("matmul_fp16", "matmul_bf16"), "matmul_fp32")),
@@ -470,11 +480,13 @@ REGISTRY: tuple[Experiment, ...] = (
     Experiment("11", "CUDA graphs", "400 tiny ops, eager / graph replay ms", graphs_tiny_ops,
                _stored("11", "tiny_ops_speedup")),
     Experiment("12", "kernel fusion", "eager / torch.compile ms", fusion_compile, _stored("12", "eager_vs_compile")),
+    Experiment("13", "capstone", "GPT tokens/s, every toggle / fp32", capstone_gpt, _stored("13", "gpt_speedup_fastest")),
 )
 
 # Lessons whose headline comparison exists only as code in the notebook: not benched (see report).
 NOT_IN_BENCH = {
     "02": "its headline is an outcome (an OOM under a memory cap, removed by a fix), not a ratio",
+    "14": "it needs two or more GPUs and starts its own processes; run notebook 14",
 }
 
 
