@@ -9,3 +9,15 @@ import tempfile
 
 if "GPULAB_RESULTS" not in os.environ:
     os.environ["GPULAB_RESULTS"] = os.path.join(tempfile.mkdtemp(prefix="gpulab-test-"), "results.json")
+
+
+# GPULAB_TIMINGS=path: append "seconds<TAB>test id" for every test as it finishes (nbval: one line per
+# notebook cell). Written line by line, so a run stopped by a time limit still says where its time went;
+# `python -m gpulab.coursetime path` sums it per notebook.
+_TIMINGS = os.environ.get("GPULAB_TIMINGS")
+
+
+def pytest_runtest_logreport(report):
+    if _TIMINGS and report.when == "call":
+        with open(_TIMINGS, "a") as f:
+            f.write(f"{report.duration:.3f}\t{report.nodeid}\t{report.outcome}\n")

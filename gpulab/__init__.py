@@ -21,6 +21,7 @@
     distributed  lesson 14's multi-process experiments (torchrun, NCCL or gloo)
     bench     `gpulab bench`: each lesson's headline comparison, judged against bands.toml
     room      merge a room of learners' results into one table and chart
+    coursetime  where a course run's time went (GPULAB_TIMINGS), per notebook
     lesson    notebook template helpers (start, self-checks, "What you saw")
     specs     architecture table and datasheet peaks (fallback only)
     cli       `gpulab doctor`, `bench`, `room`, `report`
