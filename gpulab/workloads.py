@@ -435,7 +435,8 @@ def conv_step_times(benchmark_on: bool, fixed: int = 224, varying: Sequence[int]
     """Training-step times of a ResNetish with torch.backends.cudnn.benchmark = `benchmark_on`,
     in *this* process (run it in a fresh one: see conv_benchmark_in_fresh_process). Notebook 07.
 
-    - "start-up": one step on `startup_size` images, which loads cuDNN and cuBLAS;
+    - "start-up": one step on `startup_size` images, which loads cuDNN and cuBLAS (with the search
+      off in both settings: autotuning shapes that are never used again would only add time);
     - "first step": the first step on `fixed`-size images (cuDNN picks its plans for this shape);
     - "steady": further steps on the same size;
     - "new sizes": one step per size in `varying`, each size new to the process.
@@ -454,7 +455,7 @@ def conv_step_times(benchmark_on: bool, fixed: int = 224, varying: Sequence[int]
     P.check(precision)
     device = pick_device()
     before = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = benchmark_on
+    torch.backends.cudnn.benchmark = False           # the start-up step below: loading, no search
     try:
         torch.manual_seed(0)
         model = ResNetish(tuple(depths), width, classes, image=fixed, device=device)
@@ -468,8 +469,9 @@ def conv_step_times(benchmark_on: bool, fixed: int = 224, varying: Sequence[int]
         fixed_batches = image_batches(model, batch, count=2)
         new_batches = iter([image_batches(model, batch, count=1, size=s)[0] for s in varying])
         cycle = itertools.cycle(fixed_batches)
-        times = {
-            "start-up": benchmark(lambda: step(startup), warmup=0, repeat=1, device=device),
+        times = {"start-up": benchmark(lambda: step(startup), warmup=0, repeat=1, device=device)}
+        torch.backends.cudnn.benchmark = benchmark_on
+        times |= {
             "first step": benchmark(lambda: step(next(cycle)), warmup=0, repeat=1, device=device),
             "steady": benchmark(lambda: step(next(cycle)), warmup=1, repeat=repeat, device=device),
             "new sizes": benchmark(lambda: step(next(new_batches)), warmup=0, repeat=len(varying),
