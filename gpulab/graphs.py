@@ -136,16 +136,37 @@ except Exception as err:
 '''
 
 
-def capture_violation(kind: str, timeout_s: float = 60.0) -> str:
-    """Break a capture rule ("item": `.item()`, "synchronize": `torch.cuda.synchronize()`) inside
-    `torch.cuda.graph` in a fresh Python process; return what it printed."""
-    if kind not in ("item", "synchronize"):
-        raise ValueError(f"kind must be 'item' or 'synchronize' (got {kind!r})")
+VIOLATIONS = ("item", "synchronize")
+
+
+def capture_violations(kinds=VIOLATIONS, timeout_s: float = 60.0) -> dict[str, str]:
+    """Break capture rules ("item": `.item()`, "synchronize": `torch.cuda.synchronize()`) inside
+    `torch.cuda.graph`, each in its own fresh Python process (a failed capture can leave the CUDA
+    context unusable), all at once since nothing is timed; return what each printed."""
+    kinds = list(kinds)
+    bad = [k for k in kinds if k not in VIOLATIONS]
+    if bad:
+        raise ValueError(f"kind must be 'item' or 'synchronize' (got {bad[0]!r})")
     require_cuda(NO_GRAPHS)
-    proc = subprocess.run([sys.executable, "-c", _VIOLATION.format(kind=kind)], capture_output=True,
-                          text=True, timeout=timeout_s)
-    out = proc.stdout.strip()
-    if proc.returncode != 0:
-        last = proc.stderr.strip().splitlines()[-1:] or ["(no message)"]
-        out += f"\nthe process died (exit {proc.returncode}): {last[0]}"
+    procs = {k: subprocess.Popen([sys.executable, "-c", _VIOLATION.format(kind=k)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for k in kinds}
+    out = {}
+    try:
+        for k, proc in procs.items():
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+            text = stdout.strip()
+            if proc.returncode != 0:
+                last = stderr.strip().splitlines()[-1:] or ["(no message)"]
+                text += f"\nthe process died (exit {proc.returncode}): {last[0]}"
+            out[k] = text
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return out
+
+
+def capture_violation(kind: str, timeout_s: float = 60.0) -> str:
+    """One rule broken in a fresh process (see `capture_violations`); what it printed."""
+    return capture_violations([kind], timeout_s)[kind]

@@ -75,3 +75,17 @@ def test_capture_violation_refuses_cpu():
 def test_capture_violation_refuses_unknown_kind():
     with pytest.raises(ValueError, match="kind"):
         capture_violation("print")
+
+
+def test_capture_violations_refuse_an_unknown_kind_before_starting_anything():
+    from gpulab.graphs import capture_violations
+    with pytest.raises(ValueError, match="kind"):
+        capture_violations(("item", "print"))
+
+
+@pytest.mark.gpu
+def test_capture_violations_each_raise_in_their_own_process():
+    from gpulab.graphs import capture_violations
+    said = capture_violations()
+    assert set(said) == {"item", "synchronize"}
+    assert all(text.startswith("raised ") for text in said.values()), said
