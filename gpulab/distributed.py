@@ -175,6 +175,12 @@ class Plan:
     def dp_backend(self) -> str:
         return "nccl" if self.dp_device == "cuda" else "gloo"
 
+    @property
+    def dp_joins_suite(self) -> bool:
+        """True when the single-process part can ride in the multi-process launch (rank 0 runs it
+        while the others wait): same device kind, backend and size, so one start-up is saved."""
+        return (self.dp_device, self.dp_backend, self.dp_size) == (self.device, self.backend, self.size)
+
     def describe(self) -> str:
         multi = (f"{self.nproc} processes, {self.backend} on "
                  + (f"{self.nproc} GPUs" if self.device == "cuda" else "the CPU") + f", {self.size} size")
@@ -402,15 +408,17 @@ def exp_hello(ctx: Ctx, fail: bool = False, sleep_s: float = 0.0) -> dict:
 
 
 def exp_dp(ctx: Ctx, model: dict, batch: int, gpus: int, warmup: int, repeat: int,
-           tol: float = GRAD_TOL) -> dict:
+           tol: float = GRAD_TOL, process_group=None) -> dict:
     """One process: the plain model, DDP with one process, and DataParallel over `gpus` GPUs.
 
     Each variant's gradients are first checked against the plain model's on the same batch.
+    `process_group`: a group of this process alone, when it runs inside a larger launch (`exp_suite`).
     """
     dev = ctx.device
     net = build_model(model, dev)
     ddp_net, dp_net = copy.deepcopy(net), copy.deepcopy(net)
-    ddp = nn.parallel.DistributedDataParallel(ddp_net, device_ids=[dev.index] if dev.type == "cuda" else None)
+    ddp = nn.parallel.DistributedDataParallel(ddp_net, device_ids=[dev.index] if dev.type == "cuda" else None,
+                                              process_group=process_group)
     dp = nn.DataParallel(dp_net, device_ids=list(range(gpus)) if gpus else None)
     global_n = batch * max(gpus, 1)
     xg, yg = (t.to(dev) for t in global_batch(model, global_n))
@@ -741,13 +749,22 @@ def exp_pipeline(ctx: Ctx, model: dict, batch: int, micro_batches: Sequence[int]
             "activation_bytes": batch * model["seq"] * model["width"] * 4}
 
 
-def exp_suite(ctx: Ctx, ddp: dict, allreduce: dict, pipeline: dict | None = None) -> dict:
-    """`ddp`, then `allreduce`, then (with `pipeline` given) `pipeline`, in one set of processes.
+def exp_suite(ctx: Ctx, ddp: dict, allreduce: dict, pipeline: dict | None = None, dp: dict | None = None) -> dict:
+    """(With `dp` given) `dp` on rank 0 alone, then `ddp`, `allreduce` and (with `pipeline` given)
+    `pipeline`, in one set of processes.
 
     Each launch pays seconds of start-up (Python, PyTorch, the process group) before any
-    measurement; running three parts in one launch pays it once. Each part's own time is kept.
+    measurement; running the parts in one launch pays it once. Each part's own time is kept.
+    `dp` runs while the other ranks wait at a barrier (DataParallel drives every GPU from one
+    process), with its one-process DDP on a group of rank 0 alone.
     """
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"dp": None}
+    if dp is not None:
+        alone = dist.new_group([0])                   # every rank takes part in creating it
+        if ctx.rank == 0:
+            t0 = time.perf_counter()
+            out["dp"] = dict(exp_dp(ctx, **dp, process_group=alone), work_s=time.perf_counter() - t0)
+        dist.barrier()
     for name, fn, params in (("ddp", exp_ddp, ddp), ("allreduce", exp_allreduce, allreduce),
                              ("pipeline", exp_pipeline, pipeline)):
         if params is None:

@@ -98,7 +98,7 @@ def test_plan_two_gpus(monkeypatch):
     p = D.plan()
     assert (p.backend, p.nproc, p.device, p.size) == ("nccl", 2, "cuda", "full")
     assert (p.dp_device, p.dp_gpus, p.dp_backend) == ("cuda", 2, "nccl")
-    assert p.notes == ()
+    assert p.notes == () and p.dp_joins_suite
 
 
 def test_plan_one_gpu(monkeypatch):
@@ -108,12 +108,14 @@ def test_plan_one_gpu(monkeypatch):
     assert (p.dp_device, p.dp_gpus, p.dp_size) == ("cuda", 1, "full")
     assert any("needs 2 or more GPUs" in n for n in p.notes)
     assert "GPUs visible: 1" in p.describe()
+    assert not p.dp_joins_suite               # DataParallel on the GPU, the processes on the CPU
 
 
 def test_plan_no_gpu_and_forced_cpu(monkeypatch):
     _gpus(monkeypatch, 0)
     p = D.plan()
     assert (p.backend, p.device, p.dp_device, p.dp_gpus, p.dp_backend) == ("gloo", "cpu", "cpu", 0, "gloo")
+    assert p.dp_joins_suite
     _gpus(monkeypatch, 4)
     monkeypatch.setenv("GPULAB_DEVICE", "cpu")          # honoured: the CPU path on a GPU machine
     p = D.plan()
@@ -193,6 +195,17 @@ def test_suite_runs_every_part_in_one_launch_and_skips_a_missing_one():
     assert res["ddp"]["work_s"] > 0 and res["allreduce"]["work_s"] > 0
 
 
+def test_suite_runs_the_single_process_part_on_rank_0():
+    res = D.launch("suite", 2, "gloo", timeout_s=90,
+                   dp=dict(model=TINY["model"], batch=2, gpus=0, warmup=1, repeat=1),
+                   ddp=dict(model=TINY["model"], batch=TINY["batch"], warmup=1, repeat=1, buckets_mb=[None],
+                            accum_steps=2, accum_micro=1),
+                   allreduce=dict(sizes=[4096], warmup=1, repeat=1))
+    assert res["dp"]["checks"]["DDP, 1 process"] <= res["dp"]["tol"]      # DDP on a group of rank 0 alone
+    assert "1 device, plain" in res["dp"]["timings"] and res["dp"]["work_s"] > 0
+    assert res["ddp"]["checks"]["DDP step"] <= res["ddp"]["tol"] and res["pipeline"] is None
+
+
 def test_single_process_dp_on_cpu():
     res = D.launch("dp", 1, "gloo", timeout_s=60, model=TINY["model"], batch=2, gpus=0, warmup=1, repeat=2)
     assert res["dp_device_ids"] == []                     # DataParallel wraps nothing on the CPU
@@ -215,3 +228,19 @@ def test_dp_and_ddp_on_two_gpus():
     res = D.launch("dp", 1, "nccl", timeout_s=120, model=TINY["model"], batch=4, gpus=2, warmup=1, repeat=2)
     assert res["dp_device_ids"] == [0, 1]
     assert all(d <= res["tol"] for d in res["checks"].values())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_suite_with_dataparallel_on_rank_0_over_nccl():
+    # notebook 14's single launch: DataParallel over both GPUs from rank 0 while rank 1 waits
+    res = D.launch("suite", 2, "nccl", timeout_s=180,
+                   dp=dict(model=TINY["model"], batch=4, gpus=2, warmup=1, repeat=2),
+                   ddp=dict(model=TINY["model"], batch=4, warmup=1, repeat=2, buckets_mb=[None],
+                            accum_steps=2, accum_micro=2),
+                   allreduce=dict(sizes=[2**20], warmup=1, repeat=2),
+                   pipeline=dict(model=TINY["pipe_model"], batch=TINY["pipe_batch"], micro_batches=[1, 2],
+                                 warmup=1, repeat=1))
+    assert res["dp"]["dp_device_ids"] == [0, 1]
+    assert all(d <= res["dp"]["tol"] for d in res["dp"]["checks"].values())
+    assert res["ddp"]["checks"]["DDP step"] <= res["ddp"]["tol"] and len(res["pipeline"]["rows"]) == 2
