@@ -755,16 +755,18 @@ def exp_suite(ctx: Ctx, ddp: dict, allreduce: dict, pipeline: dict | None = None
 
     Each launch pays seconds of start-up (Python, PyTorch, the process group) before any
     measurement; running the parts in one launch pays it once. Each part's own time is kept.
-    `dp` runs while the other ranks wait at a barrier (DataParallel drives every GPU from one
-    process), with its one-process DDP on a group of rank 0 alone.
+    `dp` runs while the other ranks wait (DataParallel drives every GPU from one process), with its
+    one-process DDP on a group of rank 0 alone. They wait at a gloo barrier, on the host: an NCCL
+    barrier would leave a kernel spinning on their GPU, taking SMs from DataParallel's replica there.
     """
     out: dict[str, Any] = {"dp": None}
     if dp is not None:
-        alone = dist.new_group([0])                   # every rank takes part in creating it
+        alone = dist.new_group([0])                   # every rank takes part in creating each group
+        on_host = dist.new_group(backend="gloo")
         if ctx.rank == 0:
             t0 = time.perf_counter()
             out["dp"] = dict(exp_dp(ctx, **dp, process_group=alone), work_s=time.perf_counter() - t0)
-        dist.barrier()
+        dist.barrier(group=on_host)
     for name, fn, params in (("ddp", exp_ddp, ddp), ("allreduce", exp_allreduce, allreduce),
                              ("pipeline", exp_pipeline, pipeline)):
         if params is None:
