@@ -33,10 +33,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 
+from gpulab.children import at_once
 from gpulab.device import require_cuda
 
 NO_ALLOCATOR = "the caching allocator this experiment studies is CUDA's."
@@ -176,28 +176,41 @@ def run_pattern(cap_mib: int = 4096, fix: str = "none", a_mib: int = 40, b_mib: 
     return res
 
 
-def run_in_fresh_process(cap_mib: int = 4096, fix: str = "none", timeout_s: float = 120) -> FragResult:
-    """Run the pattern in a new Python process, with the allocator setting the fix needs.
+def run_in_fresh_processes(fixes=FIXES, cap_mib: int = 4096, timeout_s: float = 120) -> dict[str, FragResult]:
+    """Run the pattern once per fix, each in a new Python process with the allocator setting that fix
+    needs, all at once: each process caps its own allocator (a fraction of the GPU's memory), so they
+    do not disturb each other, and nothing is timed.
 
     The notebook's own kernel and its GPU memory are untouched.
     """
-    if fix not in FIXES:
-        raise ValueError(f"fix must be one of {', '.join(FIXES)} (got {fix!r}).")
+    fixes = list(fixes)
+    bad = [f for f in fixes if f not in FIXES]
+    if bad:
+        raise ValueError(f"fix must be one of {', '.join(FIXES)} (got {bad[0]!r}).")
     require_cuda(NO_ALLOCATOR)
     env = dict(os.environ)
     env.pop("PYTORCH_ALLOC_CONF", None)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    if fix == "expandable_segments":
-        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    cmd = [sys.executable, "-m", "gpulab.fragmentation", "--cap-mib", str(cap_mib),
-           "--fix", fix]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-    if proc.returncode == 2:  # the child refused the settings (e.g. no CUDA GPU)
-        raise ValueError(proc.stderr.strip().splitlines()[-1].removeprefix("gpulab.fragmentation: "))
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise RuntimeError("the fragmentation process failed: " + " | ".join(tail))
-    return FragResult(**json.loads(proc.stdout.strip().splitlines()[-1]))
+    commands = {}
+    for fix in fixes:
+        child_env = dict(env, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True") \
+            if fix == "expandable_segments" else env
+        commands[fix] = ([sys.executable, "-m", "gpulab.fragmentation", "--cap-mib", str(cap_mib), "--fix", fix],
+                         child_env)
+    out = {}
+    for fix, proc in at_once(commands, timeout_s).items():
+        if proc.returncode == 2:  # the child refused the settings (e.g. no CUDA GPU)
+            raise ValueError(proc.stderr.strip().splitlines()[-1].removeprefix("gpulab.fragmentation: "))
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise RuntimeError(f"the fragmentation process (fix={fix}) failed: " + " | ".join(tail))
+        out[fix] = FragResult(**json.loads(proc.stdout.strip().splitlines()[-1]))
+    return out
+
+
+def run_in_fresh_process(cap_mib: int = 4096, fix: str = "none", timeout_s: float = 120) -> FragResult:
+    """One fix in a new process (see `run_in_fresh_processes`)."""
+    return run_in_fresh_processes([fix], cap_mib, timeout_s)[fix]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,13 +11,13 @@ Introduced in notebook 11.
 """
 from __future__ import annotations
 
-import subprocess
 import sys
 from typing import Callable
 
 import torch
 from torch import nn
 
+from gpulab.children import at_once
 from gpulab.device import require_cuda
 
 NO_GRAPHS = "CUDA graphs record CUDA kernel launches"
@@ -148,22 +148,14 @@ def capture_violations(kinds=VIOLATIONS, timeout_s: float = 60.0) -> dict[str, s
     if bad:
         raise ValueError(f"kind must be 'item' or 'synchronize' (got {bad[0]!r})")
     require_cuda(NO_GRAPHS)
-    procs = {k: subprocess.Popen([sys.executable, "-c", _VIOLATION.format(kind=k)], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True) for k in kinds}
+    done = at_once({k: [sys.executable, "-c", _VIOLATION.format(kind=k)] for k in kinds}, timeout_s)
     out = {}
-    try:
-        for k, proc in procs.items():
-            stdout, stderr = proc.communicate(timeout=timeout_s)
-            text = stdout.strip()
-            if proc.returncode != 0:
-                last = stderr.strip().splitlines()[-1:] or ["(no message)"]
-                text += f"\nthe process died (exit {proc.returncode}): {last[0]}"
-            out[k] = text
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    for k, proc in done.items():
+        text = proc.stdout.strip()
+        if proc.returncode != 0:
+            last = proc.stderr.strip().splitlines()[-1:] or ["(no message)"]
+            text += f"\nthe process died (exit {proc.returncode}): {last[0]}"
+        out[k] = text
     return out
 
 

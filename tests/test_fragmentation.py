@@ -58,5 +58,10 @@ def test_the_pattern_ooms_without_a_fix_and_fits_with_each():
     plain = frag.run_in_fresh_process(cap_mib=1024, fix="none")
     assert not plain.ok and plain.free_in_cap_mib > plain.big_mib
     assert plain.largest_free_block_mib < plain.big_mib
-    for fix in ("expandable_segments", "empty_cache", "pool"):
-        assert frag.run_in_fresh_process(cap_mib=1024, fix=fix).ok, fix
+    fixed = frag.run_in_fresh_processes(("expandable_segments", "empty_cache", "pool"), cap_mib=1024)
+    assert all(res.ok for res in fixed.values()), fixed      # three processes at once, each under its own cap
+
+
+def test_several_fixes_refuse_an_unknown_one_before_starting_anything():
+    with pytest.raises(ValueError, match="fix must be one of"):
+        frag.run_in_fresh_processes(["none", "defrag"])
