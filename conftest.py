@@ -11,13 +11,24 @@ if "GPULAB_RESULTS" not in os.environ:
     os.environ["GPULAB_RESULTS"] = os.path.join(tempfile.mkdtemp(prefix="gpulab-test-"), "results.json")
 
 
-# GPULAB_TIMINGS=path: append "seconds<TAB>test id" for every test as it finishes (nbval: one line per
-# notebook cell). Written line by line, so a run stopped by a time limit still says where its time went;
-# `python -m gpulab.coursetime path` sums it per notebook.
+# GPULAB_TIMINGS=path: append "seconds<TAB>test id<TAB>outcome<TAB>clock" for every test as it finishes
+# (nbval: one line per notebook cell; clock: Unix time at the end, so the wall time per notebook, kernel
+# start-up included, can be read too), after a "start" line for the session. Written line by line, so a
+# run stopped by a time limit still says where its time went; `python -m gpulab.coursetime path` sums it.
 _TIMINGS = os.environ.get("GPULAB_TIMINGS")
+
+
+def _timing_line(seconds, nodeid, outcome):
+    import time
+    with open(_TIMINGS, "a") as f:
+        f.write(f"{seconds:.3f}\t{nodeid}\t{outcome}\t{time.time():.3f}\n")
+
+
+def pytest_sessionstart(session):
+    if _TIMINGS:
+        _timing_line(0.0, "(session)", "start")
 
 
 def pytest_runtest_logreport(report):
     if _TIMINGS and report.when == "call":
-        with open(_TIMINGS, "a") as f:
-            f.write(f"{report.duration:.3f}\t{report.nodeid}\t{report.outcome}\n")
+        _timing_line(report.duration, report.nodeid, report.outcome)

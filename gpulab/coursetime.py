@@ -1,41 +1,68 @@
 """Where a course run's time went: `python -m gpulab.coursetime TIMINGS_FILE`.
 
 Reads the file that `GPULAB_TIMINGS=path pytest ...` writes (the root conftest.py appends one line
-per test as it finishes: seconds, test id, outcome) and prints the seconds per notebook (nbval:
-the sum of its cells) and per unit-test file, the slowest cells, and the total. A run stopped by a
-time limit still leaves every line up to the cell it was in.
+per test as it finishes: seconds, test id, outcome, and the clock at its end, after a "start" line
+for the session) and prints per notebook (nbval: one test per cell) and per unit-test file the sum
+of its tests' seconds and its wall time (from the end of the file before it to the end of its last
+test: kernel start-up and set-up included), the slowest cells, and the totals. A run stopped by a
+time limit still leaves every line up to the cell it was in. Lines without a clock (older files)
+give sums only.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 
-def read(path: str | Path) -> list[tuple[float, str, str]]:
-    """(seconds, test id, outcome) per line; malformed lines are skipped."""
+class Row(NamedTuple):
+    seconds: float
+    nodeid: str
+    outcome: str
+    clock: float | None = None
+
+
+class FileTime(NamedTuple):
+    seconds: float              # sum of its tests' call times
+    tests: int
+    failed: int
+    wall: float | None          # clock span, kernel start-up and set-up included (None: no clocks)
+
+
+def read(path: str | Path) -> list[Row]:
+    """One Row per line (the session's "start" line included); malformed lines are skipped."""
     rows = []
     for line in Path(path).read_text().splitlines():
         parts = line.split("\t")
-        if len(parts) != 3:
+        if len(parts) not in (3, 4):
             continue
         try:
-            rows.append((float(parts[0]), parts[1], parts[2]))
+            rows.append(Row(float(parts[0]), parts[1], parts[2], float(parts[3]) if len(parts) == 4 else None))
         except ValueError:
             continue
     return rows
 
 
-def per_file(rows: list[tuple[float, str, str]]) -> dict[str, tuple[float, int, int]]:
-    """File (notebook or test module) -> (seconds, tests, failed), in the order first seen."""
-    out: dict[str, list] = defaultdict(lambda: [0.0, 0, 0])
-    for seconds, nodeid, outcome in rows:
-        entry = out[nodeid.split("::", 1)[0]]
-        entry[0] += seconds
+def per_file(rows: list[Row]) -> dict[str, FileTime]:
+    """File (notebook or test module) -> FileTime, in the order first seen."""
+    out: dict[str, list] = {}
+    last_clock = None                        # end of the previous test (or the session's start)
+    for r in rows:
+        if r.outcome == "start":
+            last_clock = r.clock
+            continue
+        name = r.nodeid.split("::", 1)[0]
+        entry = out.setdefault(name, [0.0, 0, 0, 0.0])
+        entry[0] += r.seconds
         entry[1] += 1
-        entry[2] += outcome == "failed"
-    return {k: (v[0], v[1], v[2]) for k, v in out.items()}
+        entry[2] += r.outcome == "failed"
+        if entry[3] is not None and r.clock is not None and last_clock is not None:
+            entry[3] += r.clock - last_clock
+        else:
+            entry[3] = None
+        last_clock = r.clock
+    return {k: FileTime(*v) for k, v in out.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,17 +75,26 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         print(f"gpulab.coursetime: cannot read {a.timings}: {err}", file=sys.stderr)
         return 2
-    if not rows:
+    tests = [r for r in rows if r.outcome != "start"]
+    if not tests:
         print(f"gpulab.coursetime: no timings in {a.timings}", file=sys.stderr)
         return 2
     files = per_file(rows)
     width = max(len(k) for k in files)
-    for name, (seconds, n, failed) in files.items():
-        print(f"{name:<{width}}  {seconds:7.1f} s  {n:4d} tests" + (f"  {failed} FAILED" if failed else ""))
-    print(f"{'total':<{width}}  {sum(v[0] for v in files.values()):7.1f} s  {len(rows):4d} tests")
+
+    def wall(v: float | None) -> str:
+        return "      -" if v is None else f"{v:7.1f}"
+
+    print(f"{'file':<{width}}  {'tests s':>7}  {'wall s':>7}  tests")
+    for name, t in files.items():
+        print(f"{name:<{width}}  {t.seconds:7.1f}  {wall(t.wall)}  {t.tests:5d}"
+              + (f"  {t.failed} FAILED" if t.failed else ""))
+    walls = [t.wall for t in files.values()]
+    print(f"{'total':<{width}}  {sum(t.seconds for t in files.values()):7.1f}  "
+          f"{wall(None if None in walls else sum(walls))}  {len(tests):5d}")
     print(f"\nslowest {a.slowest}:")
-    for seconds, nodeid, _ in sorted(rows, reverse=True)[:a.slowest]:
-        print(f"  {seconds:7.1f} s  {nodeid}")
+    for r in sorted(tests, key=lambda r: r.seconds, reverse=True)[:a.slowest]:
+        print(f"  {r.seconds:7.1f} s  {r.nodeid}")
     return 0
 
 

@@ -1,3 +1,5 @@
+import re
+
 from gpulab import coursetime as CT
 
 
@@ -9,10 +11,23 @@ def test_sums_per_notebook_and_skips_bad_lines(tmp_path, capsys):
                  "x\tnotebooks/01_b.ipynb::Cell 0\tpassed\n"
                  "4.0\tnotebooks/01_b.ipynb::Cell 0\tpassed\n")
     files = CT.per_file(CT.read(f))
-    assert files == {"notebooks/00_a.ipynb": (3.5, 2, 1), "notebooks/01_b.ipynb": (4.0, 1, 0)}
+    assert files == {"notebooks/00_a.ipynb": (3.5, 2, 1, None), "notebooks/01_b.ipynb": (4.0, 1, 0, None)}
     assert CT.main([str(f), "--slowest", "1"]) == 0
     out = capsys.readouterr().out
-    assert "1 FAILED" in out and "7.5 s" in out and "4.0 s  notebooks/01_b.ipynb::Cell 0" in out
+    assert "1 FAILED" in out and re.search(r"^total +7\.5 +- +3$", out, re.M) and "4.0 s  notebooks/01_b.ipynb::Cell 0" in out
+
+
+def test_wall_time_per_notebook_counts_from_the_previous_ones_end(tmp_path, capsys):
+    f = tmp_path / "t.tsv"
+    f.write_text("0.000\t(session)\tstart\t100.0\n"
+                 "1.5\tnotebooks/00_a.ipynb::Cell 0\tpassed\t104.0\n"     # 2.5 s of kernel start-up
+                 "2.0\tnotebooks/00_a.ipynb::Cell 1\tpassed\t106.0\n"
+                 "4.0\tnotebooks/01_b.ipynb::Cell 0\tpassed\t113.0\n")
+    files = CT.per_file(CT.read(f))
+    assert files["notebooks/00_a.ipynb"] == (3.5, 2, 0, 6.0)
+    assert files["notebooks/01_b.ipynb"] == (4.0, 1, 0, 7.0)
+    assert CT.main([str(f)]) == 0
+    assert re.search(r"^total +7\.5 +13\.0 +3$", capsys.readouterr().out, re.M)
 
 
 def test_missing_or_empty_file_is_a_clear_error(tmp_path, capsys):
@@ -34,5 +49,6 @@ def test_the_root_conftest_writes_one_line_per_test(tmp_path):
                           env=env, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = CT.read(out)
-    assert len(rows) == 1 and rows[0][1].endswith("test_missing_or_empty_file_is_a_clear_error")
-    assert rows[0][2] == "passed"
+    assert [r.outcome for r in rows] == ["start", "passed"]
+    assert rows[1].nodeid.endswith("test_missing_or_empty_file_is_a_clear_error")
+    assert rows[1].clock >= rows[0].clock > 0
