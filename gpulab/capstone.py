@@ -5,9 +5,9 @@
 - `Options`: the toggles (TF32, AMP, channels_last, aligned vocabulary, fused AdamW, input pipeline,
   torch.compile, CUDA graphs, checkpointing, accumulation); `check` refuses impossible combinations,
   `refusal` says why this device cannot run one.
-- `train_step`: one optimizer step with the toggles that act inside it.
 - `run_job`: build a job from one seed, train a few steps (the loss trajectory), then time steps with
-  `gpulab.timing.benchmark`: throughput, model TFLOP/s, peak memory, GPU busy %.
+  `gpulab.timing.benchmark`: throughput, model TFLOP/s, peak memory, GPU busy %. Each step is
+  `precision.amp_step` (autocast, GradScaler, accumulation, CUDA-graph marks).
 - `loss_tolerance`, `loss_matches`, `Runs`: correct before fast; every run is memoized and checked
   against the fp32 baseline on the same batches.
 - `waterfall`, `attribute`: toggles added one at a time; each one's share of the total speed-up (in log
@@ -268,7 +268,7 @@ def problem(job: str, options: Options, batch: int | None = None, facts: DeviceF
     return refusal(options, facts, backend)
 
 
-# -- one training step ---------------------------------------------------------------------------------
+# -- checkpointing ------------------------------------------------------------------------------------
 class CheckpointedBlocks(nn.Module):
     """A model's `blocks` (an nn.Sequential) run with lesson 09's activation checkpointing: every
     `every` blocks form one checkpointed segment (`TransformerStack.run_blocks`, reused as it is).
@@ -285,36 +285,6 @@ class CheckpointedBlocks(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.run_blocks(x)
-
-
-def train_step(loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], optimizer: torch.optim.Optimizer,
-               x: torch.Tensor, y: torch.Tensor, amp: str = "none", accumulation: int = 1,
-               scaler: torch.amp.GradScaler | None = None, graphs: bool = False) -> torch.Tensor:
-    """One optimizer step on the batch (x, y); returns its mean loss (detached). Notebook 13.
-
-    The batch is split into `accumulation` equal micro-batches (lesson 10): each one's loss, divided by
-    their number, is backpropagated, so the gradients add up to the whole batch's. The forward and the
-    loss run under autocast in `amp` (lesson 06); fp16 needs `scaler`. With `graphs` (compile's
-    "reduce-overhead" mode) each micro-batch starts a new CUDA-graph step.
-    """
-    dtype = AMP_DTYPES[amp]
-    if amp == "fp16" and scaler is None:
-        raise ValueError("fp16 training needs a GradScaler: torch.amp.GradScaler(device_type).")
-    optimizer.zero_grad(set_to_none=True)
-    total = torch.zeros((), device=x.device)
-    for xs, ys in zip(x.chunk(accumulation), y.chunk(accumulation)):
-        if graphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        with torch.amp.autocast(x.device.type, dtype=dtype, enabled=dtype is not None):
-            loss = loss_of(xs, ys) / accumulation
-        total += loss.detach()            # read now: a CUDA-graph replay reuses the output's memory
-        (scaler.scale(loss) if scaler is not None else loss).backward()
-    if scaler is not None:
-        scaler.step(optimizer)            # unscale; skip the step if a gradient is inf/nan
-        scaler.update()
-    else:
-        optimizer.step()
-    return total
 
 
 # -- the input pipeline ------------------------------------------------------------------------------
@@ -501,7 +471,7 @@ def _train(job: str, options: Options, batch: int, cfg: dict, loss_steps: int, t
         if options.channels_last:
             model = model.to(memory_format=torch.channels_last)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True if options.fused else None)
-        scaler = torch.amp.GradScaler(device.type) if options.amp == "fp16" else None
+        scaler = P.make_scaler("fp16", device) if options.amp == "fp16" else None
 
         def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return spec.loss_fn(model, x, y)
@@ -510,8 +480,8 @@ def _train(job: str, options: Options, batch: int, cfg: dict, loss_steps: int, t
             loss_of = torch.compile(loss_of, mode=options.compile_mode)
 
         def step(inputs: Inputs) -> torch.Tensor:
-            return train_step(loss_of, optimizer, *inputs.next(), options.amp, options.accumulation, scaler,
-                              options.cuda_graphs)
+            return P.amp_step(loss_of, optimizer, *inputs.next(), AMP_DTYPES[options.amp], scaler,
+                              options.accumulation, options.cuda_graphs)
 
         monitor_status, busy = "", None
         with Inputs(pool, device, options.loader, options.channels_last) as inputs:

@@ -3,7 +3,8 @@
 - `SPECS`, `refusal`, `check`, `supported`: the four precisions, and why this device cannot run one.
 - `fp32_math(mode)`: fp32 matrix products AND convolutions as IEEE fp32 ("ieee") or on TF32
   Tensor Cores ("tf32"); both switches are restored afterwards.
-- `train_step`: one optimizer step in a precision (autocast, and the GradScaler for fp16).
+- `amp_step`: one optimizer step under autocast (the GradScaler for fp16, gradient accumulation,
+  CUDA-graph step marks); `train_step`: the same for a model in one of the four precisions.
 - `Workload`, `first_loss`, `train_curve`, `precision_run`: the same model, weights and data
   trained in each precision: loss curve, then time and peak memory.
 - `unscaled_gradients`, `lost_fraction`: fp16's underflow made countable.
@@ -157,30 +158,55 @@ def make_scaler(precision: str, device: torch.device | None = None) -> torch.amp
     return torch.amp.GradScaler(device.type) if SPECS[precision].scaler else None
 
 
+def amp_step(loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], optimizer: torch.optim.Optimizer,
+             x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype | None = None,
+             scaler: torch.amp.GradScaler | None = None, accumulation: int = 1, graphs: bool = False) -> torch.Tensor:
+    """One optimizer step on the batch (x, y), fp32 matrix products as they are set now; returns the
+    mean loss (detached). Notebooks 06 (through `train_step`) and 13.
+
+    - `dtype` (torch.float16 or torch.bfloat16): the forward and the loss run under autocast in it.
+    - `scaler` (fp16; `make_scaler("fp16")`): the loss is multiplied by the scale before backward, so
+      small gradients stay above fp16's smallest number, and divided out again (in fp32) before the
+      optimizer uses them; a step whose gradients hold inf or nan is skipped.
+    - `accumulation` (lesson 10): the batch is split into that many equal micro-batches, each one's
+      loss divided by their number and backpropagated, so the gradients add up to the whole batch's.
+    - `graphs` (torch.compile's "reduce-overhead" mode): each micro-batch starts a new CUDA-graph step.
+    """
+    if dtype is torch.float16 and scaler is None:
+        raise ValueError("fp16 training needs a GradScaler: pass scaler=make_scaler('fp16').")
+    if isinstance(accumulation, bool) or not isinstance(accumulation, int) or accumulation < 1:
+        raise ValueError(f"accumulation must be a whole number of micro-batches >= 1 (got {accumulation!r}).")
+    optimizer.zero_grad(set_to_none=True)
+    total = None
+    for xs, ys in zip(x.chunk(accumulation), y.chunk(accumulation)):
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        with torch.amp.autocast(x.device.type, dtype=dtype, enabled=dtype is not None):
+            loss = loss_of(xs, ys)                    # matmuls and convolutions in 16-bit under autocast
+        if accumulation > 1:
+            loss = loss / accumulation
+        # Kept as a copy where a CUDA-graph replay, or the next micro-batch, reuses the output's memory.
+        part = loss.detach().clone() if graphs or accumulation > 1 else loss.detach()
+        total = part if total is None else total + part
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+    if scaler is not None:
+        scaler.step(optimizer)                        # unscale; skip the step if a gradient is inf/nan
+        scaler.update()                               # grow the scale, or halve it after an overflow
+    else:
+        optimizer.step()
+    return total
+
+
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                loss_fn: LossFn, precision: str = "fp32",
                scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
-    """One optimizer step in `precision`; returns the loss (detached). Notebook 06.
-
-    fp16 needs `scaler` (make_scaler("fp16")): the loss is multiplied by the scale before
-    backward, so small gradients stay above fp16's smallest number, and divided out again
-    (in fp32) before the optimizer uses them.
-    """
+    """One optimizer step of `model` in `precision` (`amp_step` under that precision's fp32 math);
+    returns the loss (detached). Notebook 06. fp16 needs `scaler` (make_scaler("fp16"))."""
     spec = SPECS[precision]
     if spec.scaler and scaler is None:
         raise ValueError("fp16 training needs a GradScaler: pass scaler=make_scaler('fp16').")
     with fp32_math(spec.fp32_mode):
-        optimizer.zero_grad(set_to_none=True)
-        with torch.amp.autocast(x.device.type, dtype=spec.dtype, enabled=spec.dtype is not None):
-            loss = loss_fn(model, x, y)               # matmuls and convolutions in 16-bit under autocast
-        if scaler is not None:
-            scaler.scale(loss).backward()             # backward of loss x scale
-            scaler.step(optimizer)                    # unscale; skip the step if a gradient is inf/nan
-            scaler.update()                           # grow the scale, or halve it after an overflow
-        else:
-            loss.backward()
-            optimizer.step()
-    return loss.detach()
+        return amp_step(lambda xs, ys: loss_fn(model, xs, ys), optimizer, x, y, spec.dtype, scaler)
 
 
 class LossCurve(tuple):

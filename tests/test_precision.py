@@ -115,6 +115,44 @@ def test_fp16_without_a_scaler_is_refused():
         P.train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), x, y, P.classification_loss, "fp16")
 
 
+def test_accumulated_step_gives_the_whole_batch_gradient_and_its_mean_loss():
+    import copy
+    model, x, y = _classifier()
+    twin = copy.deepcopy(model)
+    grads = {}
+
+    def keep(opt_model):
+        class Keep(torch.optim.SGD):      # read the gradients the step is about to apply
+            def step(self, closure=None):
+                grads[opt_model] = [p.grad.clone() for p in opt_model.parameters()]
+                return super().step(closure)
+        return Keep(opt_model.parameters(), lr=0.1)
+
+    with P.fp32_math("ieee"):
+        whole = P.amp_step(lambda a, b: P.classification_loss(model, a, b), keep(model), x, y)
+        parts = P.amp_step(lambda a, b: P.classification_loss(twin, a, b), keep(twin), x, y, accumulation=4)
+    assert torch.allclose(whole, parts, rtol=1e-5)                        # the mean of the four means
+    for g, h in zip(grads[model], grads[twin]):
+        assert torch.allclose(g, h, rtol=1e-4, atol=1e-6)
+    for p, q in zip(model.parameters(), twin.parameters()):             # and the same update
+        assert torch.allclose(p, q, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_accumulation_must_be_a_whole_number_of_micro_batches(bad):
+    model, x, y = _classifier()
+    with pytest.raises(ValueError, match="accumulation"):
+        P.amp_step(lambda a, b: P.classification_loss(model, a, b), torch.optim.SGD(model.parameters(), lr=0.1),
+                   x, y, accumulation=bad)
+
+
+def test_amp_step_refuses_fp16_without_a_scaler():
+    model, x, y = _classifier()
+    with pytest.raises(ValueError, match="GradScaler"):
+        P.amp_step(lambda a, b: P.classification_loss(model, a, b), torch.optim.SGD(model.parameters(), lr=0.1),
+                   x, y, torch.float16)
+
+
 def test_underflow_is_counted_and_the_scaler_prevents_it():
     model, x, y = _classifier()
     ref = P.unscaled_gradients(model, x, y, P.classification_loss, "fp32")
