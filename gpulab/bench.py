@@ -273,8 +273,8 @@ def tensor_core_alignment() -> Measured:
 
 def streams_overlap() -> Measured:
     """Lesson 08: a host->device copy and a matmul, serial on one stream and overlapped on two
-    (`streams.copy_then_compute`)."""
-    from gpulab.streams import NO_STREAMS, copy_then_compute
+    (`streams.CopyAndMatmul`, as notebook 08 times it)."""
+    from gpulab.streams import NO_STREAMS, CopyAndMatmul
     from gpulab.timing import benchmark
 
     try:
@@ -283,27 +283,16 @@ def streams_overlap() -> Measured:
         raise Skipped(str(err)) from None
     mib, n = by_scale(tiny=8, full=256), by_scale(tiny=256, full=8192)
     dtype = torch.bfloat16 if device_facts().bf16 else torch.float16
-    torch.manual_seed(0)
-    host = torch.randn(mib * MiB // 4).pin_memory()
-    dev = torch.empty(host.shape, device=device)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    out = torch.empty(n, n, device=device, dtype=dtype)
-    copy_stream = torch.cuda.Stream()
-    dev.zero_()
-    copy_then_compute(host, dev, a, b, out, overlap=False)
-    serial_out, serial_ok = out.clone(), torch.equal(dev.cpu(), host)
-    dev.zero_()
-    out.zero_()
-    copy_then_compute(host, dev, a, b, out, overlap=True, copy_stream=copy_stream)
-    overlap_ok = torch.equal(dev.cpu(), host) and torch.allclose(out, serial_out, rtol=1e-2, atol=1e-2)
-    del serial_out
-    serial = benchmark(lambda: copy_then_compute(host, dev, a, b, out, overlap=False))
-    overlapped = benchmark(lambda: copy_then_compute(host, dev, a, b, out, overlap=True, copy_stream=copy_stream))
-    del host, dev, a, b, out
+    job = CopyAndMatmul.make(mib, n, dtype, device)
+    try:
+        said, correct = job.check(), True
+    except AssertionError as err:
+        said, correct = f"FAILED: {str(err).splitlines()[0]}", False
+    serial = benchmark(lambda: job.run(overlap=False))
+    overlapped = benchmark(lambda: job.run(overlap=True))
+    del job
     return Measured(serial.median_ms, overlapped.median_ms, "ms", overlapped.median_ms / serial.median_ms,
-                    serial_ok and overlap_ok, "copies exact; overlapped matmul within 1e-2 of the serial one",
-                    f"serial: copy {mib} MiB, then matmul n={n}", "overlapped on two streams")
+                    correct, said, f"serial: copy {mib} MiB, then matmul n={n}", "overlapped on two streams")
 
 
 def checkpointing_memory() -> Measured:

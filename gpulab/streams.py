@@ -4,7 +4,7 @@ Introduced in notebook 08.
 - `predict_overlap`: serial = copy + compute; overlapped = max(copy, compute).
 - `copy_then_compute`: the lesson's sequence, serial on one stream or overlapped on two,
   joined back to the current stream before it returns (so CUDA events on the current
-  stream bracket all of it).
+  stream bracket all of it); `CopyAndMatmul`: its tensors, made once, and its check.
 - `record_spans`: when each step started and ended on its stream (CUDA events per stream).
 - the spans are drawn by `gpulab.plots.stream_timeline_plot`, one row per stream. It uses
   `gpulab.plots`' style; it belongs in `gpulab.plots` and should move there.
@@ -55,6 +55,57 @@ def copy_then_compute(host: torch.Tensor, dev: torch.Tensor, a: torch.Tensor, b:
         dev.copy_(host, non_blocking=True)
     torch.mm(a, b, out=out)
     current.wait_stream(copy_stream)          # join: the copy is done before what follows
+
+
+@dataclass
+class CopyAndMatmul:
+    """Notebook 08's two jobs, allocated once (so no `record_stream` is needed): a pinned host tensor
+    of `mib` MiB copied into `dev`, and `out = a @ b`, n x n in `dtype`, on the device; `copy_stream`
+    carries the copy when they overlap. Notebook 08 and `gpulab bench` both time `run`.
+
+        job = CopyAndMatmul.make(256, 8192)
+        job.check()                        # correct before fast
+        benchmark(lambda: job.run(overlap=True))
+    """
+
+    host: torch.Tensor
+    dev: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+    out: torch.Tensor
+    copy_stream: "torch.cuda.Stream"
+
+    @classmethod
+    def make(cls, mib: int, n: int, dtype: torch.dtype = torch.bfloat16, device: torch.device | None = None,
+             seed: int = 0) -> "CopyAndMatmul":
+        if mib < 1 or n < 1:
+            raise ValueError(f"mib and n must be >= 1 (got mib={mib}, n={n})")
+        device = require_cuda(NO_STREAMS, device)
+        host = torch.randn(mib * 2**20 // 4, generator=torch.Generator().manual_seed(seed)).pin_memory()
+        on_device = torch.Generator(device).manual_seed(seed)
+        a = torch.randn(n, n, device=device, dtype=dtype, generator=on_device)
+        b = torch.randn(n, n, device=device, dtype=dtype, generator=on_device)
+        return cls(host, torch.empty(host.shape, device=device), a, b, torch.empty(n, n, device=device, dtype=dtype),
+                   torch.cuda.Stream(device))
+
+    def run(self, overlap: bool) -> None:
+        """One copy and one product, serial on the current stream or overlapped (`copy_then_compute`)."""
+        copy_then_compute(self.host, self.dev, self.a, self.b, self.out, overlap, self.copy_stream)
+
+    def check(self) -> str:
+        """Correct before fast: serial and overlapped each copy the host tensor exactly, and the two
+        products agree (rtol and atol 1e-2: 16-bit). Raises AssertionError saying which differs."""
+        self.dev.zero_()
+        self.run(overlap=False)
+        serial_out = self.out.clone()
+        assert torch.equal(self.dev.cpu(), self.host), "the serial copy differs from the host tensor"
+        self.dev.zero_()
+        self.out.zero_()
+        self.run(overlap=True)
+        assert torch.equal(self.dev.cpu(), self.host), "the overlapped copy differs from the host tensor"
+        torch.testing.assert_close(self.out, serial_out, rtol=1e-2, atol=1e-2,
+                                   msg="the overlapped product differs from the serial one")
+        return "copies exact; overlapped product within 1e-2 of the serial one"
 
 
 @dataclass(frozen=True)

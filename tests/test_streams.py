@@ -48,3 +48,22 @@ def test_span_and_timeline_plot():
     assert [t.get_text() for t in ax.get_yticklabels()] == [
         "serial: stream 0", "overlapped: copy stream", "overlapped: default"]
     assert len(ax.patches) == 4
+
+
+def test_copy_and_matmul_refuses_the_cpu_and_bad_sizes(on_cpu):
+    from gpulab.streams import CopyAndMatmul
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        CopyAndMatmul.make(1, 64)
+    with pytest.raises(ValueError, match="mib and n must be >= 1"):
+        CopyAndMatmul.make(0, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_copy_and_matmul_checks_then_runs_both_ways():
+    from gpulab.streams import CopyAndMatmul
+    job = CopyAndMatmul.make(4, 512)
+    assert job.host.is_pinned() and "exact" in job.check()
+    job.run(overlap=True)
+    torch.cuda.synchronize()
+    assert torch.equal(job.dev.cpu(), job.host)
