@@ -298,10 +298,10 @@ def streams_overlap() -> Measured:
 def checkpointing_memory() -> Measured:
     """Lesson 09: peak memory of a training step, checkpointing every block against none
     (`workloads.TransformerStack`, `training_peak`)."""
-    from gpulab.device import float32_matmul
     from gpulab.memory import free_memory
     from gpulab.timing import benchmark
-    from gpulab.workloads import TransformerStack, make_batch, predicted_memory, train_step, training_peak
+    from gpulab.workloads import (GRAD_TOL, TransformerStack, checkpointing_check, make_batch, predicted_memory,
+                                  train_step, training_peak)
 
     device = pick_device()
     if device.type != "cuda":
@@ -316,15 +316,10 @@ def checkpointing_memory() -> Measured:
     while batch > 1 and predicted_memory(cfg["n_blocks"], batch, cfg["seq"], cfg["width"], params)[1] > 0.5 * free:
         batch //= 2
     x, y = make_batch(model, 2, seed=1)
-    grads, losses = {}, {}
-    with float32_matmul("ieee"):                   # correct before fast: same loss and gradients in fp32
-        for k in (0, 1):
-            model.checkpoint_every = k
-            losses[k] = train_step(model, x, y).item()
-            grads[k] = [p.grad.clone() for p in model.parameters()]
-    diff = max(((g - r).abs().max() / r.abs().max().clamp_min(1e-30)).item() for g, r in zip(grads[1], grads[0]))
-    correct = abs(losses[1] - losses[0]) <= 1e-5 * abs(losses[0]) and diff <= 1e-5
-    del x, y, grads
+    ref_loss, checked = checkpointing_check(model, x, y, ks=(1,))    # correct before fast, as notebook 09
+    loss, diff = checked[1]
+    correct = abs(loss - ref_loss) <= GRAD_TOL * abs(ref_loss) and diff <= GRAD_TOL
+    del x, y
     peak, step_ms = {}, {}
     try:
         for k in (0, 1):
@@ -336,7 +331,8 @@ def checkpointing_memory() -> Measured:
     finally:
         model.zero_grad(set_to_none=True)
     return Measured(peak[0] / GiB, peak[1] / GiB, "GiB", peak[1] / peak[0], correct,
-                    f"fp32 loss and gradients, every block vs none: worst relative difference {diff:.1e} (<= 1e-5)",
+                    f"fp32 loss and gradients, every block vs none: worst relative difference {diff:.1e} "
+                    f"(<= {GRAD_TOL:.0e})",
                     f"no checkpointing, batch {batch}", "checkpoint every block",
                     notes=f"step time every block / none: {step_ms[1] / step_ms[0]:.2f}x")
 
@@ -344,10 +340,9 @@ def checkpointing_memory() -> Measured:
 def accumulation_memory() -> Measured:
     """Lesson 10: peak memory of one big batch against the same effective batch accumulated over
     micro-batches (`workloads.accumulate`, `track_peak`); the gradients are checked equal first."""
-    from gpulab.device import float32_matmul
     from gpulab.memory import free_memory, track_peak
-    from gpulab.workloads import (TransformerStack, accumulate, make_batch, param_bytes, predicted_memory,
-                                  train_step)
+    from gpulab.workloads import (GRAD_TOL, TransformerStack, accumulate, accumulation_check, make_batch, param_bytes,
+                                  predicted_memory, train_step)
 
     device = pick_device()
     if device.type != "cuda":
@@ -364,15 +359,8 @@ def accumulation_memory() -> Measured:
                                          0, True)[1] > 0.5 * free:
         micro //= 2
     x, y = make_batch(model, 2 * steps, seed=1)                 # correct first, in fp32, as notebook 10
-    with float32_matmul("ieee"):
-        train_step(model, x, y)
-        big = [p.grad.clone() for p in model.parameters()]
-        accumulate(model, zip(x.chunk(steps), y.chunk(steps)), steps)
-        acc = [p.grad.clone() for p in model.parameters()]
-    norm = torch.sqrt(sum((g.double() ** 2).sum() for g in big)).item()
-    diff = max((a - b).abs().max().item() for a, b in zip(acc, big)) / norm
-    del x, y, big, acc
-    model.zero_grad(set_to_none=True)
+    diff = accumulation_check(model, x, y, steps)["divided"]
+    del x, y
     try:
         xb, yb = make_batch(model, micro * steps)
         with track_peak() as one:
@@ -385,8 +373,9 @@ def accumulation_memory() -> Measured:
         model.zero_grad(set_to_none=True)
     base = param_bytes(model)
     big_peak, acc_peak = base + one.peak_above_start, base + accumulated.peak_above_start
-    return Measured(big_peak / GiB, acc_peak / GiB, "GiB", big_peak / acc_peak, diff < 1e-5,
-                    f"fp32 gradients, {steps} micro-batches vs one batch: largest difference / norm {diff:.1e} (< 1e-5)",
+    return Measured(big_peak / GiB, acc_peak / GiB, "GiB", big_peak / acc_peak, diff < GRAD_TOL,
+                    f"fp32 gradients, {steps} micro-batches vs one batch: largest difference / norm {diff:.1e} "
+                    f"(< {GRAD_TOL:.0e})",
                     f"one batch of {micro * steps}", f"{steps} x {micro} accumulated")
 
 

@@ -3,6 +3,8 @@
 - `TransformerStack`: GPT-style blocks (pre-LayerNorm, causal SDPA attention, 4x GELU MLP)
   with activation checkpointing every k blocks as a switch (`checkpoint_every`).
 - `make_batch`, `loss_fn`, `autocast`, `train_step`: a deterministic batch and one training step.
+- `checkpointing_check`, `accumulation_check` (`GRAD_TOL`, `fp32_loss_and_grads`, `worst_difference`):
+  correct before fast, in plain fp32.
 - `saved_for_backward`: the bytes autograd keeps between forward and backward (works on the CPU).
 - `predicted_memory`: the back-of-envelope for the above, before anything runs.
 - `memory_budget`, `training_peak`, `fits_budget`, `largest_batch`: the memory of a step, and the
@@ -131,6 +133,81 @@ def accumulate(model: nn.Module, micro_batches, steps: int, dtype: torch.dtype |
         with autocast(x.device, dtype):
             loss = loss_fn(model(x), y)
         (loss / steps if divide else loss).backward()
+
+
+# -- correct before fast: notebooks 09 and 10 (and gpulab bench) ----------------------------------
+GRAD_TOL = 1e-5        # largest accepted relative difference of fp32 losses and gradients
+
+
+def fp32_loss_and_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, list[torch.Tensor]]:
+    """The loss and a copy of the gradients of one step of `model` as configured now, without autocast
+    (run it under `float32_matmul("ieee")` for plain fp32)."""
+    loss = train_step(model, x, y)                    # dtype=None: no autocast
+    return loss.item(), [p.grad.clone() for p in model.parameters()]
+
+
+def worst_difference(grads: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> float:
+    """The largest |g - r| of any parameter, relative to that parameter's largest |r|."""
+    return max(((g - r).abs().max() / r.abs().max().clamp_min(1e-30)).item() for g, r in zip(grads, ref))
+
+
+def checkpointing_check(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                        ks: Sequence[int] = (1, 2, 5, 12)) -> tuple[float, dict[int, tuple[float, float]]]:
+    """Same weights, same batch, plain fp32 (TF32 off): the loss and gradients of `model` checkpointing
+    every k blocks, for each k in `ks`, against none. Notebook 09.
+
+    Returns (the loss without checkpointing, {k: (loss, worst gradient difference)}), the difference
+    being the largest |g_k - g| of a parameter relative to that parameter's largest |g|. The model is
+    left without checkpointing and without gradients.
+    """
+    from gpulab.device import float32_matmul
+
+    out = {}
+    try:
+        with float32_matmul("ieee"):
+            model.checkpoint_every = 0
+            ref_loss, ref = fp32_loss_and_grads(model, x, y)
+            for k in ks:
+                model.checkpoint_every = k
+                loss, grads = fp32_loss_and_grads(model, x, y)
+                out[k] = (loss, worst_difference(grads, ref))
+    finally:
+        model.checkpoint_every = 0
+        model.zero_grad(set_to_none=True)
+    return ref_loss, out
+
+
+def accumulation_check(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> dict[str, float]:
+    """Plain fp32 (TF32 off): the gradients of one batch (x, y) against the same batch in `steps` equal
+    micro-batches, accumulated with each loss divided by `steps` (`accumulate`) and without. Notebook 10.
+
+    Returns {"divided": largest |difference| of any entry / the norm of the whole big-batch gradient,
+    "undivided": norm of the undivided gradients / the big batch's (the classic mistake: `steps`)}.
+    The model is left without gradients.
+    """
+    from gpulab.device import float32_matmul
+
+    def gradients() -> list[torch.Tensor]:
+        return [p.grad.clone() for p in model.parameters()]
+
+    def norm(grads: list[torch.Tensor]) -> float:
+        return torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
+
+    if steps < 1 or x.shape[0] % steps:
+        raise ValueError(f"the batch ({x.shape[0]}) must split into {steps} equal micro-batches")
+    try:
+        with float32_matmul("ieee"):
+            train_step(model, x, y)                   # the big batch, lesson 09's step
+            big = gradients()
+            accumulate(model, zip(x.chunk(steps), y.chunk(steps)), steps)
+            accumulated = gradients()
+            accumulate(model, zip(x.chunk(steps), y.chunk(steps)), steps, divide=False)
+            undivided = gradients()
+    finally:
+        model.zero_grad(set_to_none=True)
+    big_norm = norm(big)
+    return {"divided": max((a - b).abs().max().item() for a, b in zip(accumulated, big)) / big_norm,
+            "undivided": norm(undivided) / big_norm}
 
 
 @dataclass

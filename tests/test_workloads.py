@@ -177,3 +177,28 @@ def test_a_refusal_in_the_child_process_is_a_valueerror(monkeypatch):
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "Boom\n"))
     with pytest.raises(RuntimeError, match="Boom"):
         conv_benchmark_in_fresh_process(True, fixed=32, varying=(40,))
+
+
+def test_checkpointing_check_finds_the_same_model_and_leaves_it_plain():
+    from gpulab.workloads import GRAD_TOL, TransformerStack, checkpointing_check, make_batch
+    torch.manual_seed(0)
+    model = TransformerStack(4, 32, 4, 16, device=torch.device("cpu"))
+    x, y = make_batch(model, 2, seed=1)
+    ref_loss, checked = checkpointing_check(model, x, y, ks=(1, 3))
+    assert set(checked) == {1, 3}
+    for loss, diff in checked.values():
+        assert abs(loss - ref_loss) <= GRAD_TOL * abs(ref_loss) and diff <= GRAD_TOL
+    assert model.checkpoint_every == 0 and all(p.grad is None for p in model.parameters())
+
+
+def test_accumulation_check_matches_and_measures_the_classic_mistake():
+    from gpulab.workloads import GRAD_TOL, TransformerStack, accumulation_check, make_batch
+    torch.manual_seed(0)
+    model = TransformerStack(2, 32, 4, 16, device=torch.device("cpu"))
+    x, y = make_batch(model, 8, seed=1)
+    got = accumulation_check(model, x, y, 4)
+    assert got["divided"] < GRAD_TOL
+    assert got["undivided"] == pytest.approx(4.0, rel=1e-4)        # not divided: 4 times too large
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(ValueError, match="equal micro-batches"):
+        accumulation_check(model, x[:6], y[:6], 4)
