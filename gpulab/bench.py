@@ -145,8 +145,7 @@ def timing_sync_vs_no_sync() -> Measured:
 
 def input_pipeline_workers() -> Measured:
     """Lesson 03: step time with 0 DataLoader workers against the best worker count (`gpulab.data`)."""
-    from gpulab.data import (SmallCNN, SyntheticImages, calibrate_passes, make_loader, make_step,
-                             train_from_loader)
+    from gpulab.data import SmallCNN, SyntheticImages, batches_match, calibrate_passes, loader_run, make_step
 
     device = pick_device()
     on_gpu = device.type == "cuda"
@@ -163,19 +162,13 @@ def input_pipeline_workers() -> Measured:
         # touch CUDA, which is what makes fork safe here (as notebook 03 explains).
         warnings.filterwarnings("ignore", message=r"This process .*is multi-threaded, use of fork",
                                 category=DeprecationWarning)
-        check_ds = SyntheticImages(length=3 * batch, size=size, passes=passes)
-        plain = list(make_loader(check_ds, batch, num_workers=0))
-        with_workers = list(make_loader(check_ds, batch, num_workers=max(counts)))
-        same = len(plain) == len(with_workers) and all(
-            torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(plain, with_workers))
-        step_ms = {}
-        for k in counts:
-            ds = SyntheticImages(length=(warmup + steps) * batch, size=size, passes=passes, seed=1)
-            loader = make_loader(ds, batch, num_workers=k, pin_memory=on_gpu)
-            step_ms[k] = train_from_loader(loader, step, warmup=warmup, device=device).step_ms
+        same, n_batches = batches_match(SyntheticImages(length=3 * batch, size=size, passes=passes), batch,
+                                        num_workers=max(counts))
+        step_ms = {k: loader_run(step, k, batch=batch, size=size, passes=passes, steps=steps, warmup=warmup,
+                                 pin_memory=on_gpu, device=device).step_ms for k in counts}
     best = min(step_ms, key=step_ms.get)
     return Measured(step_ms[0], step_ms[best], "ms/step", step_ms[0] / step_ms[best], same,
-                    f"{len(plain)} batches {'identical' if same else 'DIFFERENT'} with 0 and {max(counts)} workers",
+                    f"{n_batches} batches {'identical' if same else 'DIFFERENT'} with 0 and {max(counts)} workers",
                     f"0 workers (batch {batch}, {passes} passes)", f"{best} workers (best of {counts})")
 
 

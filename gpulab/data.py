@@ -6,7 +6,9 @@ tunable with `passes`. It lives in this importable module, not in a notebook,
 because DataLoader workers started by *spawn* (or forkserver) re-import the
 dataset's class by name: a class defined in a notebook's `__main__` cannot be found there.
 
-`train_from_loader` runs a training loop over a DataLoader and splits the step time:
+`batches_match` checks that workers serve the same batches; `loader_run` (`train_from_loader` over
+fresh batches) is the measurement. `train_from_loader` runs a training loop over a DataLoader and
+splits the step time:
 the loop's wall time per step (host clock, device synchronized at the end) minus the
 compute time of one step on a batch already on the device (`gpulab.timing.benchmark`)
 is the time the GPU waited for data.
@@ -161,6 +163,26 @@ def train_from_loader(loader: DataLoader, step: Callable[[torch.Tensor, torch.Te
                       steps=timed, batch_size=loader.batch_size, step_ms=loop.ms / timed,
                       host_wait_ms=sum(waits) / len(waits), start_s=loop.start_s, end_s=loop.end_s,
                       losses=[float(v) for v in losses])
+
+
+def batches_match(dataset: Dataset, batch_size: int, num_workers: int) -> tuple[bool, int]:
+    """Correct before fast: whether a loader with `num_workers` worker processes serves exactly the
+    batches (images and labels, in order) that the main process alone serves; and how many batches."""
+    reference = list(make_loader(dataset, batch_size, num_workers=0))
+    with_workers = list(make_loader(dataset, batch_size, num_workers=num_workers))
+    same = len(reference) == len(with_workers) and all(
+        torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(reference, with_workers))
+    return same, len(reference)
+
+
+def loader_run(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], num_workers: int, *, batch: int,
+               size: int, passes: int, steps: int, warmup: int = 3, pin_memory: bool = False,
+               prefetch_factor: int = 2, device: torch.device | None = None, seed: int = 1) -> LoopResult:
+    """`train_from_loader` over `warmup + steps` fresh batches of `SyntheticImages(size, passes)` served
+    by `num_workers` workers: notebook 03's measurement (and `gpulab bench`'s)."""
+    ds = SyntheticImages(length=(warmup + steps) * batch, size=size, passes=passes, seed=seed)
+    loader = make_loader(ds, batch, num_workers=num_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor)
+    return train_from_loader(loader, step, warmup=warmup, device=device)
 
 
 def window_mean(timeline: dict, t_from: float, t_to: float, metric: str = "busy_pct") -> float | None:

@@ -87,3 +87,13 @@ def test_calibrate_passes():
     assert 1 <= few <= many <= 200
     with pytest.raises(ValueError):
         calibrate_passes(16, 0)
+
+
+def test_batches_match_and_loader_run_on_the_cpu():
+    from gpulab.data import SmallCNN, SyntheticImages, batches_match, loader_run, make_step
+    same, n = batches_match(SyntheticImages(length=12, size=16, passes=1), 4, num_workers=2)
+    assert same and n == 3
+    torch.manual_seed(0)
+    step = make_step(SmallCNN(width=4, blocks=1, device=torch.device("cpu")))
+    r = loader_run(step, 0, batch=4, size=16, passes=1, steps=3, warmup=1, device=torch.device("cpu"))
+    assert r.steps == 3 and r.batch_size == 4 and len(r.losses) == 4 and r.step_ms > 0
