@@ -201,14 +201,10 @@ def pcie_pinned_vs_pageable() -> Measured:
                     f"pageable, {nbytes // MiB} MiB", f"pinned, {nbytes // MiB} MiB")
 
 
-# Largest accepted relative difference of the first loss to fp32's, as in notebook 06.
-AMP_FIRST_LOSS_TOLERANCE = {"fp16": 1e-2, "bf16": 2e-2}
-
-
 def amp_cnn_speedup() -> Measured:
     """Lesson 06: CNN training throughput, fastest 16-bit autocast against fp32 (`precision.precision_run`)."""
     from gpulab import precision as P
-    from gpulab.memory import GiB as _GiB, track_peak
+    from gpulab.memory import GiB as _GiB
     from gpulab.workloads import ResNetish, fit_batch, image_batches, memory_budget
 
     device = pick_device()
@@ -220,27 +216,19 @@ def amp_cnn_speedup() -> Measured:
     work = P.Workload("CNN", model, lambda b: image_batches(model, b, count=4, seed=1), P.classification_loss,
                       lambda m: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), unit="img/s")
 
-    def fp32_peak(b: int) -> int | None:
-        optimizer = work.reset()
-        x, y = work.batches(b)[0]
-        with track_peak() as mem:
-            P.train_step(work.model, optimizer, x, y, work.loss_fn, "fp32")
-        work.model.zero_grad(set_to_none=True)
-        return mem.peak
-
-    batch = fit_batch(fp32_peak, cfg["batch"], memory_budget(cap=64 * _GiB))
+    batch = fit_batch(lambda b: P.step_peak(work, b, "fp32"), cfg["batch"], memory_budget(cap=64 * _GiB))
     # fp16 autocast is no fast path on the CPU (notebook 06 times it on GPUs only)
     halves = [p for p in ("fp16", "bf16") if p in P.supported(facts) and (device.type == "cuda" or p != "fp16")]
     x, y = work.batches(batch)[0]
     ref = P.first_loss(work, x, y, "fp32")
     diffs = {p: abs(P.first_loss(work, x, y, p) - ref) / abs(ref) for p in halves}
     del x, y
-    correct = all(diffs[p] <= AMP_FIRST_LOSS_TOLERANCE[p] for p in halves)
+    correct = all(diffs[p] <= P.FIRST_LOSS_TOLERANCE[p] for p in halves)
     steps, repeat = by_scale(tiny=1, full=2), by_scale(tiny=3, full=10)
     rate = {p: P.precision_run(work, p, batch, steps, repeat)["img/s"] for p in ("fp32", *halves)}
     best = max(halves, key=rate.get)
     return Measured(rate["fp32"], rate[best], "img/s", rate[best] / rate["fp32"], correct,
-                    "first loss vs fp32: " + ", ".join(f"{p} {d:.1e} (tolerance {AMP_FIRST_LOSS_TOLERANCE[p]:.0e})"
+                    "first loss vs fp32: " + ", ".join(f"{p} {d:.1e} (tolerance {P.FIRST_LOSS_TOLERANCE[p]:.0e})"
                                                        for p, d in diffs.items()),
                     f"fp32, batch {batch}", f"{best} autocast" + (" + GradScaler" if best == "fp16" else ""))
 

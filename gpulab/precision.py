@@ -258,6 +258,25 @@ class Workload:
         return self.optimizer(self.model)
 
 
+# Largest accepted relative difference of the starting weights' loss in each precision to fp32's
+# (notebook 06, section 6, and gpulab bench): 16-bit products round each input to 8 (bf16) or
+# 11 (fp16) significant bits, TF32 to 11.
+FIRST_LOSS_TOLERANCE = {"fp32": 0.0, "tf32": 1e-2, "fp16": 1e-2, "bf16": 2e-2}
+
+
+def step_peak(work: Workload, batch: int, precision: str = "fp32") -> int | None:
+    """Peak memory (bytes) of one training step of `work` from its starting weights at `batch` in
+    `precision`; None on the CPU. Notebook 06 (what `workloads.fit_batch` probes) and gpulab bench."""
+    from gpulab.memory import track_peak
+
+    optimizer = work.reset()
+    x, y = work.batches(batch)[0]
+    with track_peak() as mem:
+        train_step(work.model, optimizer, x, y, work.loss_fn, precision, make_scaler(precision, x.device))
+    work.model.zero_grad(set_to_none=True)
+    return mem.peak
+
+
 def first_loss(work: Workload, x: torch.Tensor, y: torch.Tensor, precision: str) -> float:
     """The loss of the starting weights on (x, y) in `precision`, forward only. Notebook 06."""
     spec = check(precision)

@@ -258,3 +258,10 @@ def test_on_a_gpu_tf32_changes_the_product_and_ieee_does_not():
         tf = a @ a
     err = ((tf - ref).norm() / ref.norm()).item()
     assert 0 < err < P.GEMM_TOLERANCE["tf32"] if device_facts().tf32 else err == 0
+
+
+def test_step_peak_is_none_on_the_cpu_and_leaves_no_gradients():
+    work = _workload()
+    assert P.step_peak(work, 8) is None
+    assert all(p.grad is None for p in work.model.parameters())
+    assert P.FIRST_LOSS_TOLERANCE["fp32"] == 0.0 and set(P.FIRST_LOSS_TOLERANCE) == set(P.PRECISIONS)
