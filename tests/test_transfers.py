@@ -44,6 +44,7 @@ def test_bad_arguments_are_refused_before_the_device():
         transfer_bandwidth(0, device=CPU)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_transfer_runs():
     dev = torch.device("cuda")
