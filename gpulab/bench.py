@@ -279,9 +279,8 @@ def streams_overlap() -> Measured:
 def checkpointing_memory() -> Measured:
     """Lesson 09: peak memory of a training step, checkpointing every block against none
     (`workloads.TransformerStack`, `training_peak`)."""
-    from gpulab.memory import free_memory
     from gpulab.timing import benchmark
-    from gpulab.workloads import (GRAD_TOL, TransformerStack, checkpointing_check, make_batch, predicted_memory,
+    from gpulab.workloads import (GRAD_TOL, TransformerStack, checkpointing_check, make_batch, predicted_batch,
                                   train_step, training_peak)
 
     device = pick_device()
@@ -293,9 +292,7 @@ def checkpointing_memory() -> Measured:
     torch.manual_seed(0)
     model = TransformerStack(cfg["n_blocks"], cfg["width"], cfg["heads"], cfg["seq"], device=device)
     params = sum(p.numel() for p in model.parameters())
-    batch, free = cfg["batch"], free_memory()[0]
-    while batch > 1 and predicted_memory(cfg["n_blocks"], batch, cfg["seq"], cfg["width"], params)[1] > 0.5 * free:
-        batch //= 2
+    batch = predicted_batch(cfg["n_blocks"], cfg["batch"], cfg["seq"], cfg["width"], params, device=device)
     x, y = make_batch(model, 2, seed=1)
     ref_loss, checked = checkpointing_check(model, x, y, ks=(1,))    # correct before fast, as notebook 09
     loss, diff = checked[1]
@@ -321,9 +318,9 @@ def checkpointing_memory() -> Measured:
 def accumulation_memory() -> Measured:
     """Lesson 10: peak memory of one big batch against the same effective batch accumulated over
     micro-batches (`workloads.accumulate`, `track_peak`); the gradients are checked equal first."""
-    from gpulab.memory import free_memory, track_peak
+    from gpulab.memory import track_peak
     from gpulab.workloads import (GRAD_TOL, TransformerStack, accumulate, accumulation_check, make_batch, param_bytes,
-                                  predicted_memory, train_step)
+                                  predicted_batch, train_step)
 
     device = pick_device()
     if device.type != "cuda":
@@ -335,10 +332,8 @@ def accumulation_memory() -> Measured:
     torch.manual_seed(0)
     model = TransformerStack(cfg["n_blocks"], cfg["width"], cfg["heads"], cfg["seq"], device=device)
     params = sum(p.numel() for p in model.parameters())
-    micro, free = cfg["micro"], free_memory()[0]
-    while micro > 1 and predicted_memory(cfg["n_blocks"], micro * steps, cfg["seq"], cfg["width"], params,
-                                         0, True)[1] > 0.5 * free:
-        micro //= 2
+    micro = predicted_batch(cfg["n_blocks"], cfg["micro"], cfg["seq"], cfg["width"], params, times=steps,
+                            device=device)     # one big batch of micro x steps is run too
     x, y = make_batch(model, 2 * steps, seed=1)                 # correct first, in fp32, as notebook 10
     diff = accumulation_check(model, x, y, steps)["divided"]
     del x, y

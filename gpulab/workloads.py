@@ -6,7 +6,8 @@
 - `checkpointing_check`, `accumulation_check` (`GRAD_TOL`, `fp32_loss_and_grads`, `worst_difference`):
   correct before fast, in plain fp32.
 - `saved_for_backward`: the bytes autograd keeps between forward and backward (works on the CPU).
-- `predicted_memory`: the back-of-envelope for the above, before anything runs.
+- `predicted_memory`, `predicted_batch`: the back-of-envelope for the above, before anything runs,
+  and the batch it says fits half the free memory.
 - `memory_budget`, `training_peak`, `fits_budget`, `largest_batch`: the memory of a step, and the
   largest batch that fits a budget, found by measuring (never by filling the whole GPU).
 
@@ -259,6 +260,19 @@ def predicted_memory(n_blocks: int, batch: int, seq: int, width: int, params: in
         kept, rebuilt = -(-n_blocks // k) * 4 * elements, min(k, n_blocks) * per_block * elements
     kept += head * elements
     return kept, kept + rebuilt + per_param * params
+
+
+def predicted_batch(n_blocks: int, batch: int, seq: int, width: int, params: int, half: bool = True,
+                    times: int = 1, fraction: float = 0.5, device: torch.device | None = None) -> int:
+    """`batch`, halved until the predicted peak of a step on `times` x batch samples (`predicted_memory`,
+    no checkpointing) fits `fraction` of the GPU's free memory now; `batch` unchanged on the CPU.
+    Notebooks 09 and 10 (and gpulab bench) size their GPU runs with it before anything is allocated."""
+    free = free_memory(device)
+    if free is None:
+        return batch
+    while batch > 1 and predicted_memory(n_blocks, batch * times, seq, width, params, 0, half)[1] > fraction * free[0]:
+        batch //= 2
+    return batch
 
 
 def memory_budget(cap: int, fraction: float = 0.5, device: torch.device | None = None) -> int | None:
