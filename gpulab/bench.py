@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from gpulab.device import by_scale, device_facts, pick_device, require_cuda, scale
+from gpulab.precision import half_dtype
 from gpulab.results import Record, ResultsStore, current_gpu_name, results_store
 
 BENCH_KIND = "gpulab-bench"
@@ -263,7 +264,7 @@ def streams_overlap() -> Measured:
     except ValueError as err:
         raise Skipped(str(err)) from None
     mib, n = by_scale(tiny=8, full=256), by_scale(tiny=256, full=8192)
-    dtype = torch.bfloat16 if device_facts().bf16 else torch.float16
+    dtype = half_dtype()
     job = CopyAndMatmul.make(mib, n, dtype, device)
     try:
         said, correct = job.check(), True
@@ -288,7 +289,7 @@ def checkpointing_memory() -> Measured:
         raise Skipped("peak memory is read from CUDA's caching allocator; the CPU has none")
     cfg = by_scale(tiny=dict(n_blocks=12, width=64, heads=4, seq=32, batch=4),
                    full=dict(n_blocks=12, width=1024, heads=16, seq=1024, batch=32))
-    dtype = torch.bfloat16 if device_facts().bf16 else torch.float16
+    dtype = half_dtype()
     torch.manual_seed(0)
     model = TransformerStack(cfg["n_blocks"], cfg["width"], cfg["heads"], cfg["seq"], device=device)
     params = sum(p.numel() for p in model.parameters())
@@ -328,7 +329,7 @@ def accumulation_memory() -> Measured:
     cfg = by_scale(tiny=dict(n_blocks=4, width=64, heads=4, seq=32, micro=4),
                    full=dict(n_blocks=12, width=1024, heads=16, seq=1024, micro=8))
     steps = 4
-    dtype = torch.bfloat16 if device_facts().bf16 else torch.float16
+    dtype = half_dtype()
     torch.manual_seed(0)
     model = TransformerStack(cfg["n_blocks"], cfg["width"], cfg["heads"], cfg["seq"], device=device)
     params = sum(p.numel() for p in model.parameters())

@@ -93,6 +93,11 @@ def best_half(facts: DeviceFacts | None = None) -> str:
     return "bf16" if facts.bf16 else "fp16"
 
 
+def half_dtype(facts: DeviceFacts | None = None) -> torch.dtype:
+    """`best_half`'s dtype: torch.bfloat16 where bf16 is native (and on the CPU), else torch.float16."""
+    return SPECS[best_half(facts)].dtype
+
+
 def _cudnn_conv_switch():
     """torch.backends.cudnn.conv (torch >= 2.9, has fp32_precision), or None for the older allow_tf32 flag."""
     conv = getattr(torch.backends.cudnn, "conv", None)

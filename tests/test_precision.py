@@ -265,3 +265,10 @@ def test_step_peak_is_none_on_the_cpu_and_leaves_no_gradients():
     assert P.step_peak(work, 8) is None
     assert all(p.grad is None for p in work.model.parameters())
     assert P.FIRST_LOSS_TOLERANCE["fp32"] == 0.0 and set(P.FIRST_LOSS_TOLERANCE) == set(P.PRECISIONS)
+
+
+def test_half_dtype_follows_best_half():
+    from dataclasses import replace
+    facts = P.device_facts()
+    assert P.half_dtype(replace(facts, bf16=True)) is torch.bfloat16
+    assert P.half_dtype(replace(facts, bf16=False)) is torch.float16
