@@ -14,7 +14,7 @@ if "GPULAB_RESULTS" not in os.environ:
 # GPULAB_TIMINGS=path: append "seconds<TAB>test id<TAB>outcome<TAB>clock" for every test as it finishes
 # (nbval: one line per notebook cell; clock: Unix time at the end, so the wall time per notebook, kernel
 # start-up included, can be read too), after a "start" line for the session. Written line by line, so a
-# run stopped by a time limit still says where its time went; `python -m gpulab.coursetime path` sums it.
+# run stopped by a time limit still says where its time went; `python -m gpulab.tools.coursetime path` sums it.
 _TIMINGS = os.environ.get("GPULAB_TIMINGS")
 
 

@@ -26,10 +26,10 @@
     specs     architecture table and datasheet peaks (fallback only)
     cli       `gpulab doctor`, `bench`, `room`, `report`
 """
-from gpulab.device import by_scale, device_facts, pick_device, scale, sync
-from gpulab.memory import fmt_bytes, memory_guard, memory_now, track_peak
-from gpulab.results import results_store
-from gpulab.timing import Timing, benchmark
+from gpulab.core.device import by_scale, device_facts, pick_device, scale, sync
+from gpulab.core.memory import fmt_bytes, memory_guard, memory_now, track_peak
+from gpulab.core.results import results_store
+from gpulab.core.timing import Timing, benchmark
 
 __version__ = "0.1.0"
 

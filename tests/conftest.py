@@ -72,7 +72,7 @@ NVML_ERRORS = {
 
 
 class FakePynvml:
-    """Just enough of the `pynvml` module for gpulab.monitor, counting every call.
+    """Just enough of the `pynvml` module for gpulab.core.monitor, counting every call.
 
     Readings: GPU busy `busy` % (cycled), 3 GiB used, SM clock 1410 MHz,
     PCIe rx 12e6 KB/s and tx 3.5e6 KB/s, power 250000 mW; each metric named in
@@ -174,10 +174,10 @@ def fake_pynvml():
 
 @pytest.fixture
 def use_pynvml(monkeypatch):
-    """Make gpulab.monitor import the given fake instead of the real pynvml."""
-    import gpulab.monitor
+    """Make gpulab.core.monitor import the given fake instead of the real pynvml."""
+    import gpulab.core.monitor
 
     def use(fake):
-        monkeypatch.setattr(gpulab.monitor, "_import_pynvml", lambda: fake)
+        monkeypatch.setattr(gpulab.core.monitor, "_import_pynvml", lambda: fake)
         return fake
     return use

@@ -1,17 +1,20 @@
-"""gpulab.bench and `gpulab bench`: the bands file, pass / FAIL / n/a, --check, a real tiny CPU run."""
+"""gpulab.tools.bench and `gpulab bench`: the bands file, pass / FAIL / n/a, --check, a real tiny CPU run."""
 import json
 import math
 import statistics
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import pytest
 
-from gpulab import bench as B
-from gpulab.bench import (CLASSES, Band, BandsError, Experiment, Measured, Skipped, gpu_class, judge,
-                          load_bands)
-from gpulab.cli import main
-from gpulab.device import device_facts, facts_for_capability
-from gpulab.results import Record, ResultsStore
+from gpulab.tools import bench as B
+from gpulab.core.bands import CLASSES, Band, BandsError, gpu_class, load_bands
+from gpulab.tools.bench import Experiment, judge
+from gpulab.core.measured import Measured, Skipped
+from gpulab.tools.cli import main
+from gpulab.core.device import device_facts, facts_for_capability
+from gpulab.core.results import Record, ResultsStore
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_CLASSES = ("tensor-core", "pre-volta")
@@ -40,7 +43,7 @@ def test_every_benched_lesson_has_a_band_for_every_gpu_class_with_the_same_metri
 
 
 def test_committed_bands_hold_on_the_committed_h200_runs_with_margin():
-    from gpulab.room import merge
+    from gpulab.tools.room import merge
 
     room = merge(ROOT / "results")
     bands = load_bands()
@@ -126,7 +129,14 @@ def test_this_machine_is_the_cpu_class():
     assert gpu_class(device_facts()) == "cpu"
 
 
-FAKE = Experiment("90", "fake lesson", "fake ratio", lambda: None)
+def fake_lesson(lesson, title, metric, run):
+    """A registry entry for a stand-in lesson module gpulab.lessons.l<lesson>_fake."""
+    module = SimpleNamespace(__name__=f"gpulab.lessons.l{lesson}_fake", TITLE=title, HEADLINE=metric,
+                             headline=lambda scale=None: run())
+    return Experiment(module)
+
+
+FAKE = fake_lesson("90", "fake lesson", "fake ratio", lambda: None)
 
 
 def measured(ratio=2.5, correct=True):
@@ -154,10 +164,10 @@ def test_judge_wrong_skipped_missing_band_and_metric_mismatch(tmp_path):
     bands = load_bands(write(tmp_path, GOOD))
     assert judge(FAKE, measured(correct=False), bands, "tensor-core", "full")[0] == "wrong"
     assert judge(FAKE, None, bands, "tensor-core", "full")[0] == "skipped"
-    other = Experiment("91", "other", "fake ratio", lambda: None)
+    other = fake_lesson("91", "other", "fake ratio", lambda: None)
     status, why, _ = judge(other, measured(), bands, "tensor-core", "full")
     assert status == "n/a" and "no band for lesson 91" in why
-    renamed = Experiment("90", "fake lesson", "another ratio", lambda: None)
+    renamed = fake_lesson("90", "fake lesson", "another ratio", lambda: None)
     status, why, _ = judge(renamed, measured(), bands, "tensor-core", "full")
     assert status == "error" and "'fake ratio'" in why
 
@@ -174,7 +184,7 @@ def fake_gpu(tmp_path, monkeypatch):
             raise outcome["raise"]
         return measured(outcome.get("ratio", 2.5), outcome.get("correct", True))
 
-    monkeypatch.setattr(B, "REGISTRY", (Experiment("90", "fake lesson", "fake ratio", run_fake),))
+    monkeypatch.setattr(B, "REGISTRY", (fake_lesson("90", "fake lesson", "fake ratio", run_fake),))
     monkeypatch.setattr(B, "gpu_class", lambda facts=None: "tensor-core")
     monkeypatch.setenv("GPULAB_SCALE", "full")
 

@@ -1,14 +1,14 @@
-"""gpulab.capstone: toggles and their refusals, the loss check, the waterfall's shares, MFU, tiny real runs."""
+"""gpulab.lessons.l13_capstone: toggles and their refusals, the loss check, the waterfall's shares, MFU, tiny real runs."""
 import math
 
 import pytest
 import torch
 
 import gpulab
-from gpulab import capstone as C
-from gpulab.ceilings import Ceiling
-from gpulab.device import device_facts, facts_for_capability
-from gpulab.timing import summarize
+from gpulab.lessons import l13_capstone as C
+from gpulab.core.ceilings import Ceiling
+from gpulab.core.device import device_facts, facts_for_capability
+from gpulab.core.timing import summarize
 
 CPU_FACTS = device_facts(torch.device("cpu"))
 V100 = facts_for_capability("Tesla V100-SXM2-16GB", 7, 0)
@@ -250,7 +250,7 @@ def test_seed_rows_map_to_configurations():
 
 
 def test_headline_on_the_cpu():
-    h = C.headline("gpt", "tiny")
+    h = C.headline_numbers("gpt", "tiny")
     assert h["unit"] == "tokens/s" and h["correct"] is True
     assert h["optimized_label"] == "bf16 + aligned + fused"
     assert h["ratio"] == pytest.approx(h["optimized"] / h["baseline"])

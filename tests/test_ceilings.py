@@ -1,16 +1,16 @@
-"""gpulab.ceilings: notebook 00's experiments, at tiny sizes on the CPU."""
+"""gpulab.lessons.l00_gpu_ceilings: notebook 00's experiments, at tiny sizes on the CPU."""
 import json
 
 import pytest
 import torch
 
-from gpulab import ceilings
-from gpulab.ceilings import (CEILING_NAMES, PRECISIONS, TOLERANCE, copy_experiment, matmul_error,
-                             matmul_experiment, measure_ceilings, supported_precisions,
-                             transfer_experiment)
-from gpulab.device import device_facts, facts_for_capability
-from gpulab.results import ResultsStore
-from gpulab.timing import Timing
+from gpulab.core import ceilings
+from gpulab.lessons import l00_gpu_ceilings as L00
+from gpulab.core.ceilings import CEILING_NAMES
+from gpulab.lessons.l00_gpu_ceilings import PRECISIONS, TOLERANCE, copy_experiment, matmul_error, matmul_experiment, measure_ceilings, supported_precisions, transfer_experiment
+from gpulab.core.device import device_facts, facts_for_capability
+from gpulab.core.results import ResultsStore
+from gpulab.core.timing import Timing
 
 pytestmark = pytest.mark.usefixtures("on_cpu")     # the CPU path, also on a GPU machine
 
@@ -93,7 +93,7 @@ def test_matmul_experiment_refuses_bad_precision():
 
 
 def test_matmul_experiment_refuses_a_wrong_result(monkeypatch):
-    monkeypatch.setattr(ceilings, "matmul_error", lambda precision, n: 0.5)
+    monkeypatch.setattr(L00, "matmul_error", lambda precision, n: 0.5)
     with pytest.raises(AssertionError, match="bf16 matmul is wrong: relative error 5.00e-01"):
         matmul_experiment("bf16", n=64)
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from gpulab.children import at_once
+from gpulab.core.children import at_once
 
 
 def test_runs_every_command_and_keeps_each_output_and_environment():

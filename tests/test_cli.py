@@ -1,4 +1,4 @@
-"""gpulab.cli: `gpulab doctor` on this (GPU-less) machine and with simulated problems."""
+"""gpulab.tools.cli: `gpulab doctor` on this (GPU-less) machine and with simulated problems."""
 import json
 import os
 import shutil
@@ -7,8 +7,9 @@ import subprocess
 import pytest
 import torch
 
-from gpulab import cli, monitor
-from gpulab.cli import FAIL, OK, WARN, doctor_findings, main
+from gpulab.tools import cli
+from gpulab.core import monitor
+from gpulab.tools.cli import FAIL, OK, WARN, doctor_findings, main
 
 
 def findings(**kw):

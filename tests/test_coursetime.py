@@ -1,6 +1,6 @@
 import re
 
-from gpulab import coursetime as CT
+from gpulab.tools import coursetime as CT
 
 
 def test_sums_per_notebook_and_skips_bad_lines(tmp_path, capsys):

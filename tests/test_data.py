@@ -1,9 +1,9 @@
-"""gpulab.data: the CPU-heavy dataset, the loader settings and the timed loop (CPU only)."""
+"""gpulab.lessons.l03_input_pipeline: the CPU-heavy dataset, the loader settings and the timed loop (CPU only)."""
 import pytest
 import torch
 
-from gpulab.data import (LoopResult, SmallCNN, SyntheticImages, conv_flops, live_workers, make_loader,
-                         make_step, train_from_loader, window_mean)
+from gpulab.lessons.l03_input_pipeline import LoopResult, SyntheticImages, live_workers, make_loader, make_step, train_from_loader, window_mean
+from gpulab.models.cnn import SmallCNN, conv_flops
 
 
 def test_samples_depend_only_on_index_and_seed():
@@ -82,7 +82,7 @@ def test_window_mean():
 
 
 def test_calibrate_passes():
-    from gpulab.data import calibrate_passes
+    from gpulab.lessons.l03_input_pipeline import calibrate_passes
     few, many = calibrate_passes(16, 0.05), calibrate_passes(16, 0.5)
     assert 1 <= few <= many <= 200
     with pytest.raises(ValueError):
@@ -90,7 +90,8 @@ def test_calibrate_passes():
 
 
 def test_batches_match_and_loader_run_on_the_cpu():
-    from gpulab.data import SmallCNN, SyntheticImages, batches_match, loader_run, make_step
+    from gpulab.models.cnn import SmallCNN
+    from gpulab.lessons.l03_input_pipeline import SyntheticImages, batches_match, loader_run, make_step
     same, n = batches_match(SyntheticImages(length=12, size=16, passes=1), 4, num_workers=2)
     assert same and n == 3
     torch.manual_seed(0)

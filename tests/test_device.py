@@ -1,12 +1,12 @@
-"""gpulab.device: device choice, settings, facts, fp32 matmul mode."""
+"""gpulab.core.device: device choice, settings, facts, fp32 matmul mode."""
 import dataclasses
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from gpulab import device
-from gpulab.device import SettingError
+from gpulab.core import device
+from gpulab.core.device import SettingError
 
 CPU = torch.device("cpu")
 
@@ -231,7 +231,7 @@ def test_describe_reports_the_scale_setting(monkeypatch, on_cpu):
 
 
 def test_require_cuda_refuses_the_cpu_with_the_reason(monkeypatch):
-    from gpulab.device import require_cuda
+    from gpulab.core.device import require_cuda
     with pytest.raises(ValueError, match=r"^needs a CUDA GPU: no bus here$"):
         require_cuda("no bus here", torch.device("cpu"))
     monkeypatch.setenv("GPULAB_DEVICE", "cpu")

@@ -1,4 +1,4 @@
-"""gpulab.distributed: arithmetic, the correctness checks, plan(), and real launches with gloo on
+"""gpulab.lessons.l14_multi_gpu: arithmetic, the correctness checks, plan(), and real launches with gloo on
 2 CPU processes at the tiny size (each launch costs ~3 s of process start-up)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from gpulab import distributed as D
+from gpulab.lessons import l14_multi_gpu as D
 
 TINY = D.SIZES["tiny"]
 

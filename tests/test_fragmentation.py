@@ -1,7 +1,7 @@
-"""gpulab.fragmentation on the CPU: refusals, the snapshot readers, the child process's errors."""
+"""gpulab.lessons.l02_memory_fragmentation on the CPU: refusals, the snapshot readers, the child process's errors."""
 import pytest
 
-from gpulab import fragmentation as frag
+from gpulab.lessons import l02_memory_fragmentation as frag
 
 
 def test_fixes_listed():

@@ -1,14 +1,15 @@
-"""gpulab.fusion: the byte counts of notebook 12, where its bandwidth comes from, the backend
+"""gpulab.lessons.l12_kernel_fusion: the byte counts of notebook 12, where its bandwidth comes from, the backend
 choice, the correctness check, and the kernel count (None on the CPU)."""
 import pytest
 import torch
 
-import gpulab.fusion as fusion
-from gpulab.ceilings import Ceiling
-from gpulab.device import pick_device
-from gpulab.fusion import (PLANS, bandwidth_ceiling, bytes_moved, check_close, compile_backend,
-                           kernels_launched, plan_from_kernels)
-from gpulab.results import ResultsStore
+import gpulab.lessons.l00_gpu_ceilings as L00
+import gpulab.lessons.l12_kernel_fusion as fusion
+from gpulab.core.ceilings import Ceiling
+from gpulab.core.device import pick_device
+from gpulab.lessons.l12_kernel_fusion import PLANS, bytes_moved, check_close, compile_backend, kernels_launched, plan_from_kernels
+from gpulab.lessons.l00_gpu_ceilings import bandwidth_ceiling
+from gpulab.core.results import ResultsStore
 
 
 def test_bytes_moved_per_plan():
@@ -38,7 +39,7 @@ def test_bandwidth_comes_from_notebook_00_when_recorded(on_cpu, results_path):
 
 def test_bandwidth_falls_back_to_the_datasheet_labelled(monkeypatch):
     sheet = Ceiling("copy_bandwidth", 4800.0, "GB/s", "datasheet: NVIDIA H200 datasheet")
-    monkeypatch.setattr(fusion, "ceilings", lambda store=None: {"copy_bandwidth": sheet})
+    monkeypatch.setattr(L00, "ceilings", lambda store=None: {"copy_bandwidth": sheet})
     c = bandwidth_ceiling()
     assert c.value == 4800.0
     assert c.source == "notebook 00 has not measured this device; datasheet: NVIDIA H200 datasheet"
@@ -46,7 +47,7 @@ def test_bandwidth_falls_back_to_the_datasheet_labelled(monkeypatch):
 
 def test_bandwidth_is_measured_now_when_nothing_else_exists(on_cpu, monkeypatch, results_path):
     calls = []
-    monkeypatch.setattr(fusion, "copy_experiment", lambda mib: calls.append(mib) or {"GB/s": 12.0})
+    monkeypatch.setattr(L00, "copy_experiment", lambda mib: calls.append(mib) or {"GB/s": 12.0})
     c = bandwidth_ceiling(ResultsStore(results_path))
     assert calls == [64] and c.value == 12.0
     assert "measured just now" in c.source and "not recorded" in c.source

@@ -1,9 +1,8 @@
 import pytest
 import torch
 
-from gpulab.device import require_cuda
-from gpulab.graphs import (MLP, NO_GRAPHS, capture_violation, make_mlp_step, max_difference,
-                           tiny_ops, tiny_ops_reference)
+from gpulab.core.device import require_cuda
+from gpulab.lessons.l11_cuda_graphs import MLP, NO_GRAPHS, capture_violation, make_mlp_step, max_difference, tiny_ops, tiny_ops_reference
 
 CPU = torch.device("cpu")
 
@@ -51,7 +50,7 @@ def test_mlp_step_accepts_a_compiled_module():
 
 @pytest.mark.gpu
 def test_mlp_step_captures_after_an_eager_step():
-    from gpulab.graphs import capture
+    from gpulab.lessons.l11_cuda_graphs import capture
     model = MLP(width=64, depth=3).cuda()
     x, t = torch.randn(8, 64, device="cuda"), torch.randn(8, 64, device="cuda")
     step = make_mlp_step(model)
@@ -78,14 +77,14 @@ def test_capture_violation_refuses_unknown_kind():
 
 
 def test_capture_violations_refuse_an_unknown_kind_before_starting_anything():
-    from gpulab.graphs import capture_violations
+    from gpulab.lessons.l11_cuda_graphs import capture_violations
     with pytest.raises(ValueError, match="kind"):
         capture_violations(("item", "print"))
 
 
 @pytest.mark.gpu
 def test_capture_violations_each_raise_in_their_own_process():
-    from gpulab.graphs import capture_violations
+    from gpulab.lessons.l11_cuda_graphs import capture_violations
     said = capture_violations()
     assert set(said) == {"item", "synchronize"}
     assert all(text.startswith("raised ") for text in said.values()), said

@@ -1,12 +1,12 @@
-"""gpulab.lesson: start, show_source, expect, what_you_saw."""
+"""gpulab.notebook.lesson: start, show_source, expect, what_you_saw."""
 import dataclasses
 
 import pytest
 from IPython.display import HTML, Markdown
 
-from gpulab import lesson
-from gpulab.lesson import expect
-from gpulab.memory import fmt_bytes
+from gpulab.notebook import lesson
+from gpulab.notebook.lesson import expect
+from gpulab.core.memory import fmt_bytes
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_start_names_the_lesson_and_device(shown, on_cpu):
 def test_show_source_shows_the_code(shown):
     lesson.show_source(fmt_bytes)
     (md,) = shown
-    assert md.data.startswith("`gpulab.memory.fmt_bytes`:\n```python\ndef fmt_bytes(")
+    assert md.data.startswith("`gpulab.core.memory.fmt_bytes`:\n```python\ndef fmt_bytes(")
     assert md.data.rstrip().endswith("```")
 
 

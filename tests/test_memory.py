@@ -1,12 +1,11 @@
-"""gpulab.memory: fmt_bytes, MemoryStats, track_peak, memory_guard."""
+"""gpulab.core.memory: fmt_bytes, MemoryStats, track_peak, memory_guard."""
 import dataclasses
 
 import pytest
 import torch
 
-from gpulab import memory
-from gpulab.memory import (GiB, GuardReport, MemoryNotReturned, MemoryStats, MiB, PeakReading,
-                           fmt_bytes, memory_guard, memory_now, track_peak)
+from gpulab.core import memory
+from gpulab.core.memory import GiB, GuardReport, MemoryNotReturned, MemoryStats, MiB, PeakReading, fmt_bytes, memory_guard, memory_now, track_peak
 
 CPU = torch.device("cpu")
 SKIP_MESSAGE = "memory check: skipped on the CPU (no CUDA allocator to read).\n"

@@ -1,12 +1,12 @@
-"""gpulab.monitor: nvml_status, GpuMonitor and pcie_link, with a fake pynvml."""
+"""gpulab.core.monitor: nvml_status, GpuMonitor and pcie_link, with a fake pynvml."""
 import time
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from gpulab import monitor
-from gpulab.monitor import METRICS, GpuMonitor, PcieLink, Sample, nvml_status
+from gpulab.core import monitor
+from gpulab.core.monitor import METRICS, GpuMonitor, PcieLink, Sample, nvml_status
 
 CPU = torch.device("cpu")
 CUDA0 = torch.device("cuda", 0)

@@ -1,4 +1,4 @@
-"""gpulab.occupancy: the per-SM limits table, the occupancy calculator (hand-computed cases on
+"""gpulab.lessons.l04_occupancy_and_waves: the per-SM limits table, the occupancy calculator (hand-computed cases on
 several architectures), reading a compiled Triton kernel, and the no-Triton fallbacks."""
 import inspect
 from types import SimpleNamespace
@@ -6,12 +6,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gpulab import occupancy as occ_mod
-from gpulab.occupancy import (BLOCK_SIZES, NUM_WARPS, SM_LIMITS, KernelResources, Occupancy,
-                              bandwidth_experiment, device_limits_check, kernel_resources, occupancy,
-                              predicted_staircase, scale_kernel, sm_limits, triton_status, wave_kernel,
-                              wave_programs, waves)
-from gpulab.widgets import Choice, Panel
+from gpulab.lessons import l04_occupancy_and_waves as occ_mod
+from gpulab.lessons.l04_occupancy_and_waves import BLOCK_SIZES, NUM_WARPS, SM_LIMITS, KernelResources, Occupancy, bandwidth_experiment, device_limits_check, kernel_resources, occupancy, predicted_staircase, scale_kernel, sm_limits, triton_status, wave_kernel, wave_programs, waves
+from gpulab.notebook.widgets import Choice, Panel
 
 KiB = 1024
 

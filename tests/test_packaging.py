@@ -47,7 +47,7 @@ def test_environment_yml_installs_the_package_itself():
 
 def test_console_script_points_at_the_cli():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["scripts"]["gpulab"] == "gpulab.cli:main"
+    assert project["scripts"]["gpulab"] == "gpulab.tools.cli:main"
 
 
 def test_ci_runs_the_readme_test_command():

@@ -1,13 +1,13 @@
-"""gpulab.plots: every function returns a Figure with the expected artists."""
+"""gpulab.core.plots: every function returns a Figure with the expected artists."""
 import pytest
 import torch
 from matplotlib.collections import PathCollection
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
-from gpulab import plots
-from gpulab.monitor import GpuMonitor
-from gpulab.timing import summarize
+from gpulab.core import plots
+from gpulab.core.monitor import GpuMonitor
+from gpulab.core.timing import summarize
 
 
 def bars_of(ax) -> BarContainer:

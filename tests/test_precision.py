@@ -1,11 +1,14 @@
-"""gpulab.precision on the CPU: refusals per architecture, the TF32 switches, AMP steps, underflow counting,
+"""gpulab.models.precision on the CPU: refusals per architecture, the TF32 switches, AMP steps, underflow counting,
 the checked matrix product."""
 import pytest
 import torch
 from torch import nn
 
-from gpulab import precision as P
-from gpulab.device import SettingError, device_facts, facts_for_capability
+from gpulab.lessons import l06_mixed_precision as L06
+from gpulab.models import precision as P
+from gpulab.lessons import l07_tensor_core_alignment as L07
+from gpulab.models.step import train_step
+from gpulab.core.device import SettingError, device_facts, facts_for_capability
 
 VOLTA = facts_for_capability("Tesla V100-SXM2-32GB", 7, 0)
 TURING = facts_for_capability("Tesla T4", 7, 5)
@@ -104,7 +107,7 @@ def test_train_step_learns_in_each_precision(precision):
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scaler = P.make_scaler(precision)
     assert (scaler is not None) == (precision == "fp16")
-    losses = [P.train_step(model, opt, x, y, P.classification_loss, precision, scaler).item() for _ in range(20)]
+    losses = [train_step(model, x, y, loss=P.classification_loss, optimizer=opt, precision=precision, scaler=scaler).item() for _ in range(20)]
     assert losses[-1] < 0.7 * losses[0]
     assert all(p.dtype == torch.float32 for p in model.parameters())    # fp32 master weights
 
@@ -112,7 +115,8 @@ def test_train_step_learns_in_each_precision(precision):
 def test_fp16_without_a_scaler_is_refused():
     model, x, y = _classifier()
     with pytest.raises(ValueError, match="GradScaler"):
-        P.train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), x, y, P.classification_loss, "fp16")
+        train_step(model, x, y, loss=P.classification_loss, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                   precision="fp16")
 
 
 def test_accumulated_step_gives_the_whole_batch_gradient_and_its_mean_loss():
@@ -129,8 +133,8 @@ def test_accumulated_step_gives_the_whole_batch_gradient_and_its_mean_loss():
         return Keep(opt_model.parameters(), lr=0.1)
 
     with P.fp32_math("ieee"):
-        whole = P.amp_step(lambda a, b: P.classification_loss(model, a, b), keep(model), x, y)
-        parts = P.amp_step(lambda a, b: P.classification_loss(twin, a, b), keep(twin), x, y, accumulation=4)
+        whole = train_step(model, x, y, loss=P.classification_loss, optimizer=keep(model))
+        parts = train_step(twin, x, y, loss=P.classification_loss, optimizer=keep(twin), accumulation=4)
     assert torch.allclose(whole, parts, rtol=1e-5)                        # the mean of the four means
     for g, h in zip(grads[model], grads[twin]):
         assert torch.allclose(g, h, rtol=1e-4, atol=1e-6)
@@ -142,46 +146,46 @@ def test_accumulated_step_gives_the_whole_batch_gradient_and_its_mean_loss():
 def test_accumulation_must_be_a_whole_number_of_micro_batches(bad):
     model, x, y = _classifier()
     with pytest.raises(ValueError, match="accumulation"):
-        P.amp_step(lambda a, b: P.classification_loss(model, a, b), torch.optim.SGD(model.parameters(), lr=0.1),
-                   x, y, accumulation=bad)
+        train_step(model, x, y, loss=P.classification_loss, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                   accumulation=bad)
 
 
-def test_amp_step_refuses_fp16_without_a_scaler():
+def test_train_step_refuses_fp16_autocast_without_a_scaler():
     model, x, y = _classifier()
     with pytest.raises(ValueError, match="GradScaler"):
-        P.amp_step(lambda a, b: P.classification_loss(model, a, b), torch.optim.SGD(model.parameters(), lr=0.1),
-                   x, y, torch.float16)
+        train_step(model, x, y, loss=P.classification_loss, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                   precision=torch.float16)
 
 
 def test_underflow_is_counted_and_the_scaler_prevents_it():
     model, x, y = _classifier()
-    ref = P.unscaled_gradients(model, x, y, P.classification_loss, "fp32")
+    ref = L06.unscaled_gradients(model, x, y, P.classification_loss, "fp32")
     assert ref.dtype == torch.float32 and ref.numel() == sum(p.numel() for p in model.parameters())
     assert all(p.grad is None for p in model.parameters())          # gradients are handed back
-    lost16 = P.lost_fraction(P.unscaled_gradients(model, x, y, P.classification_loss, "fp16", weight=1e-7), ref)
-    scaled = P.unscaled_gradients(model, x, y, P.classification_loss, "fp16", weight=1e-7, scale=2.0**16)
-    lostbf = P.lost_fraction(P.unscaled_gradients(model, x, y, P.classification_loss, "bf16", weight=1e-7), ref)
+    lost16 = L06.lost_fraction(L06.unscaled_gradients(model, x, y, P.classification_loss, "fp16", weight=1e-7), ref)
+    scaled = L06.unscaled_gradients(model, x, y, P.classification_loss, "fp16", weight=1e-7, scale=2.0**16)
+    lostbf = L06.lost_fraction(L06.unscaled_gradients(model, x, y, P.classification_loss, "bf16", weight=1e-7), ref)
     assert lost16 > 0.5
-    assert P.lost_fraction(scaled, ref) < 0.01 and lostbf < 0.01
+    assert L06.lost_fraction(scaled, ref) < 0.01 and lostbf < 0.01
     # unscale_ divides in fp32: the scaled gradients are the fp32 ones, up to fp16 rounding
     assert ((scaled - 1e-7 * ref).norm() / (1e-7 * ref).norm()).item() < 1e-2
 
 
 def test_lost_fraction_counts_only_entries_alive_in_the_reference():
     ref = torch.tensor([0.0, 1.0, 2.0, 3.0])
-    assert P.lost_fraction(torch.tensor([0.0, 0.0, 2.0, 3.0]), ref) == pytest.approx(1 / 3)
-    assert P.lost_fraction(torch.zeros(4), torch.zeros(4)) == 0.0
+    assert L06.lost_fraction(torch.tensor([0.0, 0.0, 2.0, 3.0]), ref) == pytest.approx(1 / 3)
+    assert L06.lost_fraction(torch.zeros(4), torch.zeros(4)) == 0.0
 
 
 def test_loss_curve():
-    c = P.LossCurve([4.0, 3.0, 2.0, 1.0], skipped=1)
+    c = L06.LossCurve([4.0, 3.0, 2.0, 1.0], skipped=1)
     assert list(c) == [4.0, 3.0, 2.0, 1.0] and c.skipped == 1
-    assert c.window(2) == 1.5 and "1 skipped" in str(c) and str(P.LossCurve([2.0, 1.0])) == "2 steps: 2 -> 1"
+    assert c.window(2) == 1.5 and "1 skipped" in str(c) and str(L06.LossCurve([2.0, 1.0])) == "2 steps: 2 -> 1"
 
 
 def _workload():
     model, x, y = _classifier()
-    return P.Workload("mlp", model, lambda b: [(x[:b], y[:b]), (x[b:2 * b], y[b:2 * b])], P.classification_loss,
+    return L06.Workload("mlp", model, lambda b: [(x[:b], y[:b]), (x[b:2 * b], y[b:2 * b])], P.classification_loss,
                       lambda m: torch.optim.SGD(m.parameters(), lr=0.1), unit="samples/s")
 
 
@@ -189,7 +193,7 @@ def test_workload_reset_restores_the_starting_weights():
     work = _workload()
     start = [p.detach().clone() for p in work.model.parameters()]
     opt = work.reset()
-    P.train_step(work.model, opt, *work.batches(8)[0], work.loss_fn)
+    train_step(work.model, *work.batches(8)[0], loss=work.loss_fn, optimizer=opt)
     assert not all(torch.equal(a, b) for a, b in zip(start, work.model.parameters()))
     work.reset()
     assert all(torch.equal(a, b) for a, b in zip(start, work.model.parameters()))
@@ -197,56 +201,56 @@ def test_workload_reset_restores_the_starting_weights():
 
 def test_precision_run_trains_times_and_refuses():
     work = _workload()
-    r = P.precision_run(work, "bf16", 8, steps=6, repeat=3, warmup=1)
+    r = L06.precision_run(work, "bf16", 8, steps=6, repeat=3, warmup=1)
     assert set(r) == {"samples/s", "ms per step", "peak (GiB)", "loss curve"}
     assert len(r["loss curve"]) == 6 and r["ms per step"].n == 3 and r["samples/s"] > 0
     if not torch.cuda.is_available():
         assert r["peak (GiB)"] == "not measured on the CPU"
-    again = P.precision_run(work, "bf16", 8, steps=6, repeat=1, warmup=0)
+    again = L06.precision_run(work, "bf16", 8, steps=6, repeat=1, warmup=0)
     assert list(again["loss curve"]) == list(r["loss curve"])          # same start, same data
     with pytest.raises(ValueError):
-        P.precision_run(work, "fp8", 8, steps=1)
+        L06.precision_run(work, "fp8", 8, steps=1)
 
 
 def test_first_loss_agrees_across_precisions():
     work = _workload()
     x, y = work.batches(8)[0]
-    ref = P.first_loss(work, x, y, "fp32")
-    assert P.first_loss(work, x, y, "fp32") == ref
-    assert abs(P.first_loss(work, x, y, "bf16") - ref) < 2e-2 * abs(ref)
+    ref = L06.first_loss(work, x, y, "fp32")
+    assert L06.first_loss(work, x, y, "fp32") == ref
+    assert abs(L06.first_loss(work, x, y, "bf16") - ref) < 2e-2 * abs(ref)
 
 
 @pytest.mark.parametrize("n, expected", [(4095, 2), (4094, 4), (4100, 8), (4088, 16), (4064, 64), (4096, 256),
                                          (50257, 2), (50304, 256)])
 def test_alignment_in_bytes(n, expected):
-    assert P.alignment(n) == expected
+    assert L07.alignment(n) == expected
 
 
 def test_alignment_of_other_element_sizes():
-    assert P.alignment(4095, element_bytes=4) == 4 and P.alignment(4, element_bytes=4) == 16
+    assert L07.alignment(4095, element_bytes=4) == 4 and L07.alignment(4, element_bytes=4) == 16
 
 
 def test_gemm_experiment_checks_then_times():
-    r = P.gemm_experiment(64, "bf16", repeat=3)
+    r = L07.gemm_experiment(64, "bf16", repeat=3)
     assert set(r) == {"TFLOP/s", "ms", "rel. error"}
     assert r["rel. error"] <= P.GEMM_TOLERANCE["bf16"] and r["TFLOP/s"] > 0 and r["ms"].n == 3
-    rect = P.gemm_experiment(48, "fp32", m=16, k=33, repeat=1)
+    rect = L07.gemm_experiment(48, "fp32", m=16, k=33, repeat=1)
     assert rect["rel. error"] <= P.GEMM_TOLERANCE["fp32"]
 
 
 def test_gemm_experiment_refuses_bad_sizes():
     with pytest.raises(ValueError, match="between 16 and 65536"):
-        P.gemm_experiment(8, "bf16")
+        L07.gemm_experiment(8, "bf16")
     with pytest.raises(ValueError, match="must be one of"):
-        P.gemm_experiment(64, "int8")
+        L07.gemm_experiment(64, "int8")
 
 
 @pytest.mark.cpu_only
 def test_gemm_experiment_refuses_what_the_cpu_cannot_do():
     with pytest.raises(ValueError, match="stops at 2048"):
-        P.gemm_experiment(4096, "bf16")
+        L07.gemm_experiment(4096, "bf16")
     with pytest.raises(ValueError, match="TF32"):
-        P.gemm_experiment(64, "tf32")
+        L07.gemm_experiment(64, "tf32")
 
 
 @pytest.mark.gpu
@@ -262,9 +266,9 @@ def test_on_a_gpu_tf32_changes_the_product_and_ieee_does_not():
 
 def test_step_peak_is_none_on_the_cpu_and_leaves_no_gradients():
     work = _workload()
-    assert P.step_peak(work, 8) is None
+    assert L06.step_peak(work, 8) is None
     assert all(p.grad is None for p in work.model.parameters())
-    assert P.FIRST_LOSS_TOLERANCE["fp32"] == 0.0 and set(P.FIRST_LOSS_TOLERANCE) == set(P.PRECISIONS)
+    assert L06.FIRST_LOSS_TOLERANCE["fp32"] == 0.0 and set(L06.FIRST_LOSS_TOLERANCE) == set(P.PRECISIONS)
 
 
 def test_half_dtype_follows_best_half():

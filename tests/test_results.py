@@ -1,4 +1,4 @@
-"""gpulab.results: the JSON results store."""
+"""gpulab.core.results: the JSON results store."""
 import dataclasses
 import datetime as real_dt
 import json
@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gpulab import results
-from gpulab.results import CorruptResultsWarning, Record, ResultsStore, results_store
+from gpulab.core import results
+from gpulab.core.results import CorruptResultsWarning, Record, ResultsStore, results_store
 
 FIELDS = {"lesson": "00", "name": "matmul_bf16", "value": 1.5, "unit": "TFLOP/s", "gpu": "CPU",
           "device": "cpu", "torch": "2.4.0", "scale": "tiny", "time": "2025-01-01T00:00:00+00:00"}

@@ -1,12 +1,12 @@
-"""gpulab.room and `gpulab room` / `gpulab report`: merging a room's files, bad and old ones included."""
+"""gpulab.tools.room and `gpulab room` / `gpulab report`: merging a room's files, bad and old ones included."""
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from gpulab import room as R
-from gpulab.cli import main
+from gpulab.tools import room as R
+from gpulab.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = {"lesson": "05", "unit": "GB/s", "device": "cuda", "torch": "2.11.0+cu130", "scale": "full",

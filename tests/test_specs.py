@@ -1,9 +1,9 @@
-"""gpulab.specs: architecture table, datasheet lookup, PCIe peaks."""
+"""gpulab.core.specs: architecture table, datasheet lookup, PCIe peaks."""
 import dataclasses
 
 import pytest
 
-from gpulab import specs
+from gpulab.core import specs
 
 
 # -- architecture -------------------------------------------------------------

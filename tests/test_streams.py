@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from gpulab.plots import stream_timeline_plot
-from gpulab.device import require_cuda
-from gpulab.streams import NO_STREAMS, Span, copy_then_compute, predict_overlap
+from gpulab.core.plots import stream_timeline_plot
+from gpulab.core.device import require_cuda
+from gpulab.lessons.l08_cuda_streams import NO_STREAMS, Span, copy_then_compute, predict_overlap
 
 CPU = torch.device("cpu")
 
@@ -51,7 +51,7 @@ def test_span_and_timeline_plot():
 
 
 def test_copy_and_matmul_refuses_the_cpu_and_bad_sizes(on_cpu):
-    from gpulab.streams import CopyAndMatmul
+    from gpulab.lessons.l08_cuda_streams import CopyAndMatmul
     with pytest.raises(ValueError, match="needs a CUDA GPU"):
         CopyAndMatmul.make(1, 64)
     with pytest.raises(ValueError, match="mib and n must be >= 1"):
@@ -61,7 +61,7 @@ def test_copy_and_matmul_refuses_the_cpu_and_bad_sizes(on_cpu):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_copy_and_matmul_checks_then_runs_both_ways():
-    from gpulab.streams import CopyAndMatmul
+    from gpulab.lessons.l08_cuda_streams import CopyAndMatmul
     job = CopyAndMatmul.make(4, 512)
     assert job.host.is_pinned() and "exact" in job.check()
     job.run(overlap=True)

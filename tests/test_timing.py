@@ -1,12 +1,12 @@
-"""gpulab.timing: benchmark() and Timing."""
+"""gpulab.core.timing: benchmark() and Timing."""
 import dataclasses
 import time
 
 import pytest
 import torch
 
-from gpulab import timing
-from gpulab.timing import Timing, benchmark, summarize
+from gpulab.core import timing
+from gpulab.core.timing import Timing, benchmark, summarize
 
 CPU = torch.device("cpu")
 
@@ -176,7 +176,7 @@ def test_cuda_events_time_the_work_not_the_launch():
 
 
 def test_stopwatch_times_the_block_on_the_host_clock():
-    from gpulab.timing import stopwatch
+    from gpulab.core.timing import stopwatch
     with stopwatch() as w:
         time.sleep(0.02)
     assert 15 <= w.ms <= 200
@@ -187,7 +187,7 @@ def test_stopwatch_times_the_block_on_the_host_clock():
 
 
 def test_stopwatch_records_the_end_even_when_the_block_raises():
-    from gpulab.timing import stopwatch
+    from gpulab.core.timing import stopwatch
     with pytest.raises(RuntimeError):
         with stopwatch() as w:
             raise RuntimeError("boom")

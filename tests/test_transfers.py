@@ -1,8 +1,8 @@
-"""gpulab.transfers: the size sweep arithmetic, and the CPU refusals (the copies need a GPU)."""
+"""gpulab.lessons.l05_pcie_transfers: the size sweep arithmetic, and the CPU refusals (the copies need a GPU)."""
 import pytest
 import torch
 
-from gpulab.transfers import log_sizes, nonblocking_return, pin_then_copy, predicted_gbps, transfer_bandwidth
+from gpulab.lessons.l05_pcie_transfers import log_sizes, nonblocking_return, pin_then_copy, predicted_gbps, transfer_bandwidth
 
 CPU = torch.device("cpu")
 

@@ -1,10 +1,10 @@
-"""gpulab.widgets: controls, the experiment Panel, MonitorPanel."""
+"""gpulab.notebook.widgets: controls, the experiment Panel, MonitorPanel."""
 import ipywidgets as W
 import pytest
 import torch
 
-from gpulab.timing import summarize
-from gpulab.widgets import Choice, IntRange, MonitorPanel, Panel, Toggle, explain_error
+from gpulab.core.timing import summarize
+from gpulab.notebook.widgets import Choice, IntRange, MonitorPanel, Panel, Toggle, explain_error
 
 CONTROLS = {"dtype": Choice(("fp32", "bf16")), "n": IntRange(64, 1024, step=64), "pinned": Toggle()}
 DEFAULT_ARGS = {"dtype": "bf16", "n": 256, "pinned": False}

@@ -1,9 +1,10 @@
-"""gpulab.workloads: the lessons' model, batches, memory counting and the batch search (CPU)."""
+"""gpulab.lessons.l07_tensor_core_alignment: the lessons' model, batches, memory counting and the batch search (CPU)."""
 import pytest
 import torch
 
-from gpulab.workloads import (TransformerStack, fits_budget, largest_batch, make_batch, predicted_memory,
-                              saved_for_backward, train_step)
+from gpulab.models.transformer import TransformerStack, make_batch
+from gpulab.models.sizing import fits_budget, largest_batch, predicted_memory, saved_for_backward
+from gpulab.models.step import train_step
 
 
 def small(k=0):
@@ -71,8 +72,10 @@ def test_largest_batch_resolution_and_nothing_fits():
 # -- lessons 06 and 07 ---------------------------------------------------------------------------
 from torch import nn  # noqa: E402
 
-from gpulab.workloads import (GPT, ResNetish, conv_benchmark_in_fresh_process, conv_step_times,  # noqa: E402
-                              count_flops, fit_batch, image_batches, main, padded_copy, token_batches)
+from gpulab.models.gpt import GPT, padded_copy, token_batches
+from gpulab.models.cnn import ResNetish, image_batches
+from gpulab.lessons.l07_tensor_core_alignment import conv_benchmark_in_fresh_process, conv_step_times, main
+from gpulab.models.sizing import count_flops, fit_batch  # noqa: E402
 
 
 def test_resnetish_at_full_size_has_resnet50s_parameter_count():
@@ -168,8 +171,8 @@ def test_a_refusal_in_the_child_process_is_a_valueerror(monkeypatch):
     import subprocess
 
     def refused(cmd, **kw):
-        assert cmd[1:3] == ["-m", "gpulab.workloads"] and "--precision" in cmd
-        return subprocess.CompletedProcess(cmd, 2, "", "gpulab.workloads: TF32 is a Tensor Core format\n")
+        assert cmd[1:3] == ["-m", "gpulab.lessons.l07_tensor_core_alignment"] and "--precision" in cmd
+        return subprocess.CompletedProcess(cmd, 2, "", "gpulab.lessons.l07_tensor_core_alignment: TF32 is a Tensor Core format\n")
 
     monkeypatch.setattr(subprocess, "run", refused)
     with pytest.raises(ValueError, match="^TF32 is a Tensor Core format"):
@@ -180,7 +183,9 @@ def test_a_refusal_in_the_child_process_is_a_valueerror(monkeypatch):
 
 
 def test_checkpointing_check_finds_the_same_model_and_leaves_it_plain():
-    from gpulab.workloads import GRAD_TOL, TransformerStack, checkpointing_check, make_batch
+    from gpulab.models.step import GRAD_TOL
+    from gpulab.models.transformer import TransformerStack, make_batch
+    from gpulab.lessons.l09_activation_checkpointing import checkpointing_check
     torch.manual_seed(0)
     model = TransformerStack(4, 32, 4, 16, device=torch.device("cpu"))
     x, y = make_batch(model, 2, seed=1)
@@ -192,7 +197,9 @@ def test_checkpointing_check_finds_the_same_model_and_leaves_it_plain():
 
 
 def test_accumulation_check_matches_and_measures_the_classic_mistake():
-    from gpulab.workloads import GRAD_TOL, TransformerStack, accumulation_check, make_batch
+    from gpulab.models.step import GRAD_TOL
+    from gpulab.models.transformer import TransformerStack, make_batch
+    from gpulab.lessons.l10_gradient_accumulation import accumulation_check
     torch.manual_seed(0)
     model = TransformerStack(2, 32, 4, 16, device=torch.device("cpu"))
     x, y = make_batch(model, 8, seed=1)
@@ -205,7 +212,7 @@ def test_accumulation_check_matches_and_measures_the_classic_mistake():
 
 
 def test_predicted_batch_halves_until_half_the_free_memory_fits(monkeypatch):
-    from gpulab import workloads as W
+    from gpulab.models import sizing as W
     cfg = dict(n_blocks=12, seq=1024, width=1024, params=152_206_336)
     assert W.predicted_batch(**cfg, batch=32, device=torch.device("cpu")) == 32          # CPU: unchanged
     peak32 = W.predicted_memory(**cfg, batch=32)[1]

@@ -1,0 +1,116 @@
+"""TODO docstring
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from gpulab.core.device import device_facts
+
+
+CLASSES = ("tensor-core", "pre-volta", "cpu")
+
+
+BANDS_PATH = Path(__file__).with_name("bands.toml")
+
+
+# -- bands ------------------------------------------------------------------------------------
+class BandsError(ValueError):
+    """The bands file is missing something or says something impossible."""
+
+
+@dataclass(frozen=True)
+class Band:
+    gpu_class: str
+    lesson: str
+    metric: str
+    low: float
+    high: float
+    source: str
+    applies: bool = True
+    why: str = ""               # why the band does not apply (applies=False)
+
+
+@dataclass(frozen=True)
+class Bands:
+    path: str
+    classes: dict[str, dict[str, Any]]          # class -> its settings (applies, why, source, description)
+    bands: dict[str, dict[str, Band]]           # class -> lesson -> band
+
+    def band(self, gpu_class: str, lesson: str) -> Band | None:
+        return self.bands.get(gpu_class, {}).get(lesson)
+
+
+def _toml():
+    try:
+        import tomllib
+    except ModuleNotFoundError:          # Python 3.10
+        import tomli as tomllib
+    return tomllib
+
+
+def load_bands(path: str | os.PathLike | None = None) -> Bands:
+    """Read and check a bands file (default: gpulab/bands.toml); BandsError says what is wrong."""
+    path = Path(path) if path is not None else BANDS_PATH
+    tomllib = _toml()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise BandsError(f"bands file {path}: cannot be read ({err.strerror or err})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise BandsError(f"bands file {path}: not valid TOML ({err})") from None
+    classes, bands = {}, {}
+    for cls in CLASSES:
+        table = data.get(cls)
+        if not isinstance(table, dict):
+            raise BandsError(f"bands file {path}: no [{cls}] table (classes: {', '.join(CLASSES)})")
+        settings = {k: v for k, v in table.items() if not isinstance(v, dict)}
+        if not isinstance(settings.get("applies", True), bool):
+            raise BandsError(f"bands file {path}: [{cls}] applies must be true or false")
+        if settings.get("applies", True) is False and not str(settings.get("why", "")).strip():
+            raise BandsError(f"bands file {path}: [{cls}] does not apply, so it needs a 'why'")
+        classes[cls] = settings
+        bands[cls] = {}
+        for lesson, raw in table.items():
+            if isinstance(raw, dict):
+                bands[cls][lesson] = _band(path, cls, lesson, raw)
+    extra = sorted(set(data) - set(CLASSES))
+    if extra:
+        raise BandsError(f"bands file {path}: unknown class(es) {', '.join(extra)} (classes: {', '.join(CLASSES)})")
+    return Bands(str(path), classes, bands)
+
+
+def _band(path: Path, cls: str, lesson: str, raw: dict) -> Band:
+    where = f"bands file {path}: [{cls}.{lesson}]"
+    metric, source = raw.get("metric"), raw.get("source")
+    if not isinstance(metric, str) or not metric.strip():
+        raise BandsError(f"{where} needs a 'metric'")
+    if not isinstance(source, str) or not source.strip():
+        raise BandsError(f"{where} needs a 'source': where the band comes from")
+    applies = raw.get("applies", True)
+    if not isinstance(applies, bool):
+        raise BandsError(f"{where} applies must be true or false")
+    if not applies:
+        why = raw.get("why")
+        if not isinstance(why, str) or not why.strip():
+            raise BandsError(f"{where} does not apply, so it needs a 'why'")
+        return Band(cls, lesson, metric, -math.inf, math.inf, source, False, why)
+    low, high = raw.get("low"), raw.get("high")
+    for name, v in (("low", low), ("high", high)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+            raise BandsError(f"{where} needs a number '{name}' (use -inf or inf for no bound)")
+    if low > high:
+        raise BandsError(f"{where} low {low} > high {high}")
+    if math.isinf(low) and math.isinf(high):
+        raise BandsError(f"{where} bounds nothing: give low or high (or applies = false and a why)")
+    return Band(cls, lesson, metric, float(low), float(high), source, True, "")
+
+
+def gpu_class(facts=None) -> str:
+    """'tensor-core' (compute capability >= 7.0), 'pre-volta', or 'cpu' for this device."""
+    facts = facts or device_facts()
+    if facts.kind != "cuda" or facts.compute_capability is None:
+        return "cpu"
+    return "tensor-core" if tuple(facts.compute_capability) >= (7, 0) else "pre-volta"

@@ -1,0 +1,42 @@
+"""TODO docstring
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from gpulab.core.device import device_facts
+from gpulab.core.results import ResultsStore, results_store
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    name: str
+    value: float
+    unit: str
+    source: str   # "measured <time> (<scale>)" or "datasheet: ..."
+
+
+CEILING_NAMES = {
+    **{f"matmul_{p}": "TFLOP/s" for p in ("fp32", "tf32", "fp16", "bf16")},
+    "copy_bandwidth": "GB/s",
+    "h2d_pageable": "GB/s", "h2d_pinned": "GB/s", "d2h_pageable": "GB/s", "d2h_pinned": "GB/s",
+}
+
+
+def ceilings(store: ResultsStore | None = None) -> dict[str, Ceiling]:
+    """This device's ceilings for later lessons: the newest measurement from notebook 00,
+    preferring full-size runs; a datasheet figure only where nothing was measured."""
+    store = store or results_store()
+    out: dict[str, Ceiling] = {}
+    for name, unit in CEILING_NAMES.items():
+        rec = store.latest(name, lesson="00", scale="full") or store.latest(name, lesson="00")
+        if rec is not None:
+            out[name] = Ceiling(name, rec.value, unit, f"measured {rec.time} ({rec.scale})")
+    sheet = device_facts().datasheet
+    if sheet is not None:
+        fallback = {"matmul_fp32": sheet.fp32, "matmul_tf32": sheet.tf32, "matmul_fp16": sheet.fp16,
+                    "matmul_bf16": sheet.bf16, "copy_bandwidth": sheet.mem_gbps}
+        for name, value in fallback.items():
+            if name not in out and value is not None:
+                out[name] = Ceiling(name, float(value), CEILING_NAMES[name],
+                                    f"datasheet: {sheet.source}")
+    return out

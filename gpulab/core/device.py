@@ -1,0 +1,210 @@
+"""Which device the course runs on, what it can do, and how big the lessons are.
+
+Introduced in notebook 00. Everything else in gpulab takes its device from
+`pick_device()` and its size from `scale()`, so one setting changes the course.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+from dataclasses import dataclass
+from typing import Iterator, TypeVar
+import torch
+from gpulab.core import specs
+
+
+SCALES = ("tiny", "full", "auto")
+
+
+DEVICES = ("auto", "cuda", "cpu")
+
+
+T = TypeVar("T")
+
+
+class SettingError(ValueError):
+    """A gpulab setting (environment variable or argument) has a value it does not accept."""
+
+
+def setting(name: str, allowed: tuple[str, ...], default: str) -> str:
+    """The value of environment setting `name`, lower-cased; SettingError naming the allowed values."""
+    value = os.environ.get(name, default).strip().lower() or default
+    if value not in allowed:
+        raise SettingError(
+            f"{name}={os.environ.get(name)!r} is not understood; "
+            f"allowed values are {', '.join(allowed)} (unset means {default!r})."
+        )
+    return value
+
+
+def pick_device() -> torch.device:
+    """The device the course runs on: the first CUDA GPU if there is one, else the CPU.
+
+    `GPULAB_DEVICE=cpu` forces the CPU (to try the tiny path on a GPU machine);
+    `GPULAB_DEVICE=cuda` insists on a GPU and fails clearly without one.
+    """
+    wanted = setting("GPULAB_DEVICE", DEVICES, "auto")
+    if wanted == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if wanted == "cuda":
+        raise SettingError(
+            "GPULAB_DEVICE=cuda but PyTorch sees no CUDA GPU "
+            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}). "
+            "Run `gpulab doctor` to see why."
+        )
+    return torch.device("cpu")
+
+
+def require_cuda(why: str, device: torch.device | None = None) -> torch.device:
+    """The course's CUDA device, or ValueError("needs a CUDA GPU: <why>") on the CPU.
+
+    Lessons call it where an experiment only exists on a GPU (streams, graphs, host<->device
+    copies, the caching allocator); panels show the ValueError as a refusal.
+    """
+    device = device or pick_device()
+    if device.type != "cuda":
+        raise ValueError(f"needs a CUDA GPU: {why}")
+    return device
+
+
+def resolve_scale(value: str | None = None) -> str:
+    """'tiny' or 'full': how big the lessons' problems are.
+
+    `value` is an explicit choice ('tiny', 'full' or 'auto'), as `gpulab bench --scale` passes it to
+    each lesson's `headline(scale)`; None reads `GPULAB_SCALE=tiny|full|auto` (default auto), the one
+    place that setting is read. auto means full on a CUDA GPU and tiny on the CPU, where numbers are
+    only illustrative.
+    """
+    if value is None:
+        value = setting("GPULAB_SCALE", SCALES, "auto")
+    elif value not in SCALES:
+        raise SettingError(f"scale {value!r} is not understood; allowed values are {', '.join(SCALES)}.")
+    if value == "auto":
+        return "full" if pick_device().type == "cuda" else "tiny"
+    return value
+
+
+def scale() -> str:
+    """The course's scale, from `GPULAB_SCALE` (`resolve_scale()`); what a notebook runs at."""
+    return resolve_scale()
+
+
+def by_scale(tiny: T, full: T, scale: str | None = None) -> T:
+    """Pick a problem size for a scale (default: the course's): `n = by_scale(tiny=256, full=8192)`."""
+    return full if resolve_scale(scale) == "full" else tiny
+
+
+def sync(device: torch.device | None = None) -> None:
+    """Wait for all queued work on the device (a no-op on the CPU)."""
+    device = device or pick_device()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the course needs to know about the device it runs on."""
+
+    kind: str                      # "cuda" or "cpu"
+    name: str
+    compute_capability: tuple[int, int] | None
+    architecture: str
+    tensor_core_generation: int | None
+    sm_count: int | None
+    memory_bytes: int | None
+    l2_cache_bytes: int | None
+    tf32: bool
+    bf16: bool
+    fp8: bool
+    torch_version: str
+    cuda_version: str | None
+    datasheet: specs.Datasheet | None
+
+    @property
+    def memory_gib(self) -> float | None:
+        return None if self.memory_bytes is None else self.memory_bytes / 2**30
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(fact, value) pairs for a table."""
+        def yes(flag: bool) -> str:
+            return "yes" if flag else "no"
+        cc = self.compute_capability
+        return [
+            ("device", f"{self.kind}: {self.name}"),
+            ("compute capability", f"{cc[0]}.{cc[1]}" if cc else "-"),
+            ("architecture", self.architecture),
+            ("Tensor Core generation", str(self.tensor_core_generation or "none")),
+            ("SMs", str(self.sm_count or "-")),
+            ("memory", f"{self.memory_gib:.1f} GiB" if self.memory_bytes else "-"),
+            ("L2 cache", f"{self.l2_cache_bytes / 2**20:.0f} MiB" if self.l2_cache_bytes else "-"),
+            ("TF32 / BF16 / FP8", f"{yes(self.tf32)} / {yes(self.bf16)} / {yes(self.fp8)}"),
+            ("torch / CUDA", f"{self.torch_version} / {self.cuda_version or 'CPU build'}"),
+            ("datasheet entry", self.datasheet.model if self.datasheet else "not in gpulab's table"),
+        ]
+
+
+def facts_for_capability(name: str, major: int, minor: int, **extra) -> DeviceFacts:
+    """DeviceFacts for a CUDA GPU of the given name and compute capability."""
+    arch, tc = specs.architecture(major, minor)
+    return DeviceFacts(
+        kind="cuda", name=name, compute_capability=(major, minor), architecture=arch,
+        tensor_core_generation=tc,
+        sm_count=extra.get("sm_count"), memory_bytes=extra.get("memory_bytes"),
+        l2_cache_bytes=extra.get("l2_cache_bytes"),
+        tf32=major >= 8,            # Ampere and later
+        bf16=major >= 8,            # native bf16 Tensor Core math from Ampere on
+        fp8=(major, minor) >= (8, 9),  # Ada, Hopper, Blackwell
+        torch_version=torch.__version__, cuda_version=torch.version.cuda,
+        datasheet=specs.datasheet_for(name),
+    )
+
+
+def device_facts(device: torch.device | None = None) -> DeviceFacts:
+    """Facts about the course's device, read from PyTorch (no NVML needed)."""
+    device = device or pick_device()
+    if device.type != "cuda":
+        return DeviceFacts(
+            kind="cpu", name=platform.processor() or platform.machine() or "CPU",
+            compute_capability=None, architecture="CPU", tensor_core_generation=None,
+            sm_count=None, memory_bytes=None, l2_cache_bytes=None,
+            tf32=False, bf16=True, fp8=False,
+            torch_version=torch.__version__, cuda_version=torch.version.cuda, datasheet=None,
+        )
+    p = torch.cuda.get_device_properties(device)
+    return facts_for_capability(
+        p.name, p.major, p.minor, sm_count=p.multi_processor_count,
+        memory_bytes=p.total_memory, l2_cache_bytes=getattr(p, "L2_cache_size", None),
+    )
+
+
+@contextlib.contextmanager
+def float32_matmul(mode: str) -> Iterator[None]:
+    """Run a block with fp32 matmuls as plain IEEE fp32 ("ieee") or on TF32 Tensor Cores ("tf32").
+
+    Restores the previous setting afterwards. Uses torch.set_float32_matmul_precision,
+    which PyTorch keeps in sync with the newer backends.cuda.matmul.fp32_precision switch.
+    """
+    if mode not in ("ieee", "tf32"):
+        raise SettingError(f"float32 matmul mode {mode!r}: allowed values are 'ieee', 'tf32'.")
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest" if mode == "ieee" else "high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def describe() -> str:
+    """One line for the top of every notebook: device, scale, and what the numbers mean."""
+    device = pick_device()
+    facts = device_facts(device)
+    size = scale()
+    if device.type == "cuda":
+        line = f"Running on {facts.name} ({facts.architecture}, {facts.sm_count} SMs), scale={size}."
+    else:
+        line = (f"Running on the CPU ({facts.name}), scale={size}. No CUDA GPU: the numbers below "
+                "are illustrative only and say nothing about GPU performance.")
+    return line

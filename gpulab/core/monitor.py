@@ -1,0 +1,264 @@
+"""Watch the GPU while a lesson runs, through NVML (the library behind nvidia-smi).
+
+Introduced in notebook 00, used in 03 (input stalls) and 05 (PCIe).
+
+    with GpuMonitor() as mon:
+        train_for_a_while()
+    mon.timeline()     # {"t_s": [...], "busy_pct": [...], "mem_used_gib": [...], ...}
+
+Without NVML (no NVIDIA driver, the CPU, a container without the driver's
+utility capability, WSL metrics that are not supported) the monitor says why
+in `mon.status` and records nothing; the lesson goes on.
+
+Depends on the `nvidia-ml-py` distribution, imported as `pynvml`.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, fields
+from typing import Any
+import torch
+from gpulab.core.device import pick_device
+from gpulab.core import specs
+
+
+# NVML's "GPU utilization" is the share of the last sample period (1/6 s to 1 s,
+# depending on the product) in which at least one kernel was running: it says
+# the GPU was busy, not how much of it was used.
+METRICS = ("busy_pct", "mem_used_gib", "sm_clock_mhz", "pcie_rx_gbps", "pcie_tx_gbps", "power_w")
+
+
+def _import_pynvml():
+    import pynvml  # from the nvidia-ml-py distribution
+    return pynvml
+
+
+def nvml_status() -> tuple[bool, str]:
+    """(usable, explanation) for NVML on this machine."""
+    try:
+        pynvml = _import_pynvml()
+    except ImportError:
+        return False, ("the pynvml module is missing: install the `nvidia-ml-py` package "
+                       "(pip install nvidia-ml-py).")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as err:
+        name = type(err).__name__
+        if "LibraryNotFound" in name:
+            why = ("NVML's library (libnvidia-ml.so) was not found: no NVIDIA driver on this "
+                   "machine, or a container started without the driver's 'utility' capability.")
+        elif "DriverNotLoaded" in name:
+            why = "the NVIDIA driver is installed but not loaded (no GPU, or the module failed)."
+        elif "NoPermission" in name:
+            why = "no permission to talk to the NVIDIA driver."
+        else:
+            why = f"NVML failed to start: {err}."
+        return False, why
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        if isinstance(driver, bytes):
+            driver = driver.decode()
+    except pynvml.NVMLError as err:
+        return False, f"NVML started but could not list the GPUs: {err}."
+    finally:
+        pynvml.nvmlShutdown()
+    if count == 0:
+        return False, "NVML runs but reports no GPU."
+    return True, f"NVML ready: driver {driver}, {count} GPU(s)."
+
+
+def _handle(pynvml, device: torch.device):
+    """NVML handle of the torch device, matched by UUID (CUDA_VISIBLE_DEVICES renumbers GPUs)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    uuid = str(torch.cuda.get_device_properties(index).uuid)
+    try:
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    except pynvml.NVMLError:
+        return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+@dataclass(frozen=True)
+class Sample:
+    t_s: float
+    busy_pct: float | None
+    mem_used_gib: float | None
+    sm_clock_mhz: float | None
+    pcie_rx_gbps: float | None
+    pcie_tx_gbps: float | None
+    power_w: float | None
+
+
+def _readers(pynvml) -> dict[str, Any]:
+    kb_per_s_to_gbps = 1e3 / 1e9
+    return {
+        "busy_pct": lambda h: pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+        "mem_used_gib": lambda h: pynvml.nvmlDeviceGetMemoryInfo(h).used / 2**30,
+        "sm_clock_mhz": lambda h: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+        # Each PCIe throughput query blocks ~20 ms (NVML averages over that window).
+        "pcie_rx_gbps": lambda h: pynvml.nvmlDeviceGetPcieThroughput(
+            h, pynvml.NVML_PCIE_UTIL_RX_BYTES) * kb_per_s_to_gbps,
+        "pcie_tx_gbps": lambda h: pynvml.nvmlDeviceGetPcieThroughput(
+            h, pynvml.NVML_PCIE_UTIL_TX_BYTES) * kb_per_s_to_gbps,
+        "power_w": lambda h: pynvml.nvmlDeviceGetPowerUsage(h) / 1e3,
+    }
+
+
+class GpuMonitor:
+    """Background sampler of GPU busy %, memory, SM clock, PCIe rx/tx and power.
+
+    `interval_s` is clamped to >= 0.1 s when PCIe is sampled (each PCIe query
+    blocks ~20 ms). Use as a context manager or call start()/stop().
+    """
+
+    def __init__(self, interval_s: float = 0.2, pcie: bool = True,
+                 device: torch.device | None = None):
+        self.device = device or pick_device()
+        self.pcie = pcie
+        self.interval_s = max(interval_s, 0.1) if pcie else max(interval_s, 0.02)
+        self.samples: list[Sample] = []
+        self.unsupported: dict[str, str] = {}
+        self.available = False
+        self.status = "not started"
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._pynvml = None
+        self._handle = None
+
+    # -- life cycle -------------------------------------------------------
+    def start(self) -> "GpuMonitor":
+        if self._thread is not None:
+            raise RuntimeError("this GpuMonitor is already running")
+        self.samples = []
+        if self.device.type != "cuda":
+            self.status = "GPU monitor off: the course is running on the CPU."
+            return self
+        ok, why = nvml_status()
+        if not ok:
+            self.status = f"GPU monitor off: {why}"
+            return self
+        self._pynvml = _import_pynvml()
+        self._pynvml.nvmlInit()
+        self._handle = _handle(self._pynvml, self.device)
+        self.available = True
+        self.status = f"sampling every {self.interval_s:g} s"
+        self._stop.clear()
+        self._t0 = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="gpulab-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> "GpuMonitor":
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self._pynvml is not None:
+            try:
+                self._pynvml.nvmlShutdown()
+            except self._pynvml.NVMLError:
+                pass
+            self._pynvml = None
+        if self.available:
+            self.status = f"{len(self.samples)} samples over {self.duration_s:.1f} s"
+        return self
+
+    def __enter__(self) -> "GpuMonitor":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- sampling ---------------------------------------------------------
+    def sample_once(self) -> Sample:
+        """Read every metric once; a metric this GPU does not support reads None."""
+        readers = _readers(self._pynvml)
+        values: dict[str, float | None] = {}
+        for name in METRICS:
+            if name in self.unsupported or (not self.pcie and name.startswith("pcie")):
+                values[name] = None
+                continue
+            try:
+                values[name] = float(readers[name](self._handle))
+            except self._pynvml.NVMLError as err:
+                self.unsupported[name] = str(err)
+                values[name] = None
+        return Sample(t_s=time.perf_counter() - self._t0, **values)
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append(self.sample_once())
+            if self._stop.wait(self.interval_s):
+                self.samples.append(self.sample_once())
+                return
+
+    # -- results ----------------------------------------------------------
+    @property
+    def started_at(self) -> float | None:
+        """`time.perf_counter()` when sampling began (each sample's t_s counts from it); None if never started."""
+        return getattr(self, "_t0", None)
+
+    @property
+    def duration_s(self) -> float:
+        return self.samples[-1].t_s - self.samples[0].t_s if len(self.samples) > 1 else 0.0
+
+    def timeline(self) -> dict[str, list[float | None]]:
+        """Column lists: t_s and each metric (None where not supported)."""
+        return {f.name: [getattr(s, f.name) for s in self.samples] for f in fields(Sample)}
+
+    def mean(self, metric: str) -> float | None:
+        """Average of one metric over the run, or None if it was never read."""
+        if metric not in METRICS:
+            raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")
+        values = [getattr(s, metric) for s in self.samples if getattr(s, metric) is not None]
+        return sum(values) / len(values) if values else None
+
+
+@dataclass(frozen=True)
+class PcieLink:
+    generation: int
+    width: int
+    max_generation: int
+    max_width: int
+
+    @property
+    def peak_gbps(self) -> float | None:
+        """Theoretical one-direction bandwidth of the link as it runs now (GB/s)."""
+        return specs.pcie_peak_gbps(self.generation, self.width)
+
+    @property
+    def max_peak_gbps(self) -> float | None:
+        """...and at the best generation and width both ends support (GB/s)."""
+        return specs.pcie_peak_gbps(self.max_generation, self.max_width)
+
+    def __str__(self) -> str:
+        peak = self.max_peak_gbps
+        return (f"PCIe gen {self.max_generation} x{self.max_width}"
+                + (f" (~{peak:.0f} GB/s each way)" if peak else "")
+                + f"; running now at gen {self.generation} x{self.width}")
+
+
+def pcie_link(device: torch.device | None = None) -> PcieLink | None:
+    """The GPU's PCIe link from NVML, or None where NVML cannot tell.
+
+    An idle GPU may drop to a lower generation to save power, so the
+    maximum (what both ends support) is the figure to compare copies against.
+    """
+    device = device or pick_device()
+    if device.type != "cuda" or not nvml_status()[0]:
+        return None
+    pynvml = _import_pynvml()
+    pynvml.nvmlInit()
+    try:
+        h = _handle(pynvml, device)
+        return PcieLink(
+            generation=pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h),
+            width=pynvml.nvmlDeviceGetCurrPcieLinkWidth(h),
+            max_generation=pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h),
+            max_width=pynvml.nvmlDeviceGetMaxPcieLinkWidth(h),
+        )
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()

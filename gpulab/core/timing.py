@@ -1,0 +1,168 @@
+"""The course's one timing function. Introduced in notebook 01.
+
+`benchmark(fn)` warms up, times each call with CUDA events on a GPU (or the host
+clock on the CPU), synchronizes, repeats, and returns a frozen `Timing`.
+Nothing else in the course times device work by hand.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+import torch
+from gpulab.core.device import pick_device, sync
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Result of `benchmark`: milliseconds per call."""
+
+    median_ms: float
+    p25_ms: float
+    p75_ms: float
+    min_ms: float
+    max_ms: float
+    n: int
+    device: str
+    method: str
+    samples_ms: tuple[float, ...] = field(repr=False, default=())
+
+    @property
+    def spread_ms(self) -> float:
+        """Interquartile range (p75 - p25) in ms: how much a typical call varies."""
+        return self.p75_ms - self.p25_ms
+
+    @property
+    def spread_pct(self) -> float:
+        return 100.0 * self.spread_ms / self.median_ms if self.median_ms else 0.0
+
+    def per_second(self, amount: float) -> float:
+        """`amount` per second at the median time, e.g. `t.per_second(flops) / 1e12` = TFLOP/s."""
+        return amount / (self.median_ms / 1e3)
+
+    def __str__(self) -> str:
+        return (f"{self.median_ms:.4g} ms (IQR {self.spread_ms:.2g} ms, n={self.n}, "
+                f"{self.method} on {self.device})")
+
+
+def summarize(samples_ms: list[float], device: str, method: str) -> Timing:
+    """Median, quartiles and extremes of per-call times."""
+    if not samples_ms:
+        raise ValueError("no samples to summarize")
+    s = sorted(samples_ms)
+    q1, q2, q3 = statistics.quantiles(s, n=4, method="inclusive") if len(s) > 1 else (s[0],) * 3
+    return Timing(
+        median_ms=q2, p25_ms=q1, p75_ms=q3,
+        min_ms=s[0], max_ms=s[-1], n=len(s), device=device, method=method,
+        samples_ms=tuple(samples_ms),
+    )
+
+
+def host_time_no_sync(fn: Callable[[], object], repeat: int) -> list[float]:
+    """The WRONG way on a GPU, kept so lesson 01 can show why: host clock, no synchronize.
+
+    CUDA calls return as soon as the work is queued, so this measures the cost
+    of *launching* the work, not of doing it.
+    """
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def _cuda_event_times(fn: Callable[[], object], repeat: int) -> list[float]:
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+    for start, end in zip(starts, ends):
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def _sync(device: torch.device) -> None:
+    sync(device)   # looked up at call time: `stopwatch`'s own `sync` argument hides the name
+
+
+@dataclass
+class Interval:
+    """Filled in by `stopwatch` (host clock, seconds from time.perf_counter)."""
+
+    start_s: float = 0.0
+    end_s: float = 0.0
+
+    @property
+    def ms(self) -> float:
+        return (self.end_s - self.start_s) * 1e3
+
+
+@contextlib.contextmanager
+def stopwatch(sync: bool = True, device: torch.device | None = None) -> Iterator[Interval]:
+    """Host-clock interval of a block that cannot be repeated by `benchmark` (lesson 03's
+    pass over a data loader). With `sync` the device is synchronized on entry and exit,
+    so the interval holds the GPU work the block queued; `sync=False` times host work only
+    (e.g. the wait inside `next(loader)`).
+    """
+    device = device or pick_device()
+    interval = Interval()
+    if sync:
+        _sync(device)
+    interval.start_s = time.perf_counter()
+    try:
+        yield interval
+    finally:
+        if sync:
+            _sync(device)
+        interval.end_s = time.perf_counter()
+
+
+def _host_times(fn: Callable[[], object], repeat: int, device: torch.device) -> list[float]:
+    out = []
+    for _ in range(repeat):
+        with stopwatch(device=device) as call:
+            fn()
+        out.append(call.ms)
+    return out
+
+
+def benchmark(
+    fn: Callable[[], object],
+    *,
+    warmup: int = 3,
+    repeat: int | None = None,
+    budget_s: float = 0.5,
+    max_repeat: int = 200,
+    sync: bool = True,
+    device: torch.device | None = None,
+) -> Timing:
+    """Time `fn()`: `warmup` untimed calls, then `repeat` timed ones; median and spread.
+
+    - On a CUDA device each call is bracketed by CUDA events and the device is
+      synchronized before the times are read ("cuda events").
+    - On the CPU each call is timed with `time.perf_counter` ("perf_counter").
+    - `repeat=None` picks a count that fits about `budget_s` seconds (3 to `max_repeat`).
+    - `sync=False` is lesson 01's counter-example: host clock without synchronize
+      ("host clock, no sync"). Its numbers are wrong on a GPU; never use it otherwise.
+    """
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    if repeat is not None and repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    device = device or pick_device()
+    for _ in range(warmup):
+        fn()
+    if not sync:
+        samples = host_time_no_sync(fn, repeat or 10)
+        return summarize(samples, str(device), "host clock, no sync")
+    if repeat is None:
+        probe = (_cuda_event_times(fn, 1) if device.type == "cuda"
+                 else _host_times(fn, 1, device))[0]
+        repeat = int(min(max_repeat, max(3, budget_s * 1e3 / max(probe, 1e-3))))
+    if device.type == "cuda":
+        return summarize(_cuda_event_times(fn, repeat), str(device), "cuda events")
+    return summarize(_host_times(fn, repeat, device), str(device), "perf_counter")

@@ -1,0 +1,201 @@
+"""TODO docstring
+"""
+from __future__ import annotations
+
+import torch
+from gpulab.core.device import device_facts, pick_device
+from gpulab.core.timing import benchmark
+from typing import Sequence
+from gpulab.core.device import by_scale
+from gpulab.core.measured import Measured
+from gpulab.models.cnn import ResNetish, image_batches
+from gpulab.models.precision import check, GEMM_TOLERANCE, fp32_math
+
+
+# -- knobs ------------------------------------------------------------------------------------------
+TITLE = "Tensor Core alignment"
+HEADLINE = "matmul TFLOP/s, n=4096 / n=4095"      # the metric bands.toml judges
+
+
+def gemm_experiment(n: int = 4096, precision: str = "bf16", m: int | None = None, k: int | None = None,
+                    repeat: int = 20, max_cpu_size: int = 2048) -> dict:
+    """TFLOP/s of C = A @ B, A of m x k and B of k x n (m = k = n unless given). Notebook 07.
+
+    The product is first checked against the same inputs multiplied in fp32 with TF32 off
+    (relative error within GEMM_TOLERANCE); a wrong result raises. 2 m n k operations.
+    """
+    m, k = m or n, k or n
+    if min(m, n, k) < 16 or max(m, n, k) > 65536:
+        raise ValueError(f"sizes must be between 16 and 65536 (got m={m}, n={n}, k={k}).")
+    spec = check(precision)
+    device = pick_device()
+    if device.type != "cuda" and max(m, n, k) > max_cpu_size:
+        raise ValueError(f"on the CPU this lesson stops at {max_cpu_size} (got {max(m, n, k)}): "
+                         "larger products take minutes there and say nothing about a GPU.")
+    dtype = spec.dtype or torch.float32
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(m, k, generator=g, device=device).to(dtype)
+    b = torch.randn(k, n, generator=g, device=device).to(dtype)
+    with fp32_math(spec.fp32_mode):
+        c = a @ b
+    with fp32_math("ieee"):
+        ref = a.float() @ b.float()
+    err = (torch.linalg.norm(c.float() - ref) / torch.linalg.norm(ref)).item()
+    del c, ref
+    if not err <= GEMM_TOLERANCE[precision]:
+        raise AssertionError(f"{precision} product of {m}x{k} @ {k}x{n} is wrong: relative error "
+                             f"{err:.2e} > {GEMM_TOLERANCE[precision]:.0e}")
+    with fp32_math(spec.fp32_mode):
+        t = benchmark(lambda: a @ b, warmup=3, repeat=repeat)
+    del a, b
+    return {"TFLOP/s": t.per_second(2 * m * n * k) / 1e12, "ms": t, "rel. error": err}
+
+
+def alignment(n: int, element_bytes: int = 2) -> int:
+    """The largest power of two, up to 256 bytes, that divides a row of n elements: 2 for n = 4095 in fp16,
+    256 for n = 4096. Tensor Core kernels want at least 16 bytes."""
+    row = n * element_bytes
+    a = 1
+    while a < 256 and row % (2 * a) == 0:
+        a *= 2
+    return a
+
+
+# -- notebook 07: cudnn.benchmark, measured in a fresh process ------------------------------------
+# cuDNN keeps the convolution plan it chose for each shape (and dtype, layout, ...) for the life
+# of the process, whatever torch.backends.cudnn.benchmark says when it is reused. Comparing the
+# flag on and off on the same shapes inside one process would time the first setting's choices
+# twice, so each setting runs in its own process.
+def conv_step_times(benchmark_on: bool, fixed: int = 224, varying: Sequence[int] = (160, 192, 256),
+                    batch: int = 32, precision: str = "bf16", depths: Sequence[int] = (3, 4, 6, 3),
+                    width: int = 64, classes: int = 1000, repeat: int = 10, startup_size: int = 64) -> dict:
+    """Training-step times of a ResNetish with torch.backends.cudnn.benchmark = `benchmark_on`,
+    in *this* process (run it in a fresh one: see conv_benchmark_in_fresh_process). Notebook 07.
+
+    - "start-up": one step on `startup_size` images, which loads cuDNN and cuBLAS (with the search
+      off in both settings: autotuning shapes that are never used again would only add time);
+    - "first step": the first step on `fixed`-size images (cuDNN picks its plans for this shape);
+    - "steady": further steps on the same size;
+    - "new sizes": one step per size in `varying`, each size new to the process.
+    Returns the samples (ms) of each, the device and the timing method.
+    """
+    import itertools
+
+    from gpulab.core.device import pick_device
+    from gpulab.models import precision as P
+    from gpulab.models.step import train_step
+    from gpulab.core.timing import benchmark
+
+    sizes = [startup_size, fixed, *varying]
+    if len(set(sizes)) != len(sizes) or min(sizes) < 32:
+        raise ValueError(f"the start-up size, the fixed size and the varying sizes must all differ and be "
+                         f">= 32 pixels (got {startup_size}, {fixed}, {list(varying)}).")
+    P.check(precision)
+    device = pick_device()
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False           # the start-up step below: loading, no search
+    try:
+        torch.manual_seed(0)
+        model = ResNetish(tuple(depths), width, classes, image=fixed, device=device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        scaler = P.make_scaler(precision, device)
+
+        def step(xy: tuple[torch.Tensor, torch.Tensor]) -> None:
+            train_step(model, *xy, loss=P.classification_loss, optimizer=opt, precision=precision, scaler=scaler)
+
+        startup = image_batches(model, batch, count=1, size=startup_size)[0]
+        fixed_batches = image_batches(model, batch, count=2)
+        new_batches = iter([image_batches(model, batch, count=1, size=s)[0] for s in varying])
+        cycle = itertools.cycle(fixed_batches)
+        times = {"start-up": benchmark(lambda: step(startup), warmup=0, repeat=1, device=device)}
+        torch.backends.cudnn.benchmark = benchmark_on
+        times |= {
+            "first step": benchmark(lambda: step(next(cycle)), warmup=0, repeat=1, device=device),
+            "steady": benchmark(lambda: step(next(cycle)), warmup=1, repeat=repeat, device=device),
+            "new sizes": benchmark(lambda: step(next(new_batches)), warmup=0, repeat=len(varying),
+                                   device=device),
+        }
+    finally:
+        torch.backends.cudnn.benchmark = before
+    t = times["steady"]
+    return {"benchmark": benchmark_on, "device": t.device, "method": t.method, "fixed": fixed,
+            "varying": list(varying), "batch": batch, "precision": precision,
+            "samples_ms": {k: list(v.samples_ms) for k, v in times.items()}}
+
+
+def conv_benchmark_in_fresh_process(benchmark_on: bool, fixed: int = 224, varying: Sequence[int] = (160, 192, 256),
+                                    batch: int = 32, precision: str = "bf16", depths: Sequence[int] = (3, 4, 6, 3),
+                                    width: int = 64, classes: int = 1000, repeat: int = 10,
+                                    timeout_s: float = 300) -> dict:
+    """`conv_step_times` in a new Python process (fresh cuDNN caches); returns a `Timing` per phase. Notebook 07."""
+    import json
+    import subprocess
+    import sys
+
+    from gpulab.core.timing import summarize
+
+    cmd = [sys.executable, "-m", "gpulab.lessons.l07_tensor_core_alignment", "--benchmark", "on" if benchmark_on else "off",
+           "--fixed", str(fixed), "--varying", ",".join(map(str, varying)), "--batch", str(batch),
+           "--precision", precision, "--depths", ",".join(map(str, depths)), "--width", str(width),
+           "--classes", str(classes), "--repeat", str(repeat)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode == 2:          # the child refused the settings
+        raise ValueError(proc.stderr.strip().splitlines()[-1].removeprefix("gpulab.lessons.l07_tensor_core_alignment: "))
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise RuntimeError("the cudnn.benchmark process failed: " + " | ".join(tail))
+    raw = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {k: summarize(v, raw["device"], raw["method"]) for k, v in raw["samples_ms"].items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    import sys
+
+    def ints(text: str) -> list[int]:
+        return [int(v) for v in text.split(",") if v]
+
+    p = argparse.ArgumentParser(description="Time a ResNetish training step with cudnn.benchmark on or off "
+                                            "(notebook 07); print JSON.")
+    p.add_argument("--benchmark", choices=("on", "off"), required=True)
+    p.add_argument("--fixed", type=int, default=224)
+    p.add_argument("--varying", type=ints, default=[160, 192, 256])
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--precision", default="bf16")
+    p.add_argument("--depths", type=ints, default=[3, 4, 6, 3])
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--repeat", type=int, default=10)
+    a = p.parse_args(argv)
+    try:
+        out = conv_step_times(a.benchmark == "on", a.fixed, a.varying, a.batch, a.precision, a.depths,
+                              a.width, a.classes, a.repeat)
+    except ValueError as err:
+        print(f"gpulab.lessons.l07_tensor_core_alignment: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+def headline(scale: str | None = None) -> Measured:
+    """Lesson 07: an n = 4096 matrix product against n = 4095 (`precision.gemm_experiment`)."""
+    from gpulab.models import precision as P
+
+    facts = device_facts()
+    if facts.kind == "cuda":
+        p = next(p for p in ("fp16", "bf16") if P.refusal(p, facts) is None)
+    else:
+        p = "bf16"                  # notebook 07: fp16 products take a slow path on the CPU
+    aligned, misaligned = by_scale(tiny=(256, 255), full=(4096, 4095), scale=scale)
+    repeat = by_scale(tiny=10, full=20, scale=scale)
+    gemm_experiment(aligned, p, repeat=1)        # loads the math library's kernels first
+    fast = gemm_experiment(aligned, p, repeat=repeat)     # each checked against fp32 first
+    slow = gemm_experiment(misaligned, p, repeat=repeat)
+    return Measured(slow["TFLOP/s"], fast["TFLOP/s"], "TFLOP/s", fast["TFLOP/s"] / slow["TFLOP/s"], True,
+                    f"relative error against fp32: {fast['rel. error']:.1e} ({aligned}), "
+                    f"{slow['rel. error']:.1e} ({misaligned})", f"{p}, n={misaligned}", f"{p}, n={aligned}")

@@ -1,0 +1,139 @@
+"""Notebook 12's arithmetic and helpers: kernel fusion against the memory floor.
+
+- `bytes_moved(n)`: the bytes `(x + y).relu().mean(dim=1)` on n x n fp32 must read and write,
+  unfused (eager PyTorch), with add and relu fused, and fully fused (the floor).
+- `bandwidth_ceiling()`: the device-memory bandwidth to divide by: notebook 00's measurement,
+  else the datasheet (labelled), else a copy measured now (labelled).
+- `compile_backend()`: which torch.compile backend the lesson uses here, and why.
+- `check_close(out, ref)`: correct before fast; the largest difference, or AssertionError.
+- `kernels_launched(fn)`: the GPU kernels one call launches (torch.profiler); None on the CPU.
+- `plan_from_kernels(kernels, assumed)`: which of the plans above those kernels follow.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import warnings
+from typing import Callable
+import torch
+from gpulab.core.device import by_scale, pick_device, sync
+from gpulab.core.measured import Measured
+
+
+# -- knobs ------------------------------------------------------------------------------------------
+TITLE = "kernel fusion"
+HEADLINE = "eager / torch.compile ms"      # the metric bands.toml judges
+
+
+PLANS = {
+    "unfused": "eager: add writes x+y, relu reads it and writes its result, mean reads that",
+    "add+relu fused": "one kernel for add and relu writes one intermediate, mean reads it",
+    "fully fused": "one kernel reads x and y once and writes only the n means (the floor)",
+}
+
+
+def fused_operation(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The seed article's function: (x + y).relu().mean(dim=1). Eager it runs three kernels
+    (add, relu, mean) and writes two intermediates; fused it reads x and y once. Notebook 12."""
+    return (x + y).relu().mean(dim=1)
+
+
+def bytes_moved(n: int, element_bytes: int = 4) -> dict[str, int]:
+    """Bytes read + written by (x + y).relu().mean(dim=1) on n x n inputs, per plan. Notebook 12.
+
+    unfused:        add (read 2, write 1) + relu (read 1, write 1) + mean (read 1) = 6 n^2, + n out
+    add+relu fused: add+relu (read 2, write 1) + mean (read 1)                   = 4 n^2, + n out
+    fully fused:    read x and y once                                            = 2 n^2, + n out
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1 (got {n}).")
+    sq, out = n * n * element_bytes, n * element_bytes
+    return {"unfused": 6 * sq + out, "add+relu fused": 4 * sq + out, "fully fused": 2 * sq + out}
+
+
+def compile_backend(device: torch.device | None = None) -> tuple[str, str]:
+    """(backend, why): the torch.compile backend the lesson uses on this machine. Notebook 12."""
+    device = device or pick_device()
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        try:
+            importlib.import_module("triton")        # inductor generates Triton kernels on a GPU
+        except Exception as err:  # noqa: BLE001
+            return "aot_eager", (f"aot_eager: `import triton` failed ({type(err).__name__}), and inductor "
+                                 "needs Triton on a GPU; aot_eager runs PyTorch's own kernels, so nothing is fused")
+        if major < 7:
+            return "aot_eager", (f"aot_eager: this GPU (compute capability {major}.{minor}) is too old for Triton, "
+                                 "which inductor needs; aot_eager runs PyTorch's own kernels, so nothing is fused")
+        return "inductor", "inductor, PyTorch's default: it generates fused Triton kernels for the GPU"
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if compiler:
+        return "inductor", ("inductor, PyTorch's default: on the CPU it writes one fused C++ loop and "
+                            f"compiles it with {os.path.basename(compiler.split()[0])}")
+    return "aot_eager", ("aot_eager: no C++ compiler found, and inductor needs one on the CPU; aot_eager "
+                         "traces the function but runs PyTorch's own kernels, so nothing is fused")
+
+
+def check_close(out: torch.Tensor, ref: torch.Tensor, rtol: float = 1e-5, atol: float = 1e-5) -> float:
+    """Largest |out - ref|; AssertionError unless |out - ref| <= atol + rtol |ref| everywhere. Notebook 12."""
+    if out.shape != ref.shape:
+        raise AssertionError(f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
+    diff = (out.double() - ref.double()).abs()
+    worst = float(diff.max()) if diff.numel() else 0.0
+    if not torch.all(diff <= atol + rtol * ref.double().abs()):
+        raise AssertionError(f"not close to the reference: largest difference {worst:.3g} "
+                             f"(tolerance {atol:g} + {rtol:g} x |reference|)")
+    return worst
+
+
+def kernels_launched(fn: Callable[[], object], device: torch.device | None = None) -> list[str] | None:
+    """Names of the GPU kernels one call of `fn` launches, in order (torch.profiler); None on the CPU.
+
+    Call `fn` once before, so that compilation and warm-up are not what is counted. Notebook 12.
+    """
+    device = device or pick_device()
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    sync(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # profiler start-up notices are not the lesson
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            sync(device)
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [n for n in names if not n.startswith(("Memcpy", "Memset"))]
+
+
+def plan_from_kernels(kernels: list[str] | None, assumed: str) -> str:
+    """The traffic plan a variant followed, from the GPU kernels it launched: three or more
+    kernels are unfused, two are add+relu fused, one is fully fused. Without a kernel list (the
+    CPU), `assumed`. Notebook 12."""
+    if assumed not in PLANS:
+        raise ValueError(f"assumed must be one of {', '.join(PLANS)} (got {assumed!r}).")
+    if kernels is None:
+        return assumed
+    return {1: "fully fused", 2: "add+relu fused"}.get(len(kernels), "unfused")
+
+
+def headline(scale: str | None = None) -> Measured:
+    """Lesson 12: the seed's (x + y).relu().mean(1), eager against torch.compile (`fusion.fused_operation`)."""
+    from gpulab.lessons.l12_kernel_fusion import check_close, compile_backend, fused_operation
+    from gpulab.core.timing import benchmark
+
+    device = pick_device()
+    n = by_scale(tiny=512, full=8192, scale=scale)
+    torch.manual_seed(0)
+    x = torch.randn(n, n, device=device)
+    y = torch.randn(n, n, device=device)
+    backend, why = compile_backend(device)
+    torch.compiler.reset()
+    compiled = torch.compile(fused_operation, backend=backend)
+    worst = check_close(compiled(x, y), fused_operation(x, y))      # raises if it differs (1e-5)
+    eager = benchmark(lambda: fused_operation(x, y))
+    fused = benchmark(lambda: compiled(x, y))
+    del x, y
+    return Measured(eager.median_ms, fused.median_ms, "ms", eager.median_ms / fused.median_ms, True,
+                    f"compiled vs eager: largest difference {worst:.1e} (<= 1e-5)",
+                    f"eager, fp32 {n} x {n}", f"torch.compile ({backend})")

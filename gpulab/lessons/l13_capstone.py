@@ -1,0 +1,997 @@
+"""The capstone: two training jobs with every optimization of the course as a toggle. Notebook 13.
+
+- `JOBS`, `job_config`: a ResNet-50-shaped CNN on images and a GPT language model (lessons 06 and 07's
+  `workloads`), trained with AdamW; their sizes at each scale.
+- `Options`: the toggles (TF32, AMP, channels_last, aligned vocabulary, fused AdamW, input pipeline,
+  torch.compile, CUDA graphs, checkpointing, accumulation); `check` refuses impossible combinations,
+  `refusal` says why this device cannot run one.
+- `run_job`: build a job from one seed, train a few steps (the loss trajectory), then time steps with
+  `gpulab.core.timing.benchmark`: throughput, model TFLOP/s, peak memory, GPU busy %. Each step is
+  `models.step.train_step` (autocast, GradScaler, accumulation, CUDA-graph marks).
+- `loss_tolerance`, `loss_matches`, `Runs`: correct before fast; every run is memoized and checked
+  against the fp32 baseline on the same batches.
+- `waterfall`, `attribute`: toggles added one at a time; each one's share of the total speed-up (in log
+  space, so the shares add to 100%) and of the memory saved.
+- `bf16_peak`, `mfu`: model FLOPs utilization against notebook 00's measured peak.
+- `SEED_V100`, `SEED_4090`, `seed_v100_rows`, `seed_4090_rows`: the seed articles' tables redone here.
+- `headline`: baseline against everything on, for `gpulab bench`.
+
+What each toggle does, and where the course measured it alone:
+
+| toggle | what changes | lesson |
+|---|---|---|
+| tf32 | fp32 matrix products and convolutions on TF32 Tensor Cores | 06 |
+| amp | autocast in bf16, or fp16 with a GradScaler | 06 |
+| channels_last | NHWC layout of the CNN's weights and images | 07 |
+| aligned | the GPT's vocabulary padded to a multiple of 64 | 07 |
+| fused | `torch.optim.AdamW(fused=True)`: one kernel for the whole update | 12 |
+| loader | batches from DataLoader workers, pinned, copied with non_blocking | 03, 05 |
+| compile | `torch.compile` of the forward and the loss (inductor) | 12 |
+| cuda_graphs | `torch.compile(mode="reduce-overhead")`: the compiled step replayed from CUDA graphs | 11 |
+| checkpointing | every block checkpointed (lesson 09's `run_blocks`) | 09 |
+| accumulation | the batch split into equal micro-batches, gradients summed | 10 |
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+import torch
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.data import Dataset
+from gpulab.models import precision as P
+from gpulab.models.step import train_step
+from gpulab.core.ceilings import Ceiling, ceilings
+from gpulab.core.device import DeviceFacts, by_scale, device_facts, pick_device
+from gpulab.core.memory import memory_guard, track_peak
+from gpulab.core.timing import Timing, benchmark, stopwatch
+from gpulab.models.gpt import GPT, padded_copy, token_batches
+from gpulab.models.cnn import ResNetish, image_batches
+from gpulab.models.transformer import TransformerStack
+from gpulab.models.sizing import count_flops
+from gpulab.core.measured import Measured
+
+
+TITLE = "capstone"
+HEADLINE = "GPT tokens/s, every toggle / fp32"      # the metric bands.toml judges
+
+# -- the two jobs ------------------------------------------------------------------------------------
+CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
+    # GPT: 8 blocks of width 2048 (16 heads of 128), sequences of 1024 tokens, GPT-2's vocabulary of 50257.
+    # Width 2048, not 1024: on the course's H200 (torch 2.11, 2026-11-29) a bf16 step of 12 x 1024 reached
+    # 386 model TFLOP/s compiled (57% of the measured peak), 12 x 2048 reached 480 (71%): bigger products and
+    # 128-wide attention heads keep the Tensor Cores busier, and the rest of the step weighs less. 8 blocks,
+    # not 12, keep the notebook (and torch.compile's first call) inside the course's time budget.
+    "gpt": {"tiny": dict(vocab=251, n_blocks=2, width=64, heads=4, seq=32, batch=8),
+            "full": dict(vocab=50257, n_blocks=8, width=2048, heads=16, seq=1024, batch=8)},
+    # CNN: ResNet-50's layer shapes (25.6 M parameters) on 224 x 224 images, 1000 classes.
+    "cnn": {"tiny": dict(depths=(1, 1, 1, 1), width=8, classes=10, image=32, batch=16),
+            "full": dict(depths=(3, 4, 6, 3), width=64, classes=1000, image=224, batch=128)},
+}
+
+
+LR = 1e-3              # AdamW's learning rate for both jobs
+
+
+POOL = 4               # distinct batches per run, cycled (the first LOSS_STEPS are the loss check's)
+
+
+LOSS_STEPS = 3         # steps from the starting weights whose losses are compared with the baseline's
+
+
+ALIGN = 64             # `aligned` pads the vocabulary to a multiple of this (lesson 07)
+
+
+ACCUMULATION = 4       # micro-batches per step when a waterfall adds `accumulation`
+
+
+LOADER_WORKERS = 4     # DataLoader worker processes when `loader` is on
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training job: how to build its model and batches, its loss, and what its throughput counts."""
+
+    name: str
+    title: str
+    unit: str                                            # "img/s" or "tokens/s"
+    build: Callable[[dict, torch.device], nn.Module]
+    batches: Callable[[nn.Module, int, int], list]       # (model, batch, count) -> [(x, y)] on its device
+    loss_fn: P.LossFn
+    items: Callable[[dict], int]                         # images or tokens in one sample
+
+
+JOBS: dict[str, Job] = {
+    "gpt": Job("gpt", "GPT language model", "tokens/s",
+               lambda c, d: GPT(c["vocab"], c["n_blocks"], c["width"], c["heads"], c["seq"], device=d),
+               lambda m, b, n: token_batches(m, b, count=n, seed=1), P.language_model_loss,
+               lambda c: c["seq"]),
+    "cnn": Job("cnn", "ResNet-50-shaped CNN", "img/s",
+               lambda c, d: ResNetish(tuple(c["depths"]), c["width"], c["classes"], c["image"], device=d),
+               lambda m, b, n: image_batches(m, b, count=n, seed=1), P.classification_loss,
+               lambda c: 1),
+}
+
+
+def job_config(job: str, scale: str | None = None) -> dict[str, Any]:
+    """A copy of `job`'s sizes at `scale` ("tiny" or "full"; None: the course's current scale), with its batch."""
+    if job not in JOBS:
+        raise ValueError(f"job must be one of {', '.join(JOBS)} (got {job!r}).")
+    if scale is None:
+        return dict(by_scale(tiny=CONFIGS[job]["tiny"], full=CONFIGS[job]["full"]))
+    if scale not in ("tiny", "full"):
+        raise ValueError(f"scale must be 'tiny' or 'full' (got {scale!r}).")
+    return dict(CONFIGS[job][scale])
+
+
+def gpt_flops_per_token(vocab: int, n_blocks: int, width: int, seq: int, **_: Any) -> dict[str, float]:
+    """Back-of-envelope FLOPs of one token's forward and backward pass through the GPT (PaLM's MFU formula,
+    Chowdhery et al. 2022, appendix B): 6 N for the N weights of the matrix products (each block's
+    12 width^2, the head's width x vocab; embeddings are lookups, not products) plus 12 x blocks x seq x width
+    for attention's two products, counted over the whole seq x seq matrix (the causal mask is not subtracted)."""
+    n = n_blocks * 12 * width**2 + width * vocab
+    weights = 6 * n
+    attention = 12 * n_blocks * seq * width
+    return {"N": n, "weights": weights, "attention": attention, "total": weights + attention}
+
+
+# -- the toggles -------------------------------------------------------------------------------------
+AMPS = ("none", "bf16", "fp16")
+
+
+AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+SPEED_TOGGLES = ("tf32", "amp", "channels_last", "aligned", "fused", "loader", "compile", "cuda_graphs")
+
+
+MEMORY_TOGGLES = ("checkpointing", "accumulation")
+
+
+TOGGLES = SPEED_TOGGLES + MEMORY_TOGGLES
+
+
+# The waterfalls notebook 13 runs by default. compile is last (one compile per job); the CNN leaves it out
+# and neither adds cuda_graphs, to keep the notebook inside its time budget (each compile costs tens of
+# seconds at full size). Both stay toggles of the panel.
+ORDERS = {"gpt": ("tf32", "amp", "aligned", "fused", "loader", "compile"),
+          "cnn": ("tf32", "amp", "channels_last", "fused", "loader")}
+
+
+@dataclass(frozen=True)
+class Options:
+    """The toggles of one run. `Options()` is the baseline: fp32 with TF32 off, PyTorch's defaults elsewhere."""
+
+    tf32: bool = False
+    amp: str = "none"                 # "none", "bf16", or "fp16" (always with a GradScaler)
+    channels_last: bool = False       # CNN only
+    aligned: bool = False             # GPT only
+    fused: bool = False
+    loader: bool = False
+    compile: bool = False
+    cuda_graphs: bool = False         # needs compile: mode="reduce-overhead"
+    checkpointing: bool = False
+    accumulation: int = 1             # micro-batches per step; must divide the batch
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "amp":
+                if value not in AMPS:
+                    raise ValueError(f"amp must be one of {', '.join(map(repr, AMPS))} (got {value!r}).")
+            elif f.name == "accumulation":
+                if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64:
+                    raise ValueError(f"accumulation must be a whole number of micro-batches from 1 to 64 "
+                                     f"(got {value!r}).")
+            elif not isinstance(value, bool):
+                raise ValueError(f"{f.name} must be True or False (got {value!r}).")
+
+    def adding(self, toggle: str, half: str = "bf16") -> "Options":
+        """These options with `toggle` switched on (amp: `half`; accumulation: ACCUMULATION micro-batches)."""
+        if toggle not in TOGGLES:
+            raise ValueError(f"unknown toggle {toggle!r}; the toggles are {', '.join(TOGGLES)}.")
+        value = half if toggle == "amp" else ACCUMULATION if toggle == "accumulation" else True
+        return dataclasses.replace(self, **{toggle: value})
+
+    def without(self, *toggles: str) -> "Options":
+        """These options with `toggles` back at their baseline values."""
+        base = Options()
+        return dataclasses.replace(self, **{t: getattr(base, t) for t in toggles})
+
+    def on(self) -> list[str]:
+        """The toggles that differ from the baseline, as short labels."""
+        out = []
+        for t in TOGGLES:
+            v = getattr(self, t)
+            if v != getattr(Options(), t):
+                out.append(v if t == "amp" else f"accumulation x{v}" if t == "accumulation" else t)
+        return out
+
+    @property
+    def label(self) -> str:
+        return " + ".join(self.on()) or "fp32 baseline"
+
+    @property
+    def compile_mode(self) -> str:
+        """torch.compile's mode: "reduce-overhead" (CUDA graphs) with cuda_graphs, else "default"."""
+        return "reduce-overhead" if self.cuda_graphs else "default"
+
+
+def check(job: str, options: Options, batch: int | None = None) -> None:
+    """ValueError, with the reason, for a combination no device can run. Says nothing about this device:
+    see `refusal`."""
+    if job not in JOBS:
+        raise ValueError(f"job must be one of {', '.join(JOBS)} (got {job!r}).")
+    if not isinstance(options, Options):
+        raise ValueError(f"options must be a gpulab.lessons.l13_capstone.Options (got {type(options).__name__}).")
+    if options.channels_last and job != "cnn":
+        raise ValueError("channels_last applies to the CNN only: it is a memory layout for 4-D image tensors "
+                         "(N, C, H, W), and the GPT has none.")
+    if options.aligned and job != "gpt":
+        raise ValueError(f"aligned applies to the GPT only: it pads the vocabulary to a multiple of {ALIGN}. "
+                         "The CNN's channel counts are multiples of 64 already.")
+    if options.cuda_graphs and not options.compile:
+        raise ValueError("cuda_graphs needs compile: here CUDA graphs come from torch.compile(mode="
+                         "\"reduce-overhead\"), which records the compiled step's kernels once and replays "
+                         "them; switch compile on too (lesson 11 captures a graph by hand).")
+    if options.cuda_graphs and options.accumulation > 1:
+        raise ValueError("cuda_graphs with accumulation: each micro-batch's gradients are outputs of a CUDA-graph "
+                         "replay, and the next micro-batch's replay reuses that memory before they are summed "
+                         "(PyTorch issue 169545); use one or the other.")
+    if batch is not None:
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be a whole number >= 1 (got {batch!r}).")
+        if batch % options.accumulation:
+            raise ValueError(f"accumulation {options.accumulation} does not divide the batch {batch}: each step "
+                             "splits its batch into equal micro-batches.")
+
+
+def refusal(options: Options, facts: DeviceFacts | None = None, backend: str | None = None) -> str | None:
+    """Why this device cannot run `options` in a meaningful way ("toggle: reason"), or None if it can.
+
+    `backend` is torch.compile's backend here (default: `gpulab.lessons.l12_kernel_fusion.compile_backend()`), asked only
+    when compile is on and the device is a GPU.
+    """
+    facts = facts or device_facts()
+    gpu = facts.kind == "cuda"
+    reasons = {}
+    if options.tf32:
+        reasons["tf32"] = P.refusal("tf32", facts)
+    if options.amp != "none":
+        reasons["amp"] = P.refusal(options.amp, facts)
+    if options.loader and not gpu:
+        reasons["loader"] = ("pinned (page-locked) memory and non_blocking copies speed up copies to a GPU; "
+                             "on the CPU there is no copy to speed up.")
+    if options.compile and not gpu:
+        reasons["compile"] = ("skipped on the CPU: the first compile of each job (C++ code generation) takes "
+                              "tens of seconds on a small machine, more than this lesson's CPU budget.")
+    elif options.compile:
+        if backend is None:
+            from gpulab.lessons.l12_kernel_fusion import compile_backend
+            backend, why = compile_backend()
+        else:
+            why = backend
+        if backend != "inductor":
+            reasons["compile"] = f"torch.compile would not fuse anything here: {why}"
+    if options.cuda_graphs and not gpu:
+        reasons["cuda_graphs"] = "CUDA graphs record CUDA kernel launches: they need a CUDA GPU."
+    for toggle, why in reasons.items():
+        if why:
+            return f"{toggle}: {why}"
+    return None
+
+
+def problem(job: str, options: Options, batch: int | None = None, facts: DeviceFacts | None = None,
+            backend: str | None = None) -> str | None:
+    """`check`'s reason, else `refusal`'s, else None: why `options` cannot run here."""
+    try:
+        check(job, options, batch)
+    except ValueError as err:
+        return str(err)
+    return refusal(options, facts, backend)
+
+
+# -- checkpointing ------------------------------------------------------------------------------------
+class CheckpointedBlocks(nn.Module):
+    """A model's `blocks` (an nn.Sequential) run with lesson 09's activation checkpointing: every
+    `every` blocks form one checkpointed segment (`TransformerStack.run_blocks`, reused as it is).
+
+    For the CNN, BatchNorm in a recomputed segment updates its running statistics a second time during
+    backward; the training loss uses the batch's own statistics, so it does not change.
+    """
+
+    run_blocks = TransformerStack.run_blocks
+
+    def __init__(self, blocks: nn.Sequential, every: int = 1):
+        super().__init__()
+        self.blocks, self.checkpoint_every = blocks, every
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.run_blocks(x)
+
+
+# -- the input pipeline ------------------------------------------------------------------------------
+class HostBatches(Dataset):
+    """Ready-made batches in host memory, served in order, round and round: a dataset already decoded
+    into RAM, so the input path costs only the copy to the GPU (lesson 03 measures decoding).
+
+    It lives in this importable module because DataLoader workers must find its class by name.
+    """
+
+    def __init__(self, pool: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int = 10**6):
+        if not pool:
+            raise ValueError("the pool needs at least one batch")
+        self.pool, self.length = list(pool), length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.pool[i % len(self.pool)]
+
+
+class Inputs:
+    """The batches of one run, in order, copied to the device.
+
+    loader off: each batch is copied from pageable host memory with a plain `.to(device)` (the host
+    waits for the copy). loader on: LOADER_WORKERS DataLoader workers serve the batches, a pinning
+    thread copies them into page-locked memory, and `.to(device, non_blocking=True)` returns at once
+    (lessons 03 and 05). Same batches either way, so the losses match.
+    """
+
+    def __init__(self, pool: list, device: torch.device, loader: bool = False, channels_last: bool = False):
+        self.pool, self.device, self.loader, self.channels_last = pool, device, loader, channels_last
+        self._i = 0
+        self._it = None
+
+    def __enter__(self) -> "Inputs":
+        if self.loader:
+            from gpulab.lessons.l03_input_pipeline import make_loader
+            self._it = iter(make_loader(HostBatches(self.pool), batch_size=None, num_workers=LOADER_WORKERS,
+                                        pin_memory=True))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._it = None                     # the iterator's finalizer stops its workers
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._it is not None:
+            x, y = next(self._it)
+        else:
+            x, y = self.pool[self._i % len(self.pool)]
+            self._i += 1
+        x = x.to(self.device, non_blocking=self.loader)
+        y = y.to(self.device, non_blocking=self.loader)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y
+
+
+# -- one run -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobResult:
+    """What `run_job` measured. `time` is per optimizer step (None for an untimed reference run)."""
+
+    job: str
+    options: Options
+    batch: int
+    losses: tuple[float, ...]
+    time: Timing | None
+    unit: str
+    items_per_step: int
+    flops_per_step: float
+    peak_bytes: int | None
+    first_step_ms: float
+    busy_pct: float | None = None
+    monitor_status: str = ""
+    notes: tuple[str, ...] = ()
+    device: str = "cpu"
+
+    @property
+    def items_per_s(self) -> float | None:
+        return None if self.time is None else self.time.per_second(self.items_per_step)
+
+    @property
+    def tflops(self) -> float | None:
+        """Model FLOPs per second, in TFLOP/s (recomputation under checkpointing does not count)."""
+        return None if self.time is None else self.time.per_second(self.flops_per_step) / 1e12
+
+    @property
+    def step_ms(self) -> float | None:
+        return None if self.time is None else self.time.median_ms
+
+
+_FLOPS: dict[tuple, float] = {}
+
+
+def model_flops(job: str, config: dict, batch: int, device: torch.device | None = None) -> float:
+    """FLOPs of one training step (forward, loss and backward) of `job` at `batch`, counted by PyTorch's
+    FlopCounterMode (`workloads.count_flops`: matrix products, convolutions and attention, causal
+    attention counted in full) once per configuration, on a step of 2 samples, and scaled to `batch`.
+    Counted on the unpadded model: padding the vocabulary adds arithmetic, not model FLOPs. On the CPU,
+    attention is counted through its math path (its flash kernel there has no FLOP formula)."""
+    device = device or pick_device()
+    sizes = tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v)
+                         for k, v in config.items() if k != "batch"))
+    key = (job, sizes, str(device))
+    if key not in _FLOPS:
+        spec, probe = JOBS[job], 2
+        torch.manual_seed(0)
+        model = spec.build(config, device)
+        x, y = spec.batches(model, probe, 1)[0]
+        with contextlib.ExitStack() as stack:
+            if device.type == "cpu":
+                # PyTorch's CPU flash-attention kernel has no FLOP formula; its math path is counted
+                stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+            _FLOPS[key] = count_flops(lambda: spec.loss_fn(model, x, y).backward()) / probe
+        del model, x, y
+    return _FLOPS[key] * batch
+
+
+def run_job(job: str, options: Options = Options(), batch: int | None = None, *, config: dict | None = None,
+            loss_steps: int = LOSS_STEPS, timed: bool = True, warmup: int | None = None,
+            budget_s: float | None = None, max_repeat: int | None = None, monitor: bool = False,
+            expected_losses: Sequence[float] | None = None, tolerance: float | None = None,
+            device: torch.device | None = None, seed: int = 0) -> JobResult:
+    """Train `job` with `options` from the weights seed `seed` gives: `loss_steps` steps whose losses are
+    kept, then (if `timed`) `benchmark` times further steps: `warmup` untimed, then as many as fit about
+    `budget_s` seconds (at most `max_repeat`). Inside `memory_guard`: GPU memory goes back to where it was.
+
+    `config`: the job's sizes (default `job_config(job)`); `batch` defaults to its batch. With `monitor`,
+    a `GpuMonitor` samples GPU busy % during the timed steps (then `budget_s` defaults to 1 s at full
+    size: NVML averages busy % over windows of up to a second). The loss steps warm up the step (the
+    first compiles it, the next ones record CUDA graphs), so `warmup` defaults to one more.
+
+    Correct before fast: with `expected_losses` (a reference run's) and `tolerance`, the loss steps are
+    compared with them (`loss_matches`) before anything is timed; a run that does not match is not timed
+    (`time` None, and a note says why). A combination no device runs, or one this device cannot, raises
+    ValueError with the reason.
+    """
+    device = device or pick_device()
+    cfg = dict(config or job_config(job))
+    batch = batch or cfg["batch"]
+    check(job, options, batch)
+    why = refusal(options, device_facts(device))
+    if why:
+        raise ValueError(why)
+    if loss_steps < 1:
+        raise ValueError(f"loss_steps must be >= 1 (got {loss_steps}).")
+    warmup = 1 if warmup is None else warmup
+    budget_s = by_scale(tiny=0.05, full=0.6 if monitor else 0.3) if budget_s is None else budget_s
+    max_repeat = by_scale(tiny=5, full=15) if max_repeat is None else max_repeat
+    flops = model_flops(job, cfg, batch, device)
+    with memory_guard(quiet=True, device=device) as guard:
+        try:
+            expect = None if expected_losses is None else (list(expected_losses), tolerance)
+            out = _train(job, options, batch, cfg, loss_steps, timed, warmup, budget_s, max_repeat, monitor,
+                         expect, device, seed)
+        finally:
+            if options.compile:
+                torch.compiler.reset()    # forget this run's compiled code and CUDA graphs (and their memory)
+    notes = out.pop("notes")
+    if not guard.ok:
+        notes.append(guard.message())
+    return JobResult(job=job, options=options, batch=batch, unit=JOBS[job].unit,
+                     items_per_step=batch * JOBS[job].items(cfg), flops_per_step=flops, notes=tuple(notes),
+                     device=str(device), **out)
+
+
+def _train(job: str, options: Options, batch: int, cfg: dict, loss_steps: int, timed: bool, warmup: int,
+           budget_s: float, max_repeat: int, monitor: bool, expect: tuple | None, device: torch.device,
+           seed: int) -> dict:
+    spec = JOBS[job]
+    notes: list[str] = []
+    skips = _cudagraph_skips()
+    allocated = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+    with P.fp32_math("tf32" if options.tf32 else "ieee"), track_peak(device) as mem:
+        torch.manual_seed(seed)
+        model = spec.build(cfg, device)
+        pool = [(x.cpu(), y.cpu()) for x, y in spec.batches(model, batch, POOL)]    # host memory
+        if options.aligned:
+            model = padded_copy(model, ALIGN)            # same weights, zero rows for the padding tokens
+        if options.checkpointing:
+            model.blocks = CheckpointedBlocks(model.blocks)
+        if options.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True if options.fused else None)
+        scaler = P.make_scaler("fp16", device) if options.amp == "fp16" else None
+
+        def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return spec.loss_fn(model, x, y)
+
+        if options.compile:
+            loss_of = torch.compile(loss_of, mode=options.compile_mode)
+
+        def step(inputs: Inputs) -> torch.Tensor:
+            x, y = inputs.next()
+            return train_step(model, x, y, loss=lambda _, xs, ys: loss_of(xs, ys), optimizer=optimizer,
+                              precision=AMP_DTYPES[options.amp], scaler=scaler,
+                              accumulation=options.accumulation, graphs=options.cuda_graphs)
+
+        monitor_status, busy = "", None
+        with Inputs(pool, device, options.loader, options.channels_last) as inputs:
+            with stopwatch(device=device) as first:
+                losses = [step(inputs).item()]           # the first step compiles, if compile is on
+            losses += [step(inputs).item() for _ in range(loss_steps - 1)]
+            if expect is not None:
+                ok, diff = loss_matches(expect[0], losses, expect[1])
+                if not ok:
+                    timed = False
+                    notes.append(f"not timed: its losses differ from the reference's by {diff:.1e} "
+                                 f"(tolerance {expect[1]:.0e})")
+            t = None
+            if timed:
+                mon = None
+                if monitor:
+                    from gpulab.core.monitor import GpuMonitor
+                    mon = GpuMonitor(interval_s=0.05, pcie=False, device=device).start()
+                try:
+                    t = benchmark(lambda: step(inputs), warmup=warmup, budget_s=budget_s, max_repeat=max_repeat,
+                                  device=device)
+                finally:
+                    if mon is not None:
+                        mon.stop()
+                        busy, monitor_status = mon.mean("busy_pct"), mon.status
+        model.zero_grad(set_to_none=True)
+    if options.cuda_graphs and _cudagraph_skips() > skips:
+        notes.append(f"CUDA graphs NOT applied: torch.compile skipped them {_cudagraph_skips() - skips} time(s) "
+                     "(its log above says why); this row ran compiled code without graphs.")
+    peak = None if mem.peak is None else mem.peak - allocated
+    return {"losses": tuple(losses), "time": t, "peak_bytes": peak, "first_step_ms": first.ms,
+            "busy_pct": busy, "monitor_status": monitor_status, "notes": notes}
+
+
+def _cudagraph_skips() -> int:
+    """How often torch.compile has declined to use CUDA graphs in this process (inductor's counter)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:                      # pragma: no cover - very old torch
+        return 0
+    return int(counters["inductor"]["cudagraph_skips"])
+
+
+# -- correct before fast -----------------------------------------------------------------------------
+def loss_tolerance(job: str, options: Options) -> tuple[float, str]:
+    """(largest accepted relative loss difference to the fp32 reference, why) over the first LOSS_STEPS steps.
+
+    - 16-bit autocast: products round their inputs to 8 (bf16) or 11 (fp16) significant bits, up to 4e-3
+      each; through tens of layers and two AdamW updates the loss moves by a few of those: 3e-2.
+    - TF32 (10-bit mantissa inputs, fp32 sums): 1e-2.
+    - fp32 throughout: only the order of sums changes (memory layout, fused kernels, compiled code): 2e-3.
+    """
+    if options.amp != "none":
+        return 3e-2, f"{options.amp} autocast rounds products to 16 bits"
+    if options.tf32:
+        return 1e-2, "TF32 rounds product inputs to 10 mantissa bits"
+    return 2e-3, "fp32 throughout: only the order of sums differs"
+
+
+def reference_options(job: str, options: Options) -> Options:
+    """The fp32 run whose losses `options` must reproduce: the baseline, except that the CNN keeps its
+    accumulation. BatchNorm normalizes each micro-batch with that micro-batch's own statistics, so for
+    the CNN splitting the batch changes the arithmetic (by several percent at the tiny size) and belongs
+    to the model; the GPT has no batch statistics, and its split batch is checked against the whole one."""
+    return Options(accumulation=options.accumulation) if job == "cnn" else Options()
+
+
+def loss_matches(baseline: Sequence[float], candidate: Sequence[float], tol: float) -> tuple[bool, float]:
+    """(every step's loss within `tol` of the baseline's, relatively; the largest relative difference).
+
+    Compares the first min(len) steps; a NaN or infinite loss never matches.
+    """
+    n = min(len(baseline), len(candidate))
+    if n == 0:
+        raise ValueError("no losses to compare")
+    worst = 0.0
+    for b, c in zip(baseline[:n], candidate[:n]):
+        if not (math.isfinite(b) and math.isfinite(c)):
+            return False, math.inf
+        worst = max(worst, abs(c - b) / max(abs(b), 1e-12))
+    return worst <= tol, worst
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A run and its loss check against the fp32 baseline on the same batches."""
+
+    result: JobResult | None
+    status: str                  # "baseline", "ok", "loss mismatch", "out of memory", "skipped: ..."
+    loss_diff: float | None = None
+    tolerance: float | None = None
+    why: str = ""
+
+    @property
+    def counted(self) -> bool:
+        """Whether its time counts: the baseline itself, or a run whose losses matched."""
+        return self.status in ("baseline", "ok")
+
+
+class Runs:
+    """Every run of a notebook, memoized by (job, options, batch): a configuration runs once.
+
+        runs = Runs()
+        runs("gpt", Options(amp="bf16"))                 # a JobResult
+        runs.checked("gpt", Options(amp="bf16"))         # the same, with its loss check
+
+    `checked` compares the first LOSS_STEPS losses with the fp32 baseline's at the same batch (its
+    timed run if there is one, else an untimed reference run; see `reference_options`) and keeps every
+    check in `checks`.
+    """
+
+    def __init__(self, configs: dict[str, dict] | None = None, runner: Callable[..., JobResult] = run_job,
+                 **run_kw: Any):
+        self.configs = {job: dict((configs or {}).get(job) or job_config(job)) for job in JOBS}
+        self.runner, self.run_kw = runner, run_kw
+        self.results: dict[tuple, JobResult] = {}
+        self.checks: list[tuple[str, Checked]] = []
+
+    def batch(self, job: str, batch: int | None = None) -> int:
+        return batch or self.configs[job]["batch"]
+
+    def __call__(self, job: str, options: Options = Options(), batch: int | None = None, *, timed: bool = True,
+                 monitor: bool = False, **check: Any) -> JobResult:
+        """The run's result, run now if it has not run before (`check`: expected_losses and tolerance)."""
+        batch = self.batch(job, batch)
+        key = (job, options, batch, timed, monitor)
+        if key not in self.results:
+            self.results[key] = self.runner(job, options, batch, config=self.configs[job], timed=timed,
+                                            monitor=monitor, **check, **self.run_kw)
+        return self.results[key]
+
+    def reference(self, job: str, batch: int | None = None, options: Options = Options()) -> JobResult:
+        """The fp32 reference run of `options` (`reference_options`) at `batch`: a timed run if there is
+        one, else an untimed run of LOSS_STEPS steps."""
+        batch = self.batch(job, batch)
+        ref = reference_options(job, options)
+        for (j, o, b, timed, _), r in self.results.items():
+            if (j, o, b) == (job, ref, batch) and timed:
+                return r
+        return self(job, ref, batch, timed=False)
+
+    def checked(self, job: str, options: Options = Options(), batch: int | None = None, *,
+                monitor: bool = False) -> Checked:
+        """The run, its losses checked against its fp32 reference's; out of memory becomes a status."""
+        try:
+            if options == reference_options(job, options):
+                out = Checked(self(job, options, batch, monitor=monitor), "baseline",
+                              why="the fp32 reference itself")
+            else:
+                ref = self.reference(job, batch, options)
+                tol, why = loss_tolerance(job, options)
+                result = self(job, options, batch, monitor=monitor, expected_losses=ref.losses, tolerance=tol)
+                ok, diff = loss_matches(ref.losses, result.losses, tol)
+                out = Checked(result, "ok" if ok else "loss mismatch", diff, tol, why)
+        except torch.OutOfMemoryError as err:
+            out = Checked(None, "out of memory", why=str(err).splitlines()[0])
+            del err
+        self.checks.append((f"{job}: {options.label} (batch {self.batch(job, batch)})", out))
+        return out
+
+    def mismatches(self) -> list[str]:
+        """Every checked run whose losses did not match the baseline's."""
+        return [name for name, c in self.checks if c.status == "loss mismatch"]
+
+
+# -- the waterfall -----------------------------------------------------------------------------------
+@dataclass
+class Step:
+    """One row of a waterfall: a toggle added to the options of the row before."""
+
+    label: str
+    options: Options
+    checked: Checked
+    speedup: float | None = None         # throughput / the first row's
+    gain: float | None = None            # throughput / the previous counted row's
+    share_pct: float | None = None       # share of the total speed-up, log space
+    memory_saved: int | None = None      # peak bytes: previous counted row's minus this one's
+    memory_share_pct: float | None = None
+
+    @property
+    def status(self) -> str:
+        return self.checked.status
+
+    @property
+    def result(self) -> JobResult | None:
+        return self.checked.result
+
+    @property
+    def counted(self) -> bool:
+        return self.checked.counted
+
+
+def waterfall(job: str, order: Sequence[str] | None = None, runs: Runs | None = None, base: Options = Options(),
+              batch: int | None = None, facts: DeviceFacts | None = None, half: str | None = None,
+              backend: str | None = None) -> list[Step]:
+    """Start from `base` and add each toggle of `order` in turn (cumulative), one run per row.
+
+    A toggle this device or job cannot take is a "skipped: why" row and is not kept; a run whose
+    losses differ from the fp32 baseline's is a "loss mismatch" row: its time is not counted and its
+    toggle is not kept. Then `attribute` fills in speed-ups and shares.
+    """
+    runs = runs or Runs()
+    facts = facts or device_facts()
+    half = half or P.best_half(facts)
+    order = ORDERS[job] if order is None else tuple(order)
+    batch = runs.batch(job, batch)
+    first = runs.checked(job, base, batch)
+    steps = [Step("baseline" if base == Options() else base.label, base, first)]
+    current = base
+    for toggle in order:
+        candidate = current.adding(toggle, half)
+        why = problem(job, candidate, batch, facts, backend)
+        if why:
+            steps.append(Step(f"+ {toggle}", candidate, Checked(None, f"skipped: {why}")))
+            continue
+        c = runs.checked(job, candidate, batch)
+        steps.append(Step(f"+ {toggle}", candidate, c))
+        if c.counted:
+            current = candidate
+    return attribute(steps)
+
+
+def attribute(steps: list[Step]) -> list[Step]:
+    """Fill in each counted row's speed-up, gain and share of the total speed-up and memory saved.
+
+    Shares of speed are taken in log space: with gains g_i from one counted row to the next, the total
+    is their product, so log g_i / log total add up to 100% (a row that slows things down has a negative
+    share). Memory shares are plain differences of peak memory over the total difference. A share is None
+    where the total is too close to 1 (or 0 bytes) to divide by.
+    """
+    counted = [s for s in steps if s.counted and s.result is not None and s.result.items_per_s]
+    if not counted:
+        return steps
+    base_rate = counted[0].result.items_per_s
+    total = counted[-1].result.items_per_s / base_rate
+    peaks = [s.result.peak_bytes for s in counted]
+    have_memory = all(p is not None for p in peaks)
+    memory_total = peaks[0] - peaks[-1] if have_memory else None
+    previous = None
+    for s in counted:
+        rate = s.result.items_per_s
+        s.speedup = rate / base_rate
+        if previous is None:
+            previous = s
+            continue
+        s.gain = rate / previous.result.items_per_s
+        s.share_pct = 100 * math.log(s.gain) / math.log(total) if abs(math.log(total)) > 1e-9 else None
+        if have_memory:
+            s.memory_saved = previous.result.peak_bytes - s.result.peak_bytes
+            s.memory_share_pct = 100 * s.memory_saved / memory_total if memory_total else None
+        previous = s
+    return steps
+
+
+def fastest(steps: Sequence[Step]) -> Step:
+    """The counted row with the highest throughput."""
+    counted = [s for s in steps if s.counted and s.result is not None and s.result.items_per_s]
+    if not counted:
+        raise ValueError("no counted rows")
+    return max(counted, key=lambda s: s.result.items_per_s)
+
+
+def all_on(job: str, batch: int | None = None, facts: DeviceFacts | None = None, order: Sequence[str] | None = None,
+           half: str | None = None, backend: str | None = None) -> Options:
+    """Every toggle of `order` (default: the job's waterfall) this device and job accept, added in turn."""
+    facts = facts or device_facts()
+    half = half or P.best_half(facts)
+    options = Options()
+    for toggle in ORDERS[job] if order is None else order:
+        candidate = options.adding(toggle, half)
+        if problem(job, candidate, batch, facts, backend) is None:
+            options = candidate
+    return options
+
+
+# -- model FLOPs utilization -------------------------------------------------------------------------
+def bf16_peak(store=None) -> Ceiling | None:
+    """The 16-bit matrix-product peak to measure MFU against: notebook 00's bf16 (measured if it ran, else
+    the datasheet's, as `ceilings()` labels it), fp16 on a GPU without bf16; None if neither is known."""
+    found = ceilings(store)
+    return found.get("matmul_bf16") or found.get("matmul_fp16")
+
+
+def peak_is_measured(peak: Ceiling | None) -> bool:
+    """True for a peak notebook 00 measured at full size on this GPU (not a datasheet figure)."""
+    return peak is not None and peak.source.startswith("measured") and "(full)" in peak.source
+
+
+def mfu(tflops: float | JobResult | None, peak: Ceiling | None) -> float | None:
+    """Model FLOPs utilization: achieved model TFLOP/s over the peak's TFLOP/s (a fraction, not %)."""
+    if isinstance(tflops, JobResult):
+        tflops = tflops.tflops
+    if tflops is None or peak is None or peak.value <= 0:
+        return None
+    return tflops / peak.value
+
+
+# -- the seeds' tables -------------------------------------------------------------------------------
+# Seed 000 (V100), "benchmark comparison on a V100": memory (GB), training speed (iter/s), speed-up.
+SEED_V100 = (
+    ("Baseline (FP32)", 12.4, 45, 1.0),
+    ("AMP (FP16/FP32 mixed)", 6.8, 120, 2.67),
+    ("AMP + Tensor Core", 6.8, 138, 3.07),
+    ("AMP + memory pooling", 5.9, 135, 3.0),
+)
+
+
+# Seed 004 (RTX 4090): batch size, throughput (img/s), GPU utilization (%).
+SEED_4090 = (
+    ("Baseline", 32, 125, 58),
+    ("+AMP", 64, 214, 72),
+    ("+Checkpointing", 128, 187, 68),
+    ("All combined", 256, 362, 89),
+)
+
+
+NO_POOLING = ("no toggle corresponds: PyTorch's caching allocator already pools GPU memory in every run; "
+              "lesson 02 compares allocator settings, each in a fresh process")
+
+
+@dataclass(frozen=True)
+class SeedRow:
+    """One row of a seed's table beside the configuration that corresponds to it on this GPU."""
+
+    seed: tuple
+    options: Options | None
+    batch: int | None
+    checked: Checked | None
+    why: str = ""
+
+
+def seed_v100_rows(runs: Runs, job: str = "gpt", batch: int | None = None, half: str = "bf16") -> list[SeedRow]:
+    """Seed 000's rows on `job`: fp32; AMP; AMP + "Tensor Core" (sizes aligned: the GPT's vocabulary);
+    "memory pooling" has no counterpart (NO_POOLING)."""
+    amp = Options(amp=half)
+    configs = [Options(), amp, amp.adding("aligned") if job == "gpt" else amp.adding("channels_last"), None]
+    out = []
+    for seed, options in zip(SEED_V100, configs):
+        if options is None:
+            out.append(SeedRow(seed, None, None, None, NO_POOLING))
+        else:
+            out.append(SeedRow(seed, options, runs.batch(job, batch), runs.checked(job, options, batch)))
+    return out
+
+
+def seed_4090_rows(runs: Runs, best: Options, job: str = "cnn", batch: int | None = None,
+                   half: str = "bf16") -> list[SeedRow]:
+    """Seed 004's rows on `job`, its batches doubling from `batch` (default: the seed's 32) as the seed's
+    did: fp32; AMP at 2x; AMP + checkpointing at 4x; `best` (every speed toggle) + checkpointing at 8x.
+    GPU busy % is sampled during each timed run (NVML), like the seed's utilization column."""
+    b = batch or SEED_4090[0][1]
+    configs = [(Options(), b), (Options(amp=half), 2 * b), (Options(amp=half, checkpointing=True), 4 * b),
+               (dataclasses.replace(best, checkpointing=True), 8 * b)]
+    return [SeedRow(seed, o, n, runs.checked(job, o, n, monitor=True)) for seed, (o, n) in zip(SEED_4090, configs)]
+
+
+# -- for `gpulab bench` ------------------------------------------------------------------------------
+def headline_numbers(job: str = "gpt", scale: str | None = None, runs: Runs | None = None) -> dict[str, Any]:
+    """Baseline (fp32) against everything this device accepts (`all_on`), for one job at `scale`.
+
+    The optimized run's losses are checked against the baseline's before its time counts. Returns the
+    throughputs, their ratio, the check, and the model FLOPs utilization against `bf16_peak()`.
+    """
+    runs = runs or Runs({job: job_config(job, scale)})
+    best = all_on(job, runs.batch(job))
+    base = runs.checked(job, Options())
+    top = runs.checked(job, best)
+    if top.result is None or base.result is None:
+        raise RuntimeError(f"{job}: a run did not complete ({top.status}: {top.why})")
+    peak = bf16_peak()
+    unit = JOBS[job].unit
+    return {
+        "baseline": base.result.items_per_s, "optimized": top.result.items_per_s, "unit": unit,
+        "ratio": top.result.items_per_s / base.result.items_per_s, "correct": top.status == "ok",
+        "check": (f"first {LOSS_STEPS} losses within {top.tolerance:.0e} of fp32's (largest relative "
+                  f"difference {top.loss_diff:.1e}; {top.why})"),
+        "baseline_label": "fp32 baseline", "optimized_label": best.label,
+        "baseline_ms": base.result.step_ms, "optimized_ms": top.result.step_ms,
+        "tflops": top.result.tflops, "mfu": mfu(top.result, peak),
+        "peak": None if peak is None else f"{peak.value:.4g} TFLOP/s ({peak.source})",
+        "notes": "; ".join(top.result.notes),
+    }
+
+
+# -- tables and plots for the notebook ----------------------------------------------------------------
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.3g}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}%"
+
+
+STEP_HEADER = ("step", "status", "ms per step", "throughput", "speed-up", "this step", "share of speed-up",
+               "peak GiB", "memory saved GiB", "share of memory saved", "model TFLOP/s", "loss vs fp32 (tolerance)",
+               "first step ms", "notes")
+
+
+def step_rows(steps: Sequence[Step]) -> list[tuple]:
+    """One table row per waterfall step (STEP_HEADER): what ran, whether it counted, and its shares."""
+    rows = []
+    for s in steps:
+        r, c = s.result, s.checked
+        if r is None or r.time is None:
+            rows.append((s.label, s.status) + ("-",) * (len(STEP_HEADER) - 3) + ("; ".join(r.notes) if r else "",))
+            continue
+        check = "-" if c.loss_diff is None else f"{c.loss_diff:.1e} ({c.tolerance:.0e})"
+        rows.append((s.label, s.status, f"{r.step_ms:.4g}", f"{r.items_per_s:,.0f} {r.unit}",
+                     "-" if s.speedup is None else f"{s.speedup:.2f}x", "-" if s.gain is None else f"{s.gain:.2f}x",
+                     _pct(s.share_pct), _gib(r.peak_bytes),
+                     "-" if s.memory_saved is None else _gib(s.memory_saved), _pct(s.memory_share_pct),
+                     f"{r.tflops:.3g}", check, f"{r.first_step_ms:,.0f}", "; ".join(r.notes)))
+    return rows
+
+
+def waterfall_figure(steps: Sequence[Step], title: str = "", memory: bool = False):
+    """`plots.waterfall_plot` of the steps: cumulative speed-up (or, with `memory`, peak GiB), each step's
+    share written above its bar; steps that did not count drawn grey."""
+    from gpulab.core import plots
+
+    if memory:
+        values = [None if not s.counted or s.result is None or s.result.peak_bytes is None
+                  else s.result.peak_bytes / 2**30 for s in steps]
+        notes = [("" if s.memory_share_pct is None else f"{s.memory_share_pct:.0f}%") if v is not None
+                 else s.status.split(":")[0] for s, v in zip(steps, values)]
+        return plots.waterfall_plot(list(zip((s.label for s in steps), values)), notes, ylabel="peak memory (GiB)",
+                                    title=title, logy=False, total_label="end", higher_is_better=False)
+    values = [s.speedup if s.counted else None for s in steps]
+    notes = [("" if s.share_pct is None else f"{s.gain:.2f}x, {s.share_pct:.0f}%") if v is not None
+             else s.status.split(":")[0] for s, v in zip(steps, values)]
+    return plots.waterfall_plot(list(zip((s.label for s in steps), values)), notes, title=title)
+
+
+SEED_V100_HEADER = ("seed row (V100)", "seed GB", "seed iter/s", "seed speed-up", "here: configuration",
+                    "here: peak GiB", "here: steps/s", "here: speed-up", "here: memory vs fp32", "seed memory vs fp32")
+
+
+SEED_4090_HEADER = ("seed row (RTX 4090)", "seed batch", "seed img/s", "seed speed-up", "seed GPU util.",
+                    "here: configuration", "here: batch", "here: img/s", "here: speed-up", "here: GPU busy")
+
+
+def seed_v100_table(rows: Sequence[SeedRow]) -> list[tuple]:
+    """SEED_V100_HEADER rows: the seed's figures and ratios beside ours (ratios to each table's first row)."""
+    base = rows[0].checked.result if rows[0].checked else None
+    out = []
+    for r in rows:
+        name, gb, its, x = r.seed
+        seed = (name, gb, its, f"{x:.2f}x")
+        seed_mem = f"{gb / rows[0].seed[1]:.2f}x"
+        res = r.checked.result if r.checked else None
+        if res is None or res.time is None or base is None or not r.checked.counted:
+            why = r.why or (r.checked.status if r.checked else "")
+            out.append(seed + (why, "-", "-", "-", "-", seed_mem))
+            continue
+        steps = 1e3 / res.step_ms
+        mem = "-" if res.peak_bytes is None or not base.peak_bytes else f"{res.peak_bytes / base.peak_bytes:.2f}x"
+        out.append(seed + (res.options.label, _gib(res.peak_bytes), f"{steps:.3g}",
+                           f"{res.items_per_s / base.items_per_s:.2f}x", mem, seed_mem))
+    return out
+
+
+def seed_4090_table(rows: Sequence[SeedRow]) -> list[tuple]:
+    """SEED_4090_HEADER rows: the seed's figures and speed-ups beside ours, with GPU busy % from NVML."""
+    base = rows[0].checked.result if rows[0].checked else None
+    out = []
+    for r in rows:
+        name, b, rate, util = r.seed
+        seed = (name, b, rate, f"{rate / rows[0].seed[2]:.2f}x", f"{util}%")
+        res = r.checked.result if r.checked else None
+        if res is None or res.time is None or base is None or not r.checked.counted:
+            out.append(seed + (r.options.label if r.options else "-", r.batch, r.checked.status, "-", "-"))
+            continue
+        busy = f"{res.busy_pct:.0f}%" if res.busy_pct is not None else f"n/a ({res.monitor_status or 'no NVML'})"
+        out.append(seed + (res.options.label, r.batch, f"{res.items_per_s:,.0f}",
+                           f"{res.items_per_s / base.items_per_s:.2f}x", busy))
+    return out
+
+
+def headline(scale: str | None = None, runs: Runs | None = None) -> Measured:
+    """The GPT job, fp32 against every toggle this device accepts (`headline_numbers`), as a `Measured`:
+    what notebook 13's self-check and `gpulab bench` read."""
+    h = headline_numbers("gpt", scale, runs)
+    notes = f"MFU {100 * h['mfu']:.0f}% of {h['peak']}" if h["mfu"] is not None else "MFU: no 16-bit peak known"
+    return Measured(h["baseline"], h["optimized"], h["unit"], h["ratio"], h["correct"], h["check"],
+                    h["baseline_label"], h["optimized_label"], notes=notes)

@@ -1,0 +1,185 @@
+"""Models and batches the lessons train. Introduced in notebook 09; reused from 10 on.
+
+- `TransformerStack`: GPT-style blocks (pre-LayerNorm, causal SDPA attention, 4x GELU MLP)
+  with activation checkpointing every k blocks as a switch (`checkpoint_every`).
+- `make_batch`, `loss_fn`, `autocast`, `train_step`: a deterministic batch and one training step.
+- `checkpointing_check`, `accumulation_check` (`GRAD_TOL`, `fp32_loss_and_grads`, `worst_difference`):
+  correct before fast, in plain fp32.
+- `saved_for_backward`: the bytes autograd keeps between forward and backward (works on the CPU).
+- `predicted_memory`, `predicted_batch`: the back-of-envelope for the above, before anything runs,
+  and the batch it says fits half the free memory.
+- `memory_budget`, `training_peak`, `fits_budget`, `largest_batch`: the memory of a step, and the
+  largest batch that fits a budget, found by measuring (never by filling the whole GPU).
+
+Lessons 06 and 07 add:
+- `ResNetish` (ResNet-50's layer shapes at full size) and `image_batches`: a CNN and learnable
+  synthetic images; `GPT`, `padded_copy` and `token_batches`: a language model whose vocabulary
+  can be padded, and learnable token sequences;
+- `count_flops` (PyTorch's FlopCounterMode) and `fit_batch` (a batch that fits a memory budget,
+  extrapolated from two small measured steps);
+- `conv_benchmark_in_fresh_process`: training steps with cudnn.benchmark on or off, each in its
+  own process (`python -m gpulab.lessons.l07_tensor_core_alignment --benchmark on|off ...`).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+import torch
+from torch import nn
+from gpulab.core.memory import free_memory, release, track_peak
+from gpulab.models.step import train_step
+from gpulab.models.transformer import make_batch, param_bytes
+
+
+@dataclass
+class Saved:
+    """Filled in by `saved_for_backward`: distinct storages autograd keeps, by address."""
+
+    storages: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.storages.values())
+
+
+@contextlib.contextmanager
+def saved_for_backward(model: nn.Module) -> Iterator[Saved]:
+    """Count the bytes autograd saves for backward inside the block, weights excluded. Notebook 09.
+
+    Each storage is counted once (q, k and v are views of one tensor). Inside a
+    checkpointed segment PyTorch's own hooks take over, so what a segment does not
+    keep is not counted: this is what stays in memory between forward and backward.
+    """
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = Saved()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in weights:
+            saved.storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield saved
+
+
+def predicted_memory(n_blocks: int, batch: int, seq: int, width: int, params: int, k: int = 0,
+                     half: bool = True) -> tuple[int, int]:
+    """Back-of-envelope bytes (kept for backward, peak of a step) when checkpointing every k blocks. Notebook 09.
+
+    Per element of (batch, seq, width): a block keeps 36 bytes under 16-bit autocast (64 in fp32);
+    a checkpointed segment keeps only its fp32 input (4); final LayerNorm, head and loss keep 10 (12).
+    The peak adds one segment rebuilt during backward, and per parameter the fp32 weight,
+    its gradient and, under autocast, its 16-bit copy: 10 bytes (8 in fp32).
+    """
+    per_block, head, per_param = (36, 10, 10) if half else (64, 12, 8)
+    elements = batch * seq * width
+    if k == 0:
+        kept, rebuilt = n_blocks * per_block * elements, 0
+    else:
+        kept, rebuilt = -(-n_blocks // k) * 4 * elements, min(k, n_blocks) * per_block * elements
+    kept += head * elements
+    return kept, kept + rebuilt + per_param * params
+
+
+def predicted_batch(n_blocks: int, batch: int, seq: int, width: int, params: int, half: bool = True,
+                    times: int = 1, fraction: float = 0.5, device: torch.device | None = None) -> int:
+    """`batch`, halved until the predicted peak of a step on `times` x batch samples (`predicted_memory`,
+    no checkpointing) fits `fraction` of the GPU's free memory now; `batch` unchanged on the CPU.
+    Notebooks 09 and 10 (and gpulab bench) size their GPU runs with it before anything is allocated."""
+    free = free_memory(device)
+    if free is None:
+        return batch
+    while batch > 1 and predicted_memory(n_blocks, batch * times, seq, width, params, 0, half)[1] > fraction * free[0]:
+        batch //= 2
+    return batch
+
+
+def memory_budget(cap: int, fraction: float = 0.5, device: torch.device | None = None) -> int | None:
+    """min(cap, fraction x the GPU's free memory now), in bytes; None on the CPU. Notebook 09."""
+    free = free_memory(device)
+    return None if free is None else int(min(cap, fraction * free[0]))
+
+
+def training_peak(model: nn.Module, batch: int, dtype: torch.dtype | None = None) -> int | None:
+    """Peak bytes of one training step: weights + batch + activations + gradients (None on the CPU). Notebook 09."""
+    model.zero_grad(set_to_none=True)
+    with track_peak(next(model.parameters()).device) as mem:
+        x, y = make_batch(model, batch)
+        train_step(model, x, y, precision=dtype)
+        del x, y
+        model.zero_grad(set_to_none=True)
+    return None if mem.peak is None else param_bytes(model) + mem.peak_above_start
+
+
+def fits_budget(model: nn.Module, batch: int, budget: int,
+                dtype: torch.dtype | None = None) -> tuple[bool, int | None]:
+    """(fits, peak bytes) of one step at `batch`; out of memory counts as not fitting. Notebook 09.
+
+    On the CPU nothing can be measured: (False, None).
+    """
+    try:
+        peak = training_peak(model, batch, dtype)
+    except torch.OutOfMemoryError:
+        peak = None               # the failed step's tensors are freed when the except block ends
+    model.zero_grad(set_to_none=True)
+    release()
+    return peak is not None and peak <= budget, peak
+
+
+def largest_batch(fits: Callable[[int], tuple[bool, int | None]], start: int = 1, limit: int = 1024,
+                  resolution: int = 1, max_tries: int = 20) -> tuple[int, list[tuple[int, bool, int | None]]]:
+    """Largest batch in [start, limit] that fits: double until one does not, then bisect. Notebook 09.
+
+    Returns the batch (0 if even `start` does not fit) and every trial (batch, fits, peak).
+    Doubling means a trial needs at most about twice the memory of one that fitted.
+    """
+    trials: list[tuple[int, bool, int | None]] = []
+
+    def ok(b: int) -> bool:
+        trials.append((b, *fits(b)))
+        return trials[-1][1]
+
+    if not ok(start):
+        return 0, trials
+    lo, hi = start, None
+    while hi is None and lo < limit and len(trials) < max_tries:
+        b = min(2 * lo, limit)
+        lo, hi = (b, None) if ok(b) else (lo, b)
+    while hi is not None and hi - lo > resolution and len(trials) < max_tries:
+        mid = lo + (hi - lo) // 2 // resolution * resolution
+        if mid == lo:
+            break
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo, trials
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """Floating-point operations of `fn()` (e.g. a forward and backward pass), counted by PyTorch's
+    FlopCounterMode: matrix products, convolutions and attention, 2 per multiply-add. Notebook 06."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def fit_batch(peak_at: Callable[[int], int | None], wanted: int, budget: int | None, probe: int = 4) -> int:
+    """The batch to run: `wanted`, halved until the peak memory, extrapolated in a straight line
+    from two measured small batches (`probe` and 2 x `probe`), fits `budget` bytes. Notebook 06.
+
+    `peak_at(b)` runs one training step at batch b and returns its peak bytes (None on the CPU,
+    where `wanted` is returned unchanged). Costs two small steps, never a large trial.
+    """
+    if budget is None:
+        return wanted
+    small, large = peak_at(probe), peak_at(2 * probe)
+    if small is None or large is None:
+        return wanted
+    per_sample = max(large - small, 1) / probe
+    fixed = small - probe * per_sample
+    batch = wanted
+    while batch > 1 and fixed + batch * per_sample > budget:
+        batch //= 2
+    return batch

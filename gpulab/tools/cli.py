@@ -1,0 +1,282 @@
+"""The `gpulab` command. `gpulab doctor`: is this machine ready for the course?
+
+Exit status 0 when everything the course needs is there, 1 otherwise; each
+problem comes with a concrete fix. `--cpu-ok` accepts a machine without a GPU
+(the course then runs at tiny size and its numbers are only illustrative).
+
+For instructors and maintainers (see README, "For instructors"):
+`gpulab bench` runs each lesson's headline comparison headless against its band
+(gpulab.tools.bench); `gpulab room FOLDER` merges a room's results files (gpulab.tools.room);
+`gpulab report` prints or rewrites the README's "measured on" block.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata as md
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+
+
+@dataclass
+class Finding:
+    check: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _widget_extension() -> Path | None:
+    """Where JupyterLab would load the ipywidgets front end from, if installed."""
+    try:
+        from jupyter_core.paths import jupyter_path
+    except ImportError:
+        return None
+    for base in jupyter_path("labextensions"):
+        pkg = Path(base) / "@jupyter-widgets" / "jupyterlab-manager" / "package.json"
+        if pkg.is_file():
+            return pkg.parent
+    return None
+
+
+def doctor_findings(cpu_ok: bool = False) -> list[Finding]:
+    """Every check `gpulab doctor` makes, in order."""
+    gpu_fail = WARN if cpu_ok else FAIL
+    found: list[Finding] = []
+    add = lambda *a: found.append(Finding(*a))  # noqa: E731
+
+    v = sys.version_info
+    add("python", OK if v >= (3, 10) else FAIL, sys.version.split()[0],
+        "" if v >= (3, 10) else "use Python 3.10 or newer")
+
+    try:
+        import torch
+    except ImportError as err:
+        add("torch", FAIL, f"not importable ({err})", "run the README's set-up command")
+        return found
+
+    cuda_build = torch.version.cuda is not None
+    add("torch", OK, f"{torch.__version__} ({'CUDA ' + torch.version.cuda if cuda_build else 'CPU build'})")
+
+    from gpulab.core.monitor import nvml_status
+    nvml_ok, nvml_why = nvml_status()
+
+    gpu = torch.cuda.is_available()
+    if gpu:
+        p = torch.cuda.get_device_properties(0)
+        add("GPU", OK, f"{torch.cuda.device_count()} visible; using {p.name} "
+                       f"(compute capability {p.major}.{p.minor}, {p.multi_processor_count} SMs)")
+    elif not cuda_build and nvml_ok:
+        add("GPU", FAIL, "this machine has an NVIDIA GPU but PyTorch is a CPU build",
+            "install a CUDA build: `pip install --force-reinstall torch` on Linux "
+            "(see pytorch.org/get-started for the command for your CUDA version)")
+    elif not cuda_build:
+        add("GPU", gpu_fail, "no CUDA GPU: PyTorch is a CPU build and no NVIDIA driver answers",
+            "run the course on a machine with an NVIDIA GPU; here it runs at tiny size "
+            "and its numbers are only illustrative (`gpulab doctor --cpu-ok` accepts that)")
+    else:
+        add("GPU", gpu_fail, "PyTorch is a CUDA build but sees no GPU",
+            "check `nvidia-smi`; check CUDA_VISIBLE_DEVICES; the driver must be at least as "
+            f"new as CUDA {torch.version.cuda} needs")
+
+    add("NVIDIA driver / NVML", OK if nvml_ok else gpu_fail, nvml_why,
+        "" if nvml_ok else "the GPU monitor (lessons 00, 03, 05) needs NVML: install the NVIDIA "
+        "driver, or start the container with the 'utility' driver capability "
+        "(NVIDIA_DRIVER_CAPABILITIES=compute,utility); `pip install nvidia-ml-py`")
+    if _version("pynvml"):
+        add("pynvml package", WARN, f"the deprecated `pynvml` distribution {_version('pynvml')} "
+            "is installed; it is a shim that warns on import",
+            "pip uninstall pynvml  (gpulab needs only nvidia-ml-py)")
+
+    try:
+        triton = importlib.import_module("triton")
+        t_status, t_detail, t_fix = OK, f"triton {triton.__version__}", ""
+        if gpu and torch.cuda.get_device_capability(0) < (8, 0):
+            t_status, t_fix = WARN, ("Triton officially supports compute capability 8.0+; "
+                                     "lessons 04 and 12 say what they skip")
+    except ImportError:
+        t_status = gpu_fail if gpu or cuda_build else WARN
+        t_detail = "not installed (torch.compile's GPU backend and lesson 04's kernels need it)"
+        t_fix = "it comes with CUDA builds of torch on Linux: reinstall torch from PyPI"
+    add("Triton", t_status, t_detail, t_fix)
+
+    if gpu:
+        free, total = torch.cuda.mem_get_info(0)
+        gib = 2**30
+        add("free GPU memory", OK if free >= 4 * gib else WARN,
+            f"{free / gib:.1f} of {total / gib:.1f} GiB free",
+            "" if free >= 4 * gib else "other processes hold GPU memory: lessons shrink to fit, "
+            "but close them if you can (`nvidia-smi` lists them)")
+
+    for dist, why in (("jupyterlab", "the course runs in JupyterLab"),
+                      ("ipywidgets", "the lessons' panels"),
+                      ("matplotlib", "every plot"), ("nvidia-ml-py", "the GPU monitor")):
+        ver = _version(dist)
+        add(dist, OK if ver else FAIL, ver or f"missing ({why})",
+            "" if ver else f"pip install {dist}  (or re-run the README's set-up command)")
+
+    ext = _widget_extension()
+    add("JupyterLab widget extension", OK if ext else FAIL,
+        f"found at {ext}" if ext else "@jupyter-widgets/jupyterlab-manager is not installed: "
+        "panels would show 'Loading widget...' or a missing-extension message",
+        "" if ext else "pip install --force-reinstall jupyterlab_widgets, then restart JupyterLab")
+
+    from gpulab.core.device import SCALES, SettingError, pick_device, scale, setting
+    try:
+        add("GPULAB_DEVICE", OK, f"lessons run on {pick_device()}")
+        device_ok = True
+    except SettingError as err:
+        add("GPULAB_DEVICE", FAIL, str(err), "unset GPULAB_DEVICE, or set auto, cuda or cpu")
+        device_ok = False
+    try:
+        setting("GPULAB_SCALE", SCALES, "auto")
+        add("GPULAB_SCALE", OK, f"lessons run at scale={scale()}" if device_ok
+            else "valid (its 'auto' depends on the device setting above)")
+    except SettingError as err:
+        add("GPULAB_SCALE", FAIL, str(err), "unset GPULAB_SCALE, or set tiny, full or auto")
+    return found
+
+
+def doctor(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpulab doctor", description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu-ok", action="store_true",
+                        help="accept a machine without a GPU (tiny, illustrative runs)")
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    args = parser.parse_args(argv)
+    found = doctor_findings(cpu_ok=args.cpu_ok)
+    failed = [f for f in found if f.status == FAIL]
+    if args.json:
+        print(json.dumps([asdict(f) for f in found], indent=1))
+    else:
+        width = max(len(f.check) for f in found)
+        for f in found:
+            print(f"{f.status:>4}  {f.check:<{width}}  {f.detail}")
+            if f.fix and f.status != OK:
+                print(f"{'':>4}  {'':<{width}}  fix: {f.fix}")
+        print()
+        print(f"NOT READY: {len(failed)} problem(s) above." if failed
+              else "Ready for the course." + (" (GPU side: not checked, --cpu-ok)"
+                                              if args.cpu_ok and not _has_gpu() else ""))
+    return 1 if failed else 0
+
+
+def _has_gpu() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def bench(argv: list[str] | None = None) -> int:
+    """`gpulab bench`: exit 0, or 1 with --check when a row fails; 2 for bad arguments or bands."""
+    from gpulab.core.bands import load_bands
+    from gpulab.core.device import SCALES
+    from gpulab.tools import bench as B
+
+    parser = argparse.ArgumentParser(
+        prog="gpulab bench", description="Run each lesson's headline comparison and check it against its band.")
+    parser.add_argument("--scale", choices=SCALES, default=None,
+                        help="problem sizes (default: GPULAB_SCALE, else auto: full on a GPU, tiny on the CPU)")
+    parser.add_argument("--lessons", default="", help="comma-separated lessons, e.g. 03,05 (default: all)")
+    parser.add_argument("--json", metavar="PATH", default=None,
+                        help="where to write the JSON (default: beside the results store, under bench/)")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when a ratio falls outside its band or a result is wrong")
+    parser.add_argument("--bands", metavar="PATH", default=None, help="bands file (default: gpulab/bands.toml)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    args = parser.parse_args(argv)
+    try:
+        experiments = B.select(args.lessons.split(",") if args.lessons else None)
+        bands = load_bands(args.bands)
+    except ValueError as err:
+        print(f"gpulab bench: {err}", file=sys.stderr)
+        return 2
+    report = B.run(experiments, bands, progress=not args.no_progress, scale=args.scale)
+    path = B.write_json(report, args.json or B.default_json_path(report))
+    recorded = B.record(report)
+    from gpulab.core.results import default_path
+    print(B.format_table(report))
+    print(f"\nJSON: {path}\nresults store: {recorded} row(s) recorded in {default_path()}")
+    return 1 if args.check and report.failed else 0
+
+
+def room(argv: list[str] | None = None) -> int:
+    """`gpulab room FOLDER`: exit 0 (bad files are reported, not fatal); 2 if FOLDER is not a folder."""
+    from gpulab.tools import room as R
+
+    parser = argparse.ArgumentParser(
+        prog="gpulab room", description="Merge a folder of results stores and bench JSON files into one comparison.")
+    parser.add_argument("folder", help="folder with learners' results files and `gpulab bench` JSON files")
+    parser.add_argument("--png", metavar="PATH", default=None, help="save the grouped bar chart as a PNG")
+    parser.add_argument("--json", metavar="PATH", default=None, help="write the merged table as JSON")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    args = parser.parse_args(argv)
+    try:
+        merged = R.merge(args.folder)
+    except FileNotFoundError as err:
+        print(f"gpulab room: {err}", file=sys.stderr)
+        return 2
+    print(R.format_table(merged, markdown=args.markdown))
+    if args.png:
+        R.room_plot(merged).savefig(args.png, dpi=120)
+        print(f"plot: {args.png}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(merged.to_json(), indent=1) + "\n", encoding="utf-8")
+        print(f"JSON: {args.json}")
+    return 0
+
+
+def report(argv: list[str] | None = None) -> int:
+    """`gpulab report`: print the README's "measured on" block, or rewrite it with --readme."""
+    from gpulab.tools import room as R
+
+    parser = argparse.ArgumentParser(
+        prog="gpulab report", description="The README's 'measured on' block, from the committed results files.")
+    parser.add_argument("--results", default="results", help="folder of committed results files (default: results)")
+    parser.add_argument("--readme", metavar="PATH", default=None,
+                        help="rewrite the block between the measured-on markers in this file")
+    args = parser.parse_args(argv)
+    try:
+        if args.readme:
+            changed = R.update_readme(args.readme, args.results)
+            print(f"{args.readme}: {'measured-on block rewritten' if changed else 'already up to date'}")
+        else:
+            print(R.measured_on_block(args.results))
+    except (FileNotFoundError, ValueError) as err:
+        print(f"gpulab report: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+USAGE = """usage: gpulab doctor [--cpu-ok] [--json]
+       gpulab bench [--scale tiny|full|auto] [--lessons 03,05] [--json PATH] [--check] [--bands PATH]
+       gpulab room FOLDER [--png out.png] [--json out.json] [--markdown]
+       gpulab report [--readme README.md] [--results results]
+
+  doctor   check that this machine is ready for the course
+  bench    run each lesson's headline comparison; --check fails when a ratio leaves its band
+  room     merge a folder of learners' results files into one comparison across GPUs
+  report   print (or, with --readme, rewrite) the README's "measured on" block"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"doctor": doctor, "bench": bench, "room": room, "report": report}
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+        print(USAGE)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    return commands[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

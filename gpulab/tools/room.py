@@ -1,0 +1,335 @@
+"""A room of learners: merge everyone's results into one comparison across GPUs.
+
+An instructor collects each learner's results store (`~/.gpulab/results.json`, any name) and
+`gpulab bench` JSON files into one folder, then
+
+    room = merge("collected/")          # `gpulab room collected/ --png room.png`
+    print(format_table(room))           # lesson x GPU model: median ratio and run count
+    room_plot(room)                     # grouped bars, one group per lesson
+
+Each lesson's headline ratio comes from bench files directly, and from results stores through
+the bench registry's `from_store` (the ratio the notebook itself recorded). Files of older
+versions are read as far as they go; a file that is not JSON, is cut off, or has another shape
+is reported in `room.bad` and skipped, never crashing the merge and never moved or changed.
+`measured_on_block` turns the committed `results/` folder into the README's "measured on" table.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+from matplotlib.figure import Figure
+from gpulab.tools.bench import BENCH_KIND, ERROR, REGISTRY, WRONG, Experiment
+from gpulab.core.bands import load_bands
+from gpulab.core.results import Record, ResultsFileError, read_records
+
+
+README_START = "<!-- measured-on:start -->"
+
+
+README_END = "<!-- measured-on:end -->"
+
+
+class RoomFileError(ValueError):
+    """A file in the folder is neither a results store nor a bench JSON this version can read."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    gpu: str            # the column: the GPU's name, "(tiny)" added for tiny-scale runs
+    lesson: str
+    metric: str
+    value: float
+    source: str         # the file it came from
+    kind: str           # "bench" (a bench JSON) or "store" (a results store)
+    torch: str = "?"
+    time: str = ""
+    run_id: str = ""
+
+
+@dataclass(frozen=True)
+class BadFile:
+    path: str
+    why: str
+
+
+@dataclass
+class Room:
+    folder: str
+    measurements: list[Measurement] = field(default_factory=list)
+    bad: list[BadFile] = field(default_factory=list)
+    files: list[tuple[str, str, int]] = field(default_factory=list)   # (path, kind, measurements)
+    skipped_rows: int = 0       # rows or records inside good files that could not be used
+
+    @property
+    def gpus(self) -> list[str]:
+        return sorted({m.gpu for m in self.measurements})
+
+    def to_json(self) -> dict:
+        return {"folder": self.folder, "files": [dict(zip(("path", "kind", "measurements"), f)) for f in self.files],
+                "bad": [asdict(b) for b in self.bad], "skipped_rows": self.skipped_rows,
+                "measurements": [asdict(m) for m in self.measurements],
+                "table": [{"lesson": lesson, "metric": metric, "gpu": gpu, "median": med, "count": n}
+                          for (lesson, metric), by_gpu in cells(self).items() for gpu, (med, n) in by_gpu.items()]}
+
+
+def _column(gpu: str, size: Any) -> str:
+    return gpu if size in (None, "", "full") else f"{gpu} ({size})"
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# -- reading one file -------------------------------------------------------------------------
+def read_bench(data: dict, source: str) -> tuple[list[Measurement], int]:
+    """Measurements of a bench JSON (any schema so far): rows with a finite ratio whose result
+    was not wrong. Returns them and how many rows were left out."""
+    gpu = data.get("gpu")
+    rows = data.get("rows")
+    if not isinstance(gpu, str) or not gpu:
+        raise RoomFileError("a bench file without the GPU's name")
+    if not isinstance(rows, list):
+        raise RoomFileError("a bench file without a list of rows")
+    out, skipped = [], 0
+    column = _column(gpu, data.get("scale"))
+    for row in rows:
+        ok = (isinstance(row, dict) and isinstance(row.get("lesson"), str) and isinstance(row.get("metric"), str)
+              and _finite(row.get("ratio")) and row.get("status") not in (WRONG, ERROR) and row.get("correct") is not False)
+        if not ok:
+            skipped += 1
+            continue
+        out.append(Measurement(column, row["lesson"], row["metric"], float(row["ratio"]), source, "bench",
+                               str(data.get("torch", "?")), str(data.get("time", "")), str(data.get("run_id", ""))))
+    return out, skipped
+
+
+def read_store(records: list[Record], source: str,
+               registry: Iterable[Experiment] | None = None) -> list[Measurement]:
+    """Headline ratios in a results store: `bench_ratio` records written by `gpulab bench`, and the
+    ratios notebooks recorded, read through each registry entry's `from_store`."""
+    registry = REGISTRY if registry is None else tuple(registry)
+    groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for r in records:
+        groups[(r.gpu, r.scale)].append(r)
+    out = []
+    for (gpu, size), recs in sorted(groups.items()):
+        column = _column(gpu, size)
+        for r in recs:
+            if r.name == "bench_ratio" and isinstance(r.extra.get("metric"), str) and _finite(r.value):
+                out.append(Measurement(column, r.lesson, r.extra["metric"], r.value, source, "store", r.torch,
+                                       r.time, str(r.extra.get("run_id", ""))))
+        for exp in registry:
+            if exp.from_store is None:
+                continue
+            mine = [r for r in recs if r.lesson == exp.lesson and r.name != "bench_ratio"]
+            for v in exp.from_store(mine):
+                if _finite(v):
+                    out.append(Measurement(column, exp.lesson, exp.metric, float(v), source, "store",
+                                           mine[-1].torch, mine[-1].time))
+    return out
+
+
+def read_file(path: str | os.PathLike, registry: Iterable[Experiment] | None = None) -> tuple[str, list[Measurement], int]:
+    """(kind, measurements, rows left out) of one file; RoomFileError if it is of no use at all."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise RoomFileError("not UTF-8 text") from None
+    except OSError as err:
+        raise RoomFileError(f"cannot be read ({err.strerror or err})") from None
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise RoomFileError(f"not JSON, or cut off ({err})") from None
+    if isinstance(data, dict) and data.get("kind") == BENCH_KIND:
+        found, skipped = read_bench(data, str(path))
+        return "bench", found, skipped
+    if isinstance(data, dict) and "records" in data:
+        try:
+            records = read_records(path)            # gpulab.core.results' own tolerant reader
+        except ResultsFileError as err:
+            raise RoomFileError(f"a results store gpulab cannot read ({err})") from None
+        raw = data["records"]
+        return "store", read_store(records, str(path), registry), len(raw) - len(records)
+    raise RoomFileError("JSON, but neither a gpulab results store nor a `gpulab bench` file")
+
+
+def merge(folder: str | os.PathLike, registry: Iterable[Experiment] | None = None) -> Room:
+    """Every *.json under `folder` (sub-folders too), merged. Bad files are listed in `bad`."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder")
+    registry = REGISTRY if registry is None else tuple(registry)
+    room = Room(str(folder))
+    seen_runs: set[tuple[str, str, str]] = set()
+    for path in sorted(p for p in folder.rglob("*.json") if p.is_file()):
+        try:
+            kind, found, skipped = read_file(path, registry)
+        except RoomFileError as err:
+            room.bad.append(BadFile(str(path), str(err)))
+            continue
+        kept = []
+        for m in found:                 # a bench run both in its JSON and in a results store: once
+            key = (m.run_id, m.lesson, m.metric)
+            if m.run_id and key in seen_runs:
+                continue
+            seen_runs.add(key)
+            kept.append(m)
+        room.measurements += kept
+        room.files.append((str(path), kind, len(kept)))
+        room.skipped_rows += skipped
+    return room
+
+
+# -- the comparison ---------------------------------------------------------------------------
+def cells(room: Room, measurements: Iterable[Measurement] | None = None) -> dict[tuple[str, str], dict[str, tuple[float, int]]]:
+    """(lesson, metric) -> GPU -> (median, number of runs)."""
+    values: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for m in room.measurements if measurements is None else measurements:
+        values[(m.lesson, m.metric)][m.gpu].append(m.value)
+    return {key: {gpu: (statistics.median(vs), len(vs)) for gpu, vs in sorted(by_gpu.items())}
+            for key, by_gpu in sorted(values.items())}
+
+
+def _cell(v: tuple[float, int] | None) -> str:
+    if v is None:
+        return "-"
+    med, n = v
+    return f"{med:.3g}x" + (f" (median of {n})" if n > 1 else "")
+
+
+def _grid(header: list[str], rows: list[list[str]], markdown: bool) -> list[str]:
+    if markdown:
+        return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+                *("| " + " | ".join(r) + " |" for r in rows)]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    fmt = lambda cs: "  ".join(c.ljust(w) for c, w in zip(cs, widths)).rstrip()  # noqa: E731
+    return [fmt(header), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
+
+
+def format_table(room: Room, markdown: bool = False) -> str:
+    """Lesson x GPU model: the median headline ratio (and how many runs), then what was skipped."""
+    table = cells(room)
+    gpus = room.gpus
+    out = [f"{len(room.files)} file(s) merged from {room.folder}, {len(room.bad)} bad file(s) skipped", ""]
+    if table:
+        rows = [[lesson, metric, *(_cell(by_gpu.get(g)) for g in gpus)] for (lesson, metric), by_gpu in table.items()]
+        out += _grid(["lesson", "headline", *gpus], rows, markdown)
+    else:
+        out.append("no headline ratios found" + (" (the folder has no *.json files)" if not room.files and not room.bad else ""))
+    if room.bad:
+        out += ["", "bad files (skipped):", *(f"  {b.path}: {b.why}" for b in room.bad)]
+    if room.skipped_rows:
+        out += ["", f"{room.skipped_rows} row(s) or record(s) inside good files could not be used "
+                    "(malformed, or a wrong result)"]
+    return "\n".join(out)
+
+
+def room_plot(room: Room, title: str = "Headline ratio per lesson and GPU (median of runs)") -> Figure:
+    """Grouped bars: one group per lesson, one bar per GPU model, log scale (ratios span 0.2x to 1000x)."""
+    from gpulab.core.plots import COLORS, STYLE, _figure, _styled
+    import matplotlib.pyplot as plt
+
+    table = cells(room)
+    keys = list(table)
+    gpus = room.gpus
+    fig, (ax,) = _figure(figsize=(max(5.0, 0.9 * len(keys) * max(1, len(gpus)) ** 0.5 + 2.5), 3.8))
+    with plt.rc_context(STYLE):
+        if not keys:
+            ax.text(0.5, 0.5, "no headline ratios in this folder", ha="center", va="center",
+                    transform=ax.transAxes)
+            ax.set_axis_off()
+        else:
+            width = 0.8 / max(len(gpus), 1)
+            for j, gpu in enumerate(gpus):
+                xs, ys = [], []
+                for i, key in enumerate(keys):
+                    if gpu in table[key]:
+                        xs.append(i - 0.4 + width * (j + 0.5))
+                        ys.append(table[key][gpu][0])
+                ax.bar(xs, ys, width=width, label=gpu, color=COLORS[j % len(COLORS)])
+            ax.axhline(1.0, lw=1, color="#555555")
+            ax.set_yscale("log")
+            ax.set_xticks(range(len(keys)), [lesson for lesson, _ in keys])
+            ax.set_xlabel("lesson (headline ratio as in `gpulab bench`)")
+            ax.set_ylabel("ratio (x)")
+            ax.legend(fontsize=8)
+        ax.set_title(title)
+    return _styled(fig)
+
+
+# -- the README's "measured on" block ---------------------------------------------------------
+def measured_on_block(folder: str | os.PathLike, label: str | None = None) -> str:
+    """The README's "measured on" tables, from the results files in `folder` (full-size runs only).
+
+    Per GPU: the newest bench JSON if there is one, else the median of every results store's
+    headline ratios. `label` names the folder in the table (default: its own name).
+    """
+    room = merge(folder)
+    label = label or Path(folder).name
+    bands = load_bands()
+    full = [m for m in room.measurements if not m.gpu.endswith(")")]
+    used: list[Measurement] = []
+    for gpu in sorted({m.gpu for m in full}):
+        mine = [m for m in full if m.gpu == gpu]
+        benches = sorted({(m.time, m.source) for m in mine if m.kind == "bench"})
+        used += [m for m in mine if m.source == benches[-1][1]] if benches else mine
+
+    def rel(source: str) -> str:
+        return f"`{label}/{Path(source).relative_to(folder).as_posix()}`"
+
+    gpus = sorted({m.gpu for m in used})
+    runs = []
+    for gpu in gpus:
+        mine = [m for m in used if m.gpu == gpu]
+        kind = "`gpulab bench` JSON" if mine[0].kind == "bench" else "notebook runs (results store)"
+        runs.append([gpu, ", ".join(sorted({m.torch for m in mine})), max(m.time for m in mine)[:10],
+                     f"{kind}: " + ", ".join(rel(s) for s in sorted({m.source for m in mine}))])
+    table = cells(room, used)
+    by_lesson = {e.lesson: e for e in REGISTRY}
+    rows = []
+    for (lesson, metric), by_gpu in table.items():
+        band = bands.band("tensor-core", lesson)
+        band_txt = "-" if band is None or not band.applies or band.metric != metric else \
+            f"{band.low:g} - {band.high:g}".replace("inf", "&infin;")
+        title = by_lesson[lesson].title if lesson in by_lesson else ""
+        rows.append([lesson, f"{title}: {metric}" if title else metric, band_txt,
+                     *(_cell(by_gpu.get(g)) for g in gpus)])
+    lines = [README_START,
+             "<!-- generated by `gpulab report --readme README.md` from results/; do not edit by hand -->", ""]
+    if not used:
+        lines.append("No full-size GPU results are committed yet.")
+    else:
+        lines += _grid(["GPU", "torch", "date (UTC)", "from"], runs, markdown=True)
+        lines += ["", *_grid(["lesson", "headline ratio", "band (Tensor-Core GPUs)", *gpus], rows, markdown=True)]
+    lines += ["", README_END]
+    return "\n".join(lines)
+
+
+def update_readme(readme: str | os.PathLike, folder: str | os.PathLike) -> bool:
+    """Rewrite the block between the markers in `readme` from `folder`; True if it changed."""
+    readme = Path(readme)
+    text = readme.read_text(encoding="utf-8")
+    if README_START not in text or README_END not in text:
+        raise ValueError(f"{readme} has no {README_START} ... {README_END} block to rewrite")
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    new = head + measured_on_block(folder) + tail
+    if new != text:
+        readme.write_text(new, encoding="utf-8")
+    return new != text
+
+
+def readme_block(readme: str | os.PathLike) -> str | None:
+    """The block between the markers as it stands in `readme`, or None without markers."""
+    text = Path(readme).read_text(encoding="utf-8")
+    if README_START not in text or README_END not in text:
+        return None
+    return README_START + text.split(README_START, 1)[1].split(README_END, 1)[0] + README_END
