@@ -1,39 +1,29 @@
-"""gpulab: the helper package of the gpulab course.
+"""gpulab: the helper package of the gpulab course. The layout is the architecture:
 
-    device    which device, its facts, the size switch (GPULAB_SCALE)
-    timing    benchmark(): the one timing function
-    memory    allocator readings, peak tracking, the memory guard
-    monitor   NVML sampler of GPU busy %, memory, clocks, PCIe, power
-    plots     one plotting style for the course
-    widgets   the experiment panel and the live monitor
-    results   the results store (JSON, survives restarts)
-    ceilings  notebook 00's measurements, read back by later lessons
-    fragmentation  notebook 02's allocator pattern, in a fresh process per setting
-    workloads models and data the lessons train (transformer, GPT, CNN)
-    precision fp32/TF32/fp16/bf16 switches and the AMP step (06, 07)
-    occupancy SM limits, the occupancy calculator, Triton kernels (04)
-    fusion    byte counts and the memory floor of lesson 12
-    data      lesson 03's dataset (importable by DataLoader workers)
-    transfers lesson 05's host<->device copies at any size
-    streams   lesson 08's overlap and per-stream timelines
-    graphs    lesson 11's CUDA graph capture
-    capstone  lesson 13's two jobs, every toggle, the waterfall and MFU
-    distributed  lesson 14's multi-process experiments (torchrun, NCCL or gloo)
-    bench     `gpulab bench`: each lesson's headline comparison, judged against bands.toml
-    room      merge a room of learners' results into one table and chart
-    coursetime  where a course run's time went (GPULAB_TIMINGS), per notebook
-    lesson    notebook template helpers (start, self-checks, "What you saw")
-    specs     architecture table and datasheet peaks (fallback only)
-    cli       `gpulab doctor`, `bench`, `room`, `report`
+    core/      shared services: device, specs, timing, memory, monitor, results, ceilings, bands,
+               measured, plots, children (imports nothing else from gpulab)
+    notebook/  what a notebook uses around its lesson: lesson (template helpers), widgets (the panel)
+    models/    what the lessons train: cnn, gpt, transformer, precision, sizing, step (one train_step)
+    lessons/   one module per notebook (l00_gpu_ceilings ... l14_multi_gpu): knobs, experiments, headline
+    tools/     bench, room, coursetime, cli (`gpulab doctor | bench | room | report`)
 """
-from gpulab.core.device import by_scale, device_facts, pick_device, scale, sync
-from gpulab.core.memory import fmt_bytes, memory_guard, memory_now, track_peak
-from gpulab.core.results import results_store
-from gpulab.core.timing import Timing, benchmark
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Timing", "benchmark", "by_scale", "device_facts", "fmt_bytes", "memory_guard",
-    "memory_now", "pick_device", "results_store", "scale", "sync", "track_peak",
-]
+# The everyday helpers, importable from the top (`from gpulab import benchmark`). Loaded on first use,
+# so that `python -m gpulab.tools.coursetime` runs where torch is not installed.
+_EXPORTS = {
+    "by_scale": "gpulab.core.device", "device_facts": "gpulab.core.device", "pick_device": "gpulab.core.device",
+    "scale": "gpulab.core.device", "sync": "gpulab.core.device",
+    "fmt_bytes": "gpulab.core.memory", "memory_guard": "gpulab.core.memory", "memory_now": "gpulab.core.memory",
+    "track_peak": "gpulab.core.memory", "results_store": "gpulab.core.results",
+    "Timing": "gpulab.core.timing", "benchmark": "gpulab.core.timing",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'gpulab' has no attribute {name!r}")

@@ -178,6 +178,6 @@ def use_pynvml(monkeypatch):
     import gpulab.core.monitor
 
     def use(fake):
-        monkeypatch.setattr(gpulab.core.monitor, "_import_pynvml", lambda: fake)
+        monkeypatch.setattr(gpulab.core.monitor, "import_pynvml", lambda: fake)
         return fake
     return use

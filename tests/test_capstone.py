@@ -165,6 +165,20 @@ def test_waterfall_row_that_slows_down_has_a_negative_share():
     assert [round(s.memory_share_pct) for s in steps[1:]] == [62, 38]
 
 
+def test_runs_pass_their_scale_to_every_run():
+    # `headline(scale="full")` on a machine whose GPULAB_SCALE says tiny: the sizes and each run's timing
+    # budget must both come from the scale given, not from the environment.
+    seen = []
+
+    def runner(job, options, batch, config=None, scale=None, **kw):
+        seen.append((job, scale, batch, config["width"]))
+        return fake_result(job, options, batch, 100, None)
+    runs = C.Runs(runner=runner, scale="full")
+    runs("gpt")
+    assert seen == [("gpt", "full", 8, 2048)]
+    assert runs.configs["cnn"] == C.job_config("cnn", "full") == C.config("full")["cnn"]
+
+
 def test_a_tiny_gpt_waterfall_on_the_cpu():
     runs = C.Runs()
     steps = C.waterfall("gpt", C.ORDERS["gpt"], runs, facts=CPU_FACTS)

@@ -155,7 +155,7 @@ def test_no_deprecated_pynvml_row_normally(monkeypatch):
 def test_missing_pynvml_module_is_explained(monkeypatch):
     def no_module():
         raise ImportError("No module named 'pynvml'")
-    monkeypatch.setattr(monitor, "_import_pynvml", no_module)
+    monkeypatch.setattr(monitor, "import_pynvml", no_module)
     row = findings(cpu_ok=True)["NVIDIA driver / NVML"]
     assert row.status == WARN
     assert "pip install nvidia-ml-py" in row.detail

@@ -35,7 +35,7 @@ def test_real_nvml_is_unusable_here():
 def test_missing_pynvml_module(monkeypatch):
     def no_module():
         raise ImportError("No module named 'pynvml'")
-    monkeypatch.setattr(monitor, "_import_pynvml", no_module)
+    monkeypatch.setattr(monitor, "import_pynvml", no_module)
     ok, why = nvml_status()
     assert ok is False
     assert "pip install nvidia-ml-py" in why
@@ -85,7 +85,7 @@ def test_monitor_on_cpu_says_why_and_records_nothing():
         time.sleep(0.01)
     assert mon.status == "GPU monitor off: the course is running on the CPU."
     assert mon.available is False
-    assert mon.samples == [] and mon._thread is None
+    assert mon.samples == [] and not mon.running
     assert mon.timeline() == {"t_s": [], **{m: [] for m in METRICS}}
     assert mon.mean("busy_pct") is None
     assert mon.duration_s == 0.0
@@ -101,10 +101,10 @@ def test_monitor_defaults_to_the_cpu_without_cuda():
 def test_monitor_on_gpu_without_pynvml(monkeypatch):
     def no_module():
         raise ImportError("No module named 'pynvml'")
-    monkeypatch.setattr(monitor, "_import_pynvml", no_module)
+    monkeypatch.setattr(monitor, "import_pynvml", no_module)
     mon = GpuMonitor(device=CUDA0).start()
     assert mon.status.startswith("GPU monitor off: the pynvml module is missing")
-    assert mon.available is False and mon._thread is None
+    assert mon.available is False and not mon.running
 
 
 def test_monitor_on_gpu_without_driver(fake_pynvml, use_pynvml):
@@ -186,14 +186,14 @@ def test_mean_skips_missing_readings():
 
 def test_monitor_thread_samples_and_shuts_nvml_down(fake_pynvml, use_pynvml, monkeypatch):
     fake = use_pynvml(fake_pynvml())
-    monkeypatch.setattr(monitor, "_handle", lambda pynvml, device: ("index", 0))
+    monkeypatch.setattr(monitor, "nvml_handle", lambda pynvml, device: ("index", 0))
     with GpuMonitor(interval_s=0.02, pcie=False, device=CUDA0) as mon:
         assert mon.available and mon.status == "sampling every 0.02 s"
         with pytest.raises(RuntimeError, match="already running"):
             mon.start()
         time.sleep(0.15)
     assert len(mon.samples) >= 3
-    assert mon._thread is None and mon._pynvml is None
+    assert not mon.running and mon._pynvml is None
     assert mon.status == f"{len(mon.samples)} samples over {mon.duration_s:.1f} s"
     assert fake.calls["nvmlInit"] == fake.calls["nvmlShutdown"] == 2   # nvml_status + monitor
     assert mon.mean("busy_pct") == 87.0
@@ -203,17 +203,17 @@ def test_monitor_thread_samples_and_shuts_nvml_down(fake_pynvml, use_pynvml, mon
 def test_handle_is_found_by_uuid(fake_pynvml, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda i: SimpleNamespace(uuid="1234-abcd"))
-    assert monitor._handle(fake_pynvml(), CUDA0) == ("uuid", "GPU-1234-abcd")
+    assert monitor.nvml_handle(fake_pynvml(), CUDA0) == ("uuid", "GPU-1234-abcd")
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda i: SimpleNamespace(uuid="GPU-5678"))
-    assert monitor._handle(fake_pynvml(), CUDA0) == ("uuid", "GPU-5678")
+    assert monitor.nvml_handle(fake_pynvml(), CUDA0) == ("uuid", "GPU-5678")
 
 
 def test_handle_falls_back_to_the_index(fake_pynvml, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda i: SimpleNamespace(uuid="1234-abcd"))
     fake = fake_pynvml(unsupported=("uuid",))
-    assert monitor._handle(fake, torch.device("cuda", 1)) == ("index", 1)
+    assert monitor.nvml_handle(fake, torch.device("cuda", 1)) == ("index", 1)
 
 
 def test_pcie_link_on_cpu_is_none():
@@ -227,7 +227,7 @@ def test_pcie_link_without_nvml(fake_pynvml, use_pynvml):
 
 def test_pcie_link_from_nvml(fake_pynvml, use_pynvml, monkeypatch):
     fake = use_pynvml(fake_pynvml(link=(4, 16, 5, 16)))
-    monkeypatch.setattr(monitor, "_handle", lambda pynvml, device: ("index", 0))
+    monkeypatch.setattr(monitor, "nvml_handle", lambda pynvml, device: ("index", 0))
     link = monitor.pcie_link(CUDA0)
     assert link == PcieLink(generation=4, width=16, max_generation=5, max_width=16)
     assert link.peak_gbps == pytest.approx(31.504)
@@ -238,7 +238,7 @@ def test_pcie_link_from_nvml(fake_pynvml, use_pynvml, monkeypatch):
 
 def test_pcie_link_query_failing_gives_none(fake_pynvml, use_pynvml, monkeypatch):
     fake = use_pynvml(fake_pynvml(unsupported=("link",)))
-    monkeypatch.setattr(monitor, "_handle", lambda pynvml, device: ("index", 0))
+    monkeypatch.setattr(monitor, "nvml_handle", lambda pynvml, device: ("index", 0))
     assert monitor.pcie_link(CUDA0) is None
     assert fake.calls["nvmlShutdown"] == 2
 

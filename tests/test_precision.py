@@ -1,5 +1,5 @@
-"""gpulab.models.precision on the CPU: refusals per architecture, the TF32 switches, AMP steps, underflow counting,
-the checked matrix product."""
+"""gpulab.models.precision and the modules of lessons 06 and 07 on the CPU: refusals per architecture, the TF32
+switches, AMP steps, underflow counting, the checked matrix product, the lessons' knobs."""
 import pytest
 import torch
 from torch import nn
@@ -276,3 +276,29 @@ def test_half_dtype_follows_best_half():
     facts = P.device_facts()
     assert P.half_dtype(replace(facts, bf16=True)) is torch.bfloat16
     assert P.half_dtype(replace(facts, bf16=False)) is torch.float16
+
+
+def test_lesson_configs_hold_both_scales_and_the_shared_resnet50():
+    from gpulab.models.cnn import RESNET50
+    for L in (L06, L07):
+        assert set(L.CONFIG) == {"tiny", "full"} and set(L.CONFIG["tiny"]) == set(L.CONFIG["full"])
+        assert L.config("full") == L.CONFIG["full"] and L.config("tiny") is not L.CONFIG["tiny"]
+    assert L06.config("full")["cnn"] == RESNET50["full"] and L07.config("full")["cnn"] == RESNET50["full"]
+    assert L07.config("full")["cudnn"]["depths"] == RESNET50["full"]["depths"]
+    full = L07.config("full")                       # the sizes HEADLINE names
+    assert (full["aligned"], full["misaligned"]) == (4096, 4095) and "n=4096 / n=4095" in L07.HEADLINE
+    assert {full["aligned"], full["misaligned"]} <= set(full["sizes"])
+    tiny = L07.config("tiny")
+    assert {tiny["aligned"], tiny["misaligned"]} <= set(tiny["sizes"]) and max(tiny["sizes"]) <= 2048
+
+
+@pytest.mark.cpu_only
+def test_what_is_timed_on_the_cpu():
+    assert L06.timed_precisions() == ["fp32", "bf16"]          # fp16 autocast is no fast path on the CPU
+    assert L07.gemm_precisions() == ["bf16"]
+
+
+def test_what_is_timed_on_each_gpu():
+    assert L06.timed_precisions(VOLTA) == ["fp32", "fp16"]
+    assert L06.timed_precisions(HOPPER) == ["fp32", "tf32", "fp16", "bf16"]
+    assert L07.gemm_precisions(VOLTA) == ["fp16"] and L07.gemm_precisions(HOPPER) == ["fp16", "bf16"]

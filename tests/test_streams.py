@@ -67,3 +67,9 @@ def test_copy_and_matmul_checks_then_runs_both_ways():
     job.run(overlap=True)
     torch.cuda.synchronize()
     assert torch.equal(job.dev.cpu(), job.host)
+
+
+def test_config_holds_the_headline_sizes():
+    from gpulab.lessons.l08_cuda_streams import config
+    assert config("full")["copy_mib"] == 256 and config("full")["matmul_n"] == 8192     # notebook 08's H200 figures
+    assert config("tiny")["matmul_n"] < config("full")["matmul_n"]

@@ -279,3 +279,15 @@ def test_monitor_panel_without_load(on_cpu):
     assert "running on the CPU" in mp.status.value
     mp.start_button.value = False
     assert mp.image.value[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("args, message", [
+    ((16, 8), "IntRange min 16 is above max 8"),
+    ((1, 8, 0), "IntRange step must be 1 or more"),
+    ((1, 8, -2), "IntRange step must be 1 or more"),
+    ((1.5, 8), "IntRange min must be a whole number"),
+])
+def test_an_impossible_int_range_is_refused_when_made(args, message):
+    from gpulab.notebook.controls import IntRange as Range
+    with pytest.raises(ValueError, match=message):
+        Range(*args)

@@ -1,4 +1,5 @@
-"""gpulab.lessons.l07_tensor_core_alignment: the lessons' model, batches, memory counting and the batch search (CPU)."""
+"""The lessons' models (gpulab.models: transformer, gpt, cnn), batches, memory counting (sizing), the batch
+search and lessons 07, 09 and 10's checks and knobs (CPU)."""
 import pytest
 import torch
 
@@ -223,3 +224,14 @@ def test_predicted_batch_halves_until_half_the_free_memory_fits(monkeypatch):
     assert got < 32 and W.predicted_memory(**cfg, batch=got)[1] <= peak32 / 2
     assert W.predicted_memory(**cfg, batch=2 * got)[1] > peak32 / 2       # the largest halving that fits
     assert W.predicted_batch(**cfg, batch=32, times=4) < got              # a big batch of 4 x batch must fit
+
+
+def test_lessons_09_and_10_measure_one_model_configuration():
+    from gpulab.lessons import l09_activation_checkpointing as l09, l10_gradient_accumulation as l10
+    from gpulab.models.transformer import STACK
+    for scale in ("tiny", "full"):
+        for lesson in (l09, l10):
+            cfg = lesson.config(scale)
+            assert {key: cfg[key] for key in STACK[scale]} == STACK[scale]
+            cfg["n_blocks"] = -1                                   # a copy: the lesson's knobs stay as they are
+            assert lesson.config(scale)["n_blocks"] == STACK[scale]["n_blocks"]

@@ -1,4 +1,8 @@
-"""TODO docstring
+"""The expected band of each lesson's headline ratio, per GPU class: `gpulab/core/bands.toml`.
+
+`load_bands()` reads and checks the file (every band names its metric and its source; a class or a
+band that does not apply says why); `gpu_class(facts)` is 'tensor-core' (compute capability 7.0 and
+newer), 'pre-volta' or 'cpu'. `gpulab bench` judges each headline against its class's band.
 """
 from __future__ import annotations
 

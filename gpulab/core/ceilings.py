@@ -1,4 +1,9 @@
-"""TODO docstring
+"""This device's ceilings, as notebook 00 recorded them, read back for later lessons.
+
+`ceilings()` returns the newest measurement of each ceiling (`CEILING_NAMES`: matmul TFLOP/s per
+precision, device-copy and host<->device GB/s) from the results store, full-size runs first, and a
+datasheet figure (`core.specs`) only where nothing was measured. The measurements themselves are
+lesson 00's (`gpulab.lessons.l00_gpu_ceilings`).
 """
 from __future__ import annotations
 

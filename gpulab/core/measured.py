@@ -1,4 +1,5 @@
-"""TODO docstring
+"""What a lesson's headline measurement returns (`Measured`), and how it says it cannot run here
+(`Skipped`). Each `gpulab.lessons.lNN_*.headline(scale)` returns one; notebooks and `gpulab bench` read it.
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from gpulab.core import specs
 METRICS = ("busy_pct", "mem_used_gib", "sm_clock_mhz", "pcie_rx_gbps", "pcie_tx_gbps", "power_w")
 
 
-def _import_pynvml():
+def import_pynvml():
     import pynvml  # from the nvidia-ml-py distribution
     return pynvml
 
@@ -37,7 +37,7 @@ def _import_pynvml():
 def nvml_status() -> tuple[bool, str]:
     """(usable, explanation) for NVML on this machine."""
     try:
-        pynvml = _import_pynvml()
+        pynvml = import_pynvml()
     except ImportError:
         return False, ("the pynvml module is missing: install the `nvidia-ml-py` package "
                        "(pip install nvidia-ml-py).")
@@ -69,7 +69,7 @@ def nvml_status() -> tuple[bool, str]:
     return True, f"NVML ready: driver {driver}, {count} GPU(s)."
 
 
-def _handle(pynvml, device: torch.device):
+def nvml_handle(pynvml, device: torch.device):
     """NVML handle of the torch device, matched by UUID (CUDA_VISIBLE_DEVICES renumbers GPUs)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     uuid = str(torch.cuda.get_device_properties(index).uuid)
@@ -127,6 +127,11 @@ class GpuMonitor:
         self._handle = None
 
     # -- life cycle -------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        """Whether the sampling thread is running (between `start()` and `stop()`)."""
+        return self._thread is not None
+
     def start(self) -> "GpuMonitor":
         if self._thread is not None:
             raise RuntimeError("this GpuMonitor is already running")
@@ -138,9 +143,9 @@ class GpuMonitor:
         if not ok:
             self.status = f"GPU monitor off: {why}"
             return self
-        self._pynvml = _import_pynvml()
+        self._pynvml = import_pynvml()
         self._pynvml.nvmlInit()
-        self._handle = _handle(self._pynvml, self.device)
+        self._handle = nvml_handle(self._pynvml, self.device)
         self.available = True
         self.status = f"sampling every {self.interval_s:g} s"
         self._stop.clear()
@@ -248,10 +253,10 @@ def pcie_link(device: torch.device | None = None) -> PcieLink | None:
     device = device or pick_device()
     if device.type != "cuda" or not nvml_status()[0]:
         return None
-    pynvml = _import_pynvml()
+    pynvml = import_pynvml()
     pynvml.nvmlInit()
     try:
-        h = _handle(pynvml, device)
+        h = nvml_handle(pynvml, device)
         return PcieLink(
             generation=pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h),
             width=pynvml.nvmlDeviceGetCurrPcieLinkWidth(h),

@@ -38,14 +38,14 @@ STYLE = {
 }
 
 
-def _figure(ncols: int = 1, **kw) -> tuple[Figure, list]:
+def figure(ncols: int = 1, **kw) -> tuple[Figure, list]:
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(1, ncols, **kw)
     plt.close(fig)  # keep pyplot from showing it a second time; we return it
     return fig, list(axes) if ncols > 1 else [axes]
 
 
-def _styled(fig: Figure) -> Figure:
+def styled(fig: Figure) -> Figure:
     fig.tight_layout()
     return fig
 
@@ -71,7 +71,7 @@ def compare_bars(values: Mapping[str, Timing | float], ylabel: str = "ms per cal
             mids.append(float(v))
             lows.append(0.0)
             highs.append(0.0)
-    fig, (ax,) = _figure(figsize=(max(4.0, 1.1 * len(names) + 2), 3.6))
+    fig, (ax,) = figure(figsize=(max(4.0, 1.1 * len(names) + 2), 3.6))
     with plt.rc_context(STYLE):
         bars = ax.bar(range(len(names)), mids, yerr=[lows, highs], capsize=4,
                       color=[COLORS[i % len(COLORS)] for i in range(len(names))])
@@ -88,7 +88,7 @@ def compare_bars(values: Mapping[str, Timing | float], ylabel: str = "ms per cal
                     ax.annotate(f"{base / mid:.2g}x" if lower_is_better else f"{mid / base:.2g}x",
                                 (bar.get_x() + bar.get_width() / 2, mid),
                                 ha="center", va="bottom", fontsize=9)
-    return _styled(fig)
+    return styled(fig)
 
 
 def sweep_plot(x: Sequence[float], series: Mapping[str, Sequence[float | None]], xlabel: str,
@@ -96,7 +96,7 @@ def sweep_plot(x: Sequence[float], series: Mapping[str, Sequence[float | None]],
                hlines: Mapping[str, float] | None = None,
                vlines: Mapping[str, float] | None = None) -> Figure:
     """One line per series against x; optional labelled horizontal/vertical reference lines."""
-    fig, (ax,) = _figure()
+    fig, (ax,) = figure()
     with plt.rc_context(STYLE):
         for i, (label, ys) in enumerate(series.items()):
             pts = [(a, b) for a, b in zip(x, ys) if b is not None]
@@ -115,7 +115,7 @@ def sweep_plot(x: Sequence[float], series: Mapping[str, Sequence[float | None]],
         ax.set_title(title)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    return _styled(fig)
+    return styled(fig)
 
 
 TIMELINE_LABELS = {
@@ -130,11 +130,11 @@ def timeline_plot(timeline: Mapping[str, Sequence[float | None]],
     """Small multiples of the GPU monitor's timeline (`GpuMonitor.timeline()`)."""
     metrics = [m for m in metrics if any(v is not None for v in timeline.get(m, []))]
     if not metrics:
-        fig, (ax,) = _figure(figsize=(6, 1.5))
+        fig, (ax,) = figure(figsize=(6, 1.5))
         ax.axis("off")
         ax.text(0.5, 0.5, "no GPU monitor samples (see the monitor's status)", ha="center")
         return fig
-    fig, axes = _figure(ncols=len(metrics), figsize=(3.0 * len(metrics), 2.6))
+    fig, axes = figure(ncols=len(metrics), figsize=(3.0 * len(metrics), 2.6))
     t = timeline["t_s"]
     with plt.rc_context(STYLE):
         for i, (ax, m) in enumerate(zip(axes, metrics)):
@@ -146,12 +146,12 @@ def timeline_plot(timeline: Mapping[str, Sequence[float | None]],
                 ax.set_ylim(-2, 102)
         if title:
             fig.suptitle(title)
-    return _styled(fig)
+    return styled(fig)
 
 
 def samples_plot(timings: Mapping[str, Timing], title: str = "", logy: bool = True) -> Figure:
     """Every timed call (dots) with the median (bar) per Timing: the spread made visible."""
-    fig, (ax,) = _figure()
+    fig, (ax,) = figure()
     with plt.rc_context(STYLE):
         for i, (label, t) in enumerate(timings.items()):
             xs = [i + (k % 7 - 3) * 0.04 for k in range(len(t.samples_ms))]
@@ -162,7 +162,7 @@ def samples_plot(timings: Mapping[str, Timing], title: str = "", logy: bool = Tr
         if logy:
             ax.set_yscale("log")
         ax.set_title(title)
-    return _styled(fig)
+    return styled(fig)
 
 
 def segments_plot(layout: Sequence[Sequence[tuple[float, str]]], title: str = "",
@@ -173,7 +173,7 @@ def segments_plot(layout: Sequence[Sequence[tuple[float, str]]], title: str = ""
     `gpulab.lessons.l02_memory_fragmentation.layout_of` returns. Long lists show the first `max_rows`.
     """
     rows = list(layout)[:max_rows]
-    fig, (ax,) = _figure(figsize=(7.0, min(6.0, 1.2 + 0.09 * max(len(rows), 1))))
+    fig, (ax,) = figure(figsize=(7.0, min(6.0, 1.2 + 0.09 * max(len(rows), 1))))
     with plt.rc_context(STYLE):
         for y, blocks in enumerate(rows):
             x = 0.0
@@ -191,7 +191,7 @@ def segments_plot(layout: Sequence[Sequence[tuple[float, str]]], title: str = ""
         from matplotlib.patches import Patch
         ax.legend(handles=[Patch(color=COLORS[0], label="live tensor"), Patch(color="#cccccc", label="free")],
                   fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _styled(fig)
+    return styled(fig)
 
 
 def stream_timeline_plot(runs: Mapping[str, Sequence], title: str = "",
@@ -208,7 +208,7 @@ def stream_timeline_plot(runs: Mapping[str, Sequence], title: str = "",
             rows.append((f"{run}: {stream}", [s for s in spans if s.stream == stream]))
     names = list(dict.fromkeys(s.name for spans in runs.values() for s in spans))
     color = {n: COLORS[i % len(COLORS)] for i, n in enumerate(names)}
-    fig, (ax,) = _figure(figsize=(7.0, 1.2 + 0.45 * max(len(rows), 1)))
+    fig, (ax,) = figure(figsize=(7.0, 1.2 + 0.45 * max(len(rows), 1)))
     with plt.rc_context(STYLE):
         for y, (_, spans) in enumerate(rows):
             for s in spans:
@@ -231,7 +231,7 @@ def stream_timeline_plot(runs: Mapping[str, Sequence], title: str = "",
         ax.grid(axis="y", visible=False)
         ax.legend(handles=[Patch(color=color[n], label=n) for n in names], fontsize=8,
                   loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _styled(fig)
+    return styled(fig)
 
 
 def roofline_plot(compute_peaks: Mapping[str, float], bandwidth_gbps: float,
@@ -244,7 +244,7 @@ def roofline_plot(compute_peaks: Mapping[str, float], bandwidth_gbps: float,
     """
     import numpy as np
 
-    fig, (ax,) = _figure(figsize=(7.0, 4.2))
+    fig, (ax,) = figure(figsize=(7.0, 4.2))
     bw_tflops_per_intensity = bandwidth_gbps / 1e3  # TFLOP/s per (FLOP/byte)
     top = max(compute_peaks.values())
     ridge_max = top / bw_tflops_per_intensity
@@ -272,7 +272,7 @@ def roofline_plot(compute_peaks: Mapping[str, float], bandwidth_gbps: float,
         ax.set_ylabel("attainable TFLOP/s")
         ax.set_title(title)
         ax.legend(fontsize=8, loc="upper left")
-    return _styled(fig)
+    return styled(fig)
 
 
 UP, DOWN, SKIPPED = COLORS[2], COLORS[3], "#cccccc"
@@ -296,7 +296,7 @@ def waterfall_plot(rows: Sequence[tuple[str, float | None]], notes: Sequence[str
     if logy and min(values) <= 0:
         raise ValueError("a log-scale waterfall needs positive values")
     low = min(values) / 1.6 if logy else min(0.0, min(values))
-    fig, (ax,) = _figure(figsize=(max(5.0, 0.95 * (len(rows) + 1) + 2), 3.8))
+    fig, (ax,) = figure(figsize=(max(5.0, 0.95 * (len(rows) + 1) + 2), 3.8))
     with plt.rc_context(STYLE):
         level = rows[0][1]
         xs = range(len(rows) + 1)
@@ -337,4 +337,4 @@ def waterfall_plot(rows: Sequence[tuple[str, float | None]], notes: Sequence[str
             ax.set_ylim(low, high + 0.15 * (high - low or 1.0))
         ax.set_ylabel(ylabel)
         ax.set_title(title)
-    return _styled(fig)
+    return styled(fig)

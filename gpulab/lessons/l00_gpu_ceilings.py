@@ -1,10 +1,14 @@
 """Notebook 00's experiments: the ceilings of this device, measured.
 
+- `CONFIG`, `config(scale)`: the lesson's sizes, shared by the notebook and `gpulab bench`.
 - `matmul_experiment`: TFLOP/s of an n x n x n matrix product per precision.
 - `copy_experiment`: device memory bandwidth of a device-to-device copy.
 - `transfer_experiment`: host<->device bandwidth, pageable or pinned host memory.
 - `measure_ceilings`: all of them, recorded in the results store.
 - `ceilings()`: read back for later lessons (measured here, else the datasheet).
+- `headline(scale)`: the fastest 16-bit matmul against fp32, what notebook 00's self-check and
+  `gpulab bench` measure.
+- `bandwidth_ceiling()`: the copy bandwidth later lessons divide by (notebook 12).
 
 Every experiment checks its result before it is timed.
 """
@@ -14,17 +18,36 @@ import contextlib
 from dataclasses import replace
 from typing import Iterator
 import torch
-from gpulab.core.device import DeviceFacts, device_facts, float32_matmul, pick_device, require_cuda, scale
 from gpulab.core.ceilings import Ceiling, ceilings
+from gpulab.core.device import DeviceFacts, device_facts, float32_matmul, pick_device, require_cuda, resolve_scale
+from gpulab.core.measured import Measured
 from gpulab.core.results import ResultsStore, results_store
 from gpulab.core.timing import benchmark
-from gpulab.core.device import by_scale
-from gpulab.core.measured import Measured
 
 
 # -- knobs ------------------------------------------------------------------------------------------
 TITLE = "GPU ceilings"
 HEADLINE = "16-bit / fp32 matmul TFLOP/s"      # the metric bands.toml judges
+CONFIG = {
+    "tiny": dict(
+        matmul_n=256,                   # n of the n x n x n products measure_ceilings and the headline time
+        small_n=32,                     # a small product for the roofline's low-intensity points
+        copy_mib=16,                    # the device copy measure_ceilings records
+        copy_sweep_mib=[1, 4, 16],      # buffer sizes of the notebook's copy-bandwidth sweep
+        transfer_mib=8,                 # host<->device copies measure_ceilings records (GPU only)
+        fallback_copy_mib=64,           # bandwidth_ceiling's own copy when nothing is recorded
+        panel_n=128,                    # the matmul panel's default n
+        monitor_n=128,                  # bf16 products the GPU monitor watches
+        monitor_seconds=0.5,            # how long the monitor's load runs
+    ),
+    "full": dict(matmul_n=8192, small_n=256, copy_mib=1024, copy_sweep_mib=[1, 4, 16, 64, 256, 1024, 2048],
+                 transfer_mib=256, fallback_copy_mib=1024, panel_n=4096, monitor_n=8192, monitor_seconds=3.0),
+}
+
+
+def config(scale: str | None = None) -> dict:
+    """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
+    return dict(CONFIG[resolve_scale(scale)])
 
 
 # precision -> (dtype, fp32 matmul mode or None)
@@ -147,14 +170,17 @@ def transfer_experiment(direction: str = "h2d", pinned: bool = True, mib: int = 
 
 
 def measure_ceilings(store: ResultsStore | None = None, sizes: dict | None = None,
-                     progress=print) -> dict[str, float]:
-    """Measure every ceiling this device has and record each in the results store."""
+                     progress=print, scale: str | None = None) -> dict[str, float]:
+    """Measure every ceiling this device has and record each in the results store.
+
+    Sizes come from `config(scale)`; `sizes` may override "n", "copy_mib" and "transfer_mib".
+    """
     store = store or results_store()
     sizes = sizes or {}
-    full = scale() == "full"
-    n = sizes.get("n", 8192 if full else 256)
-    copy_mib = sizes.get("copy_mib", 1024 if full else 16)
-    transfer_mib = sizes.get("transfer_mib", 256 if full else 8)
+    cfg = config(scale)
+    n = sizes.get("n", cfg["matmul_n"])
+    copy_mib = sizes.get("copy_mib", cfg["copy_mib"])
+    transfer_mib = sizes.get("transfer_mib", cfg["transfer_mib"])
     found: dict[str, float] = {}
     for p in supported_precisions():
         r = matmul_experiment(p, n)
@@ -178,12 +204,10 @@ def measure_ceilings(store: ResultsStore | None = None, sizes: dict | None = Non
     return found
 
 
-# -- the experiments, one per lesson ----------------------------------------------------------
+# -- the headline -------------------------------------------------------------------------------
 def headline(scale: str | None = None) -> Measured:
-    """Lesson 00: the fastest 16-bit matmul against fp32 (`ceilings.matmul_experiment`)."""
-    from gpulab.lessons.l00_gpu_ceilings import matmul_experiment, supported_precisions
-
-    n = by_scale(tiny=256, full=8192, scale=scale)
+    """The fastest 16-bit matmul against fp32 at `matmul_n` (`matmul_experiment`, each checked first)."""
+    n = config(scale)["matmul_n"]
     halves = [p for p in supported_precisions() if p in ("fp16", "bf16")]
     fp32 = matmul_experiment("fp32", n)            # each checked against float64 before it is timed
     runs = {p: matmul_experiment(p, n) for p in halves}
@@ -193,19 +217,20 @@ def headline(scale: str | None = None) -> Measured:
                     True, f"relative error against float64: {errors}", f"fp32, n={n}", f"{best}, n={n}")
 
 
-def bandwidth_ceiling(store: ResultsStore | None = None) -> Ceiling:
+def bandwidth_ceiling(store: ResultsStore | None = None, scale: str | None = None) -> Ceiling:
     """Device-memory bandwidth (GB/s, read + write counted) for the floor. Notebook 12.
 
     Notebook 00's copy measurement for this device if recorded; else the datasheet figure
     `ceilings()` falls back to (its source says "datasheet"); else, with neither (a CPU, or a
-    GPU not in gpulab's table), one copy measured now and labelled so; it is not recorded.
+    GPU not in gpulab's table), one copy of `fallback_copy_mib` (`config(scale)`) measured now and
+    labelled so; it is not recorded.
     """
     found = ceilings(store).get("copy_bandwidth")
     if found is not None and found.source.startswith("datasheet"):
         return replace(found, source=f"notebook 00 has not measured this device; {found.source}")
     if found is not None:
         return found
-    mib = by_scale(tiny=64, full=1024)
+    mib = config(scale)["fallback_copy_mib"]
     r = copy_experiment(mib)
     return Ceiling("copy_bandwidth", r["GB/s"], "GB/s",
                    f"measured just now ({mib} MiB copy, not recorded): run notebook 00 to record it")

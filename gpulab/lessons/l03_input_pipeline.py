@@ -12,21 +12,25 @@ splits the step time:
 the loop's wall time per step (host clock, device synchronized at the end) minus the
 compute time of one step on a batch already on the device (`gpulab.core.timing.benchmark`)
 is the time the GPU waited for data.
+
+`CONFIG` / `config(scale)` hold the lesson's sizes (image size, batch, CPU cost per sample, model,
+worker counts, steps), written once for the notebook and `gpulab bench`; `headline(scale)` is the
+worker sweep both judge: the step time with 0 workers against the best worker count.
 """
 from __future__ import annotations
 
 import multiprocessing
+import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
-from gpulab.core.device import pick_device
-from gpulab.core.timing import stopwatch
-import os
-import warnings
-from gpulab.core.device import by_scale
+from gpulab.core.device import pick_device, resolve_scale
 from gpulab.core.measured import Measured
+from gpulab.core.timing import benchmark, stopwatch
+from gpulab.models.cnn import SmallCNN
 from gpulab.models.precision import classification_loss
 from gpulab.models.step import train_step
 
@@ -34,6 +38,30 @@ from gpulab.models.step import train_step
 # -- knobs ------------------------------------------------------------------------------------------
 TITLE = "input pipeline"
 HEADLINE = "step time, 0 workers / best worker count"      # the metric bands.toml judges
+CONFIG = {
+    "tiny": dict(
+        size=32,                        # pixels per side of each image
+        batch=16,                       # images per batch
+        sample_ms=0.9,                  # CPU time per sample that calibrate_passes aims at
+        width=8, blocks=2,              # SmallCNN's channels and conv blocks
+        workers=(0, 1, 2),              # DataLoader worker counts swept (those above the core count are dropped)
+        check_workers=2,                # workers whose batches are compared with the main process's
+        steps=12, warmup=3,             # timed steps per setting, after untimed warm-up steps
+    ),
+    "full": dict(size=96, batch=64, sample_ms=1.5, width=64, blocks=4, workers=(0, 2, 4, 8, 12), check_workers=2,
+                 steps=40, warmup=3),
+}
+
+
+def config(scale: str | None = None) -> dict:
+    """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
+    return dict(CONFIG[resolve_scale(scale)])
+
+
+def usable_workers(counts, cores: int | None = None) -> list[int]:
+    """The worker counts of `counts` this machine has cores for (`os.cpu_count()` by default)."""
+    cores = cores or os.cpu_count() or 1
+    return [k for k in counts if k <= cores]
 
 
 class SyntheticImages(Dataset):
@@ -203,8 +231,6 @@ def calibrate_passes(size: int, target_sample_ms: float, probe_passes: int = 8, 
     and assumes the cost grows linearly with the passes. Hosts differ several-fold in CPU speed,
     so the lesson asks for a CPU cost, not a pass count.
     """
-    from gpulab.core.timing import benchmark
-
     if target_sample_ms <= 0 or probe_passes < 1:
         raise ValueError(f"need target_sample_ms > 0 and probe_passes >= 1 (got {target_sample_ms}, {probe_passes})")
     cpu = torch.device("cpu")
@@ -215,30 +241,33 @@ def calibrate_passes(size: int, target_sample_ms: float, probe_passes: int = 8, 
 
 
 def headline(scale: str | None = None) -> Measured:
-    """Lesson 03: step time with 0 DataLoader workers against the best worker count (`gpulab.lessons.l03_input_pipeline`)."""
-    from gpulab.models.cnn import SmallCNN
-    from gpulab.lessons.l03_input_pipeline import SyntheticImages, batches_match, calibrate_passes, loader_run, make_step
-
+    """Step time with 0 DataLoader workers against the best of `config(scale)["workers"]`: notebook 03's sweep."""
+    cfg = config(scale)
     device = pick_device()
     on_gpu = device.type == "cuda"
     cores = os.cpu_count() or 1
-    size, batch = by_scale(tiny=32, full=96, scale=scale), by_scale(tiny=16, full=64, scale=scale)
-    passes = calibrate_passes(size, target_sample_ms=by_scale(tiny=0.9, full=1.5, scale=scale))
-    width, blocks = by_scale(tiny=(8, 2), full=(64, 4), scale=scale)
+    size, batch, steps, warmup = cfg["size"], cfg["batch"], cfg["steps"], cfg["warmup"]
+    passes = calibrate_passes(size, target_sample_ms=cfg["sample_ms"])
     torch.manual_seed(0)
-    step = make_step(SmallCNN(width=width, blocks=blocks, device=device))
-    counts = [k for k in by_scale(tiny=(0, 2), full=(0, 2, 4, 8, 12), scale=scale) if k <= cores]
-    steps, warmup = by_scale(tiny=8, full=30, scale=scale), 3
-    with warnings.catch_warnings():
-        # Python 3.12+ warns about fork() in a process with threads (CUDA's); the workers never
-        # touch CUDA, which is what makes fork safe here (as notebook 03 explains).
-        warnings.filterwarnings("ignore", message=r"This process .*is multi-threaded, use of fork",
-                                category=DeprecationWarning)
-        same, n_batches = batches_match(SyntheticImages(length=3 * batch, size=size, passes=passes), batch,
-                                        num_workers=max(counts))
-        step_ms = {k: loader_run(step, k, batch=batch, size=size, passes=passes, steps=steps, warmup=warmup,
-                                 pin_memory=on_gpu, device=device).step_ms for k in counts}
+    step = make_step(SmallCNN(width=cfg["width"], blocks=cfg["blocks"], device=device))
+    counts = usable_workers(cfg["workers"], cores)
+    check_workers = min(cfg["check_workers"], cores)
+    threads = torch.get_num_threads()
+    if not on_gpu:
+        torch.set_num_threads(1)    # as notebook 03 does on the CPU: the step gets one core, the workers the rest
+    try:
+        with warnings.catch_warnings():
+            # Python 3.12+ warns about fork() in a process with threads (CUDA's); the workers never
+            # touch CUDA, which is what makes fork safe here (as notebook 03 explains).
+            warnings.filterwarnings("ignore", message=r"This process .*is multi-threaded, use of fork",
+                                    category=DeprecationWarning)
+            same, n_batches = batches_match(SyntheticImages(length=3 * batch, size=size, passes=passes), batch,
+                                            num_workers=check_workers)
+            step_ms = {k: loader_run(step, k, batch=batch, size=size, passes=passes, steps=steps, warmup=warmup,
+                                     pin_memory=on_gpu, device=device).step_ms for k in counts}
+    finally:
+        torch.set_num_threads(threads)
     best = min(step_ms, key=step_ms.get)
     return Measured(step_ms[0], step_ms[best], "ms/step", step_ms[0] / step_ms[best], same,
-                    f"{n_batches} batches {'identical' if same else 'DIFFERENT'} with 0 and {max(counts)} workers",
+                    f"{n_batches} batches {'identical' if same else 'DIFFERENT'} with 0 and {check_workers} workers",
                     f"0 workers (batch {batch}, {passes} passes)", f"{best} workers (best of {counts})")

@@ -9,6 +9,9 @@
   compiled with `triton.jit` on first use (Triton is imported only where a CUDA GPU is present).
 - `bandwidth_experiment`: achieved GB/s of `scale_kernel` for one BLOCK_SIZE / num_warps.
 - `WaveKernel`, `waves`: fixed work per program; run time against the number of programs.
+- `CONFIG`, `config(scale)`: the lesson's sizes, shared by the notebook and `gpulab bench`.
+- `headline(scale)`: one program past a full wave against a full wave, what notebook 04's
+  self-check and `gpulab bench` measure.
 
 Occupancy = resident warps per SM / the most warps an SM can hold. A block is resident on one SM
 until it finishes, and it holds its warps, registers and shared memory all that time, so each of
@@ -19,15 +22,27 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 import torch
-from gpulab.core.device import by_scale, pick_device
+from gpulab.core.device import pick_device, resolve_scale
+from gpulab.core.measured import Measured, Skipped
 from gpulab.core.memory import free_memory
 from gpulab.core.timing import Timing, benchmark, summarize
-from gpulab.core.measured import Measured, Skipped
 
 
 # -- knobs ------------------------------------------------------------------------------------------
 TITLE = "occupancy and waves"
 HEADLINE = "one program past a full wave / a full wave, ms"      # the metric bands.toml judges
+CONFIG = {
+    "tiny": dict(
+        bandwidth_elements=2**20,       # floats per buffer of the scale_kernel bandwidth experiment (4 MiB)
+        wave_iters=64,                  # fused multiply-adds per value in every wave_kernel program
+    ),
+    "full": dict(bandwidth_elements=2**28, wave_iters=512),     # 1 GiB buffers
+}
+
+
+def config(scale: str | None = None) -> dict:
+    """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
+    return dict(CONFIG[resolve_scale(scale)])
 
 
 WARP = 32
@@ -352,10 +367,11 @@ BLOCK_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 NUM_WARPS = (1, 2, 4, 8, 16, 32)
 
 
-def bandwidth_elements(full: int = 2**28) -> int:
-    """Elements per buffer for the bandwidth experiment: 2**28 floats (1 GiB), fewer on a GPU with
-    little free memory (x, y and a check copy must fit in a quarter of it); 2**20 when tiny."""
-    n = by_scale(tiny=2**20, full=full)
+def bandwidth_elements(scale: str | None = None) -> int:
+    """Elements per buffer for the bandwidth experiment: `config(scale)["bandwidth_elements"]` (2**28
+    floats, 1 GiB, at full size; 2**20 when tiny), fewer on a GPU with little free memory (x, y and a
+    check copy must fit in a quarter of it)."""
+    n = config(scale)["bandwidth_elements"]
     free = free_memory()
     while free is not None and n > 2**20 and 3 * 4 * n > free[0] // 4:
         n //= 2
@@ -477,13 +493,11 @@ def predicted_staircase(programs: Sequence[int], slots: int, one_wave_ms: float)
 
 
 def headline(scale: str | None = None) -> Measured:
-    """Lesson 04: one program more than a full wave costs a second wave (`occupancy.WaveKernel`)."""
-    from gpulab.lessons.l04_occupancy_and_waves import WaveKernel, triton_status
-
+    """One program more than a full wave costs a second wave (`WaveKernel` with `config(scale)["wave_iters"]`)."""
     ok, why = triton_status()
     if not ok:
         raise Skipped(why)
-    wave = WaveKernel(iters=by_scale(tiny=64, full=512, scale=scale))     # compiles, then checks its output
+    wave = WaveKernel(iters=config(scale)["wave_iters"])     # compiles, then checks its output
     one, more = wave.time(wave.slots), wave.time(wave.slots + 1)
     return Measured(one.median_ms, more.median_ms, "ms", more.median_ms / one.median_ms, True,
                     "wave_kernel's output checked (a=1, b=0 leaves its input unchanged)",

@@ -1,23 +1,64 @@
-"""TODO docstring
+"""Lesson 06, mixed precision: its knobs, its two workloads and its headline measurement.
+
+Notebook 06 trains the same models, from the same weights on the same data, in fp32 (TF32 off),
+TF32, fp16 with a GradScaler and bf16. This module holds what the notebook and `gpulab bench`
+share: the sizes (`CONFIG`, read through `config(scale)`), the workloads (`cnn_workload`,
+`gpt_workload`), the code that checks and times each precision (`first_loss`, `precision_run`,
+`step_peak`, `timed_precisions`), fp16's underflow made countable (`unscaled_gradients`,
+`lost_fraction`), and `headline`: the CNN's training throughput in fp32 against the fastest 16-bit
+autocast, after each precision's first loss has been checked against fp32's. The training step
+itself is `gpulab.models.step.train_step`, with autocast and the GradScaler inside.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
 import torch
 from torch import nn
-from gpulab.core.device import device_facts, pick_device
-from gpulab.core.timing import benchmark
-from gpulab.core.device import by_scale
-from gpulab.core.measured import Measured
-from gpulab.models.precision import check, LossFn, SPECS, fp32_math, make_scaler
-from gpulab.models.step import train_step
 
+from gpulab.core.device import DeviceFacts, device_facts, pick_device, resolve_scale
+from gpulab.core.measured import Measured
+from gpulab.core.memory import GiB, track_peak
+from gpulab.core.timing import benchmark
+from gpulab.models.cnn import RESNET50, ResNetish, image_batches
+from gpulab.models.gpt import GPT, token_batches
+from gpulab.models.precision import (SPECS, LossFn, check, classification_loss, fp32_math, language_model_loss,
+                                     make_scaler, supported)
+from gpulab.models.sizing import fit_batch, memory_budget
+from gpulab.models.step import train_step
 
 # -- knobs ------------------------------------------------------------------------------------------
 TITLE = "mixed precision"
 HEADLINE = "CNN images/s, best 16-bit / fp32"      # the metric bands.toml judges
+CONFIG = {
+    "tiny": dict(
+        cnn=dict(RESNET50["tiny"], batch=32),   # a tiny ResNetish (1 block per stage, width 8, 32 px), batch 32
+        gpt=dict(vocab=256, n_blocks=2, width=64, heads=4, seq=32, batch=8),   # 2 blocks of width 64
+        steps=24,             # training steps per precision for the notebook's loss curves
+        repeat=5,             # timed steps after them (the notebook and the headline)
+        headline_steps=1,     # the headline's untimed steps before its timed ones (no loss curve needed)
+        underflow_batch=4,    # images in the batch whose gradients section 8 counts
+    ),
+    "full": dict(
+        cnn=dict(RESNET50["full"]),             # ResNet-50's layer shapes on 224 x 224 images, batch 128
+        gpt=dict(vocab=8192, n_blocks=6, width=768, heads=12, seq=512, batch=16),  # six blocks of lesson 09
+        steps=32, repeat=10, headline_steps=2, underflow_batch=16,
+    ),
+}
+MEMORY_CAP = 64 * GiB   # a batch is halved until an fp32 step fits min(this, half the free GPU memory)
+BATCHES = 4             # distinct batches per workload, cycled
+# Largest accepted relative difference of the starting weights' loss in each precision to fp32's
+# (notebook 06, section 6, and the headline): 16-bit products round each input to 8 (bf16) or
+# 11 (fp16) significant bits, TF32 to 11.
+FIRST_LOSS_TOLERANCE = {"fp32": 0.0, "tf32": 1e-2, "fp16": 1e-2, "bf16": 2e-2}
+
+
+def config(scale: str | None = None) -> dict:
+    """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
+    return copy.deepcopy(CONFIG[resolve_scale(scale)])      # a copy: the notebook may change its own
 
 
 class LossCurve(tuple):
@@ -69,17 +110,31 @@ class Workload:
         return self.optimizer(self.model)
 
 
-# Largest accepted relative difference of the starting weights' loss in each precision to fp32's
-# (notebook 06, section 6, and gpulab bench): 16-bit products round each input to 8 (bf16) or
-# 11 (fp16) significant bits, TF32 to 11.
-FIRST_LOSS_TOLERANCE = {"fp32": 0.0, "tf32": 1e-2, "fp16": 1e-2, "bf16": 2e-2}
+def cnn_workload(cfg: dict, device: torch.device | None = None) -> Workload:
+    """The CNN of `cfg` (`config()["cnn"]`: ResNetish sizes) with its images and SGD. Notebook 06 and `headline`.
+    Seed torch first (the notebook and the headline call `torch.manual_seed(0)`) for the same starting weights."""
+    model = ResNetish(cfg["depths"], cfg["width"], cfg["classes"], cfg["image"], device=device or pick_device())
+    return Workload("CNN", model, lambda b: image_batches(model, b, count=BATCHES, seed=1), classification_loss,
+                    lambda m: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), unit="img/s")
+
+
+def gpt_workload(cfg: dict, device: torch.device | None = None) -> Workload:
+    """The GPT of `cfg` (`config()["gpt"]`) with its token sequences and AdamW; throughput in tokens/s. Notebook 06."""
+    model = GPT(*(cfg[k] for k in ("vocab", "n_blocks", "width", "heads", "seq")), device=device or pick_device())
+    return Workload("GPT", model, lambda b: token_batches(model, b, count=BATCHES, seed=1), language_model_loss,
+                    lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), unit="tokens/s", items=cfg["seq"])
+
+
+def timed_precisions(facts: DeviceFacts | None = None) -> list[str]:
+    """The precisions this device runs that are worth timing: all of `supported`, less fp16 on the CPU,
+    where fp16 autocast works but is no fast path (notebook 06 still uses it to count underflow)."""
+    facts = facts or device_facts()
+    return [p for p in supported(facts) if facts.kind == "cuda" or p != "fp16"]
 
 
 def step_peak(work: Workload, batch: int, precision: str = "fp32") -> int | None:
     """Peak memory (bytes) of one training step of `work` from its starting weights at `batch` in
-    `precision`; None on the CPU. Notebook 06 (what `workloads.fit_batch` probes) and gpulab bench."""
-    from gpulab.core.memory import track_peak
-
+    `precision`; None on the CPU. Notebook 06 (what `sizing.fit_batch` probes) and gpulab bench."""
     optimizer = work.reset()
     x, y = work.batches(batch)[0]
     with track_peak() as mem:
@@ -120,8 +175,6 @@ def precision_run(work: Workload, precision: str, batch: int, steps: int, repeat
     Returns {unit: throughput, "ms per step": Timing, "peak (GiB)": float or a note on the CPU,
     "loss curve": LossCurve}. A precision this device cannot run raises ValueError.
     """
-    from gpulab.core.memory import GiB, track_peak
-
     check(precision)
     optimizer = work.reset()
     scaler = make_scaler(precision, next(work.model.parameters()).device)
@@ -175,31 +228,20 @@ def lost_fraction(grads: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def headline(scale: str | None = None) -> Measured:
-    """Lesson 06: CNN training throughput, fastest 16-bit autocast against fp32 (`precision.precision_run`)."""
-    from gpulab.models import precision as P
-    from gpulab.core.memory import GiB as _GiB
-    from gpulab.models.cnn import ResNetish, image_batches
-    from gpulab.models.sizing import fit_batch, memory_budget
-
+    """The CNN's training throughput in fp32 (TF32 off) against the fastest 16-bit autocast (`precision_run`),
+    at the batch the notebook trains it at; each 16-bit precision's first loss is checked against fp32's first."""
+    cfg = config(scale)
     device = pick_device()
-    facts = device_facts()
-    cfg = by_scale(tiny=dict(depths=(1, 1, 1, 1), width=8, classes=10, image=32, batch=32),
-                   full=dict(depths=(3, 4, 6, 3), width=64, classes=1000, image=224, batch=128))
     torch.manual_seed(0)
-    model = ResNetish(cfg["depths"], cfg["width"], cfg["classes"], cfg["image"], device=device)
-    work = Workload("CNN", model, lambda b: image_batches(model, b, count=4, seed=1), P.classification_loss,
-                      lambda m: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), unit="img/s")
-
-    batch = fit_batch(lambda b: step_peak(work, b, "fp32"), cfg["batch"], memory_budget(cap=64 * _GiB))
-    # fp16 autocast is no fast path on the CPU (notebook 06 times it on GPUs only)
-    halves = [p for p in ("fp16", "bf16") if p in P.supported(facts) and (device.type == "cuda" or p != "fp16")]
+    work = cnn_workload(cfg["cnn"], device)
+    batch = fit_batch(lambda b: step_peak(work, b, "fp32"), cfg["cnn"]["batch"], memory_budget(cap=MEMORY_CAP))
+    halves = [p for p in timed_precisions() if p in ("fp16", "bf16")]
     x, y = work.batches(batch)[0]
     ref = first_loss(work, x, y, "fp32")
     diffs = {p: abs(first_loss(work, x, y, p) - ref) / abs(ref) for p in halves}
     del x, y
     correct = all(diffs[p] <= FIRST_LOSS_TOLERANCE[p] for p in halves)
-    steps, repeat = by_scale(tiny=1, full=2, scale=scale), by_scale(tiny=3, full=10, scale=scale)
-    rate = {p: precision_run(work, p, batch, steps, repeat)["img/s"] for p in ("fp32", *halves)}
+    rate = {p: precision_run(work, p, batch, cfg["headline_steps"], cfg["repeat"])["img/s"] for p in ("fp32", *halves)}
     best = max(halves, key=rate.get)
     return Measured(rate["fp32"], rate[best], "img/s", rate[best] / rate["fp32"], correct,
                     "first loss vs fp32: " + ", ".join(f"{p} {d:.1e} (tolerance {FIRST_LOSS_TOLERANCE[p]:.0e})"

@@ -1,20 +1,75 @@
-"""TODO docstring
+"""Lesson 07, Tensor Core alignment: its knobs, its experiments and its headline measurement.
+
+Notebook 07 times matrix products around n = 4096, a GPT step with its vocabulary padded, a
+ResNet-50-shaped CNN in both memory layouts and `cudnn.benchmark` in fresh processes. This module
+holds what the notebook and `gpulab bench` share: the sizes (`CONFIG`, read through `config(scale)`),
+`gemm_experiment` (one product, checked against fp32 before it is timed), `alignment` (a row's alignment
+in bytes), `conv_step_times` and `conv_benchmark_in_fresh_process` (the cudnn.benchmark runs; `main` is
+the child process's command line), and `headline`: the aligned product (n = 4096) against the
+misaligned one (n = 4095) in 16-bit.
 """
 from __future__ import annotations
 
-import torch
-from gpulab.core.device import device_facts, pick_device
-from gpulab.core.timing import benchmark
+import argparse
+import copy
+import itertools
+import json
+import subprocess
+import sys
 from typing import Sequence
-from gpulab.core.device import by_scale
+
+import torch
+
+from gpulab.core.device import DeviceFacts, device_facts, pick_device, resolve_scale
 from gpulab.core.measured import Measured
-from gpulab.models.cnn import ResNetish, image_batches
-from gpulab.models.precision import check, GEMM_TOLERANCE, fp32_math
+from gpulab.core.timing import benchmark, summarize
+from gpulab.models.cnn import RESNET50, ResNetish, image_batches
+from gpulab.models.precision import GEMM_TOLERANCE, check, classification_loss, fp32_math, make_scaler, refusal
+from gpulab.models.step import train_step
+
+
+def _resnet_layers(scale: str) -> dict:
+    """ResNet-50's layer configuration at a scale (`cnn.RESNET50` without image size and batch)."""
+    return {k: RESNET50[scale][k] for k in ("depths", "width", "classes")}
 
 
 # -- knobs ------------------------------------------------------------------------------------------
 TITLE = "Tensor Core alignment"
 HEADLINE = "matmul TFLOP/s, n=4096 / n=4095"      # the metric bands.toml judges
+CONFIG = {
+    "tiny": dict(
+        sizes=[240, 248, 252, 254, 255, 256, 257, 258, 260, 264, 272],   # n of the n x n x n products swept
+        aligned=256, misaligned=255,     # the headline's pair: a multiple of 64, and one less
+        gemm_repeat=10,                  # timed calls per matrix product
+        repeat=5,                        # timed training steps (GPT vocabulary, CNN layouts, cudnn.benchmark)
+        lm=dict(vocab=1001, n_blocks=2, width=64, heads=4, seq=32, batch=4),  # an odd vocabulary, as GPT-2's
+        cnn=dict(RESNET50["tiny"]),      # channels_last: a tiny ResNetish, batch 16
+        cudnn=dict(fixed=32, varying=(40, 48), batch=8, **_resnet_layers("tiny")),  # image sizes: fixed, new
+    ),
+    "full": dict(
+        sizes=[4064, 4080, 4088, 4092, 4094, 4095, 4096, 4097, 4098, 4100, 4104, 4112, 4128],
+        aligned=4096, misaligned=4095,
+        gemm_repeat=20,
+        repeat=10,
+        lm=dict(vocab=50257, n_blocks=12, width=768, heads=12, seq=1024, batch=8),  # GPT-2 small's shapes
+        cnn=dict(RESNET50["full"]),      # ResNet-50's layer shapes on 224 x 224 images, batch 128
+        cudnn=dict(fixed=RESNET50["full"]["image"], varying=(192, 256), batch=32, **_resnet_layers("full")),
+    ),
+}
+
+
+def config(scale: str | None = None) -> dict:
+    """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
+    return copy.deepcopy(CONFIG[resolve_scale(scale)])      # a copy: the notebook may change its own
+
+
+def gemm_precisions(facts: DeviceFacts | None = None) -> list[str]:
+    """The 16-bit precisions the products are timed in: fp16 and bf16 where this GPU runs them, bf16 alone
+    on the CPU (fp16 products take a slow path there). The headline times the first."""
+    facts = facts or device_facts()
+    if facts.kind != "cuda":
+        return ["bf16"]
+    return [p for p in ("fp16", "bf16") if refusal(p, facts) is None]
 
 
 def gemm_experiment(n: int = 4096, precision: str = "bf16", m: int | None = None, k: int | None = None,
@@ -66,9 +121,13 @@ def alignment(n: int, element_bytes: int = 2) -> int:
 # of the process, whatever torch.backends.cudnn.benchmark says when it is reused. Comparing the
 # flag on and off on the same shapes inside one process would time the first setting's choices
 # twice, so each setting runs in its own process.
-def conv_step_times(benchmark_on: bool, fixed: int = 224, varying: Sequence[int] = (160, 192, 256),
-                    batch: int = 32, precision: str = "bf16", depths: Sequence[int] = (3, 4, 6, 3),
-                    width: int = 64, classes: int = 1000, repeat: int = 10, startup_size: int = 64) -> dict:
+_FULL = RESNET50["full"]      # the defaults below: ResNet-50 on 224 x 224 images
+
+
+def conv_step_times(benchmark_on: bool, fixed: int = _FULL["image"], varying: Sequence[int] = (160, 192, 256),
+                    batch: int = 32, precision: str = "bf16", depths: Sequence[int] = _FULL["depths"],
+                    width: int = _FULL["width"], classes: int = _FULL["classes"], repeat: int = 10,
+                    startup_size: int = 64) -> dict:
     """Training-step times of a ResNetish with torch.backends.cudnn.benchmark = `benchmark_on`,
     in *this* process (run it in a fresh one: see conv_benchmark_in_fresh_process). Notebook 07.
 
@@ -79,18 +138,11 @@ def conv_step_times(benchmark_on: bool, fixed: int = 224, varying: Sequence[int]
     - "new sizes": one step per size in `varying`, each size new to the process.
     Returns the samples (ms) of each, the device and the timing method.
     """
-    import itertools
-
-    from gpulab.core.device import pick_device
-    from gpulab.models import precision as P
-    from gpulab.models.step import train_step
-    from gpulab.core.timing import benchmark
-
     sizes = [startup_size, fixed, *varying]
     if len(set(sizes)) != len(sizes) or min(sizes) < 32:
         raise ValueError(f"the start-up size, the fixed size and the varying sizes must all differ and be "
                          f">= 32 pixels (got {startup_size}, {fixed}, {list(varying)}).")
-    P.check(precision)
+    check(precision)
     device = pick_device()
     before = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = False           # the start-up step below: loading, no search
@@ -98,10 +150,10 @@ def conv_step_times(benchmark_on: bool, fixed: int = 224, varying: Sequence[int]
         torch.manual_seed(0)
         model = ResNetish(tuple(depths), width, classes, image=fixed, device=device)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        scaler = P.make_scaler(precision, device)
+        scaler = make_scaler(precision, device)
 
         def step(xy: tuple[torch.Tensor, torch.Tensor]) -> None:
-            train_step(model, *xy, loss=P.classification_loss, optimizer=opt, precision=precision, scaler=scaler)
+            train_step(model, *xy, loss=classification_loss, optimizer=opt, precision=precision, scaler=scaler)
 
         startup = image_batches(model, batch, count=1, size=startup_size)[0]
         fixed_batches = image_batches(model, batch, count=2)
@@ -123,17 +175,12 @@ def conv_step_times(benchmark_on: bool, fixed: int = 224, varying: Sequence[int]
             "samples_ms": {k: list(v.samples_ms) for k, v in times.items()}}
 
 
-def conv_benchmark_in_fresh_process(benchmark_on: bool, fixed: int = 224, varying: Sequence[int] = (160, 192, 256),
-                                    batch: int = 32, precision: str = "bf16", depths: Sequence[int] = (3, 4, 6, 3),
-                                    width: int = 64, classes: int = 1000, repeat: int = 10,
+def conv_benchmark_in_fresh_process(benchmark_on: bool, fixed: int = _FULL["image"],
+                                    varying: Sequence[int] = (160, 192, 256), batch: int = 32,
+                                    precision: str = "bf16", depths: Sequence[int] = _FULL["depths"],
+                                    width: int = _FULL["width"], classes: int = _FULL["classes"], repeat: int = 10,
                                     timeout_s: float = 300) -> dict:
     """`conv_step_times` in a new Python process (fresh cuDNN caches); returns a `Timing` per phase. Notebook 07."""
-    import json
-    import subprocess
-    import sys
-
-    from gpulab.core.timing import summarize
-
     cmd = [sys.executable, "-m", "gpulab.lessons.l07_tensor_core_alignment", "--benchmark", "on" if benchmark_on else "off",
            "--fixed", str(fixed), "--varying", ",".join(map(str, varying)), "--batch", str(batch),
            "--precision", precision, "--depths", ",".join(map(str, depths)), "--width", str(width),
@@ -149,23 +196,20 @@ def conv_benchmark_in_fresh_process(benchmark_on: bool, fixed: int = 224, varyin
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import json
-    import sys
-
+    """The child process of `conv_benchmark_in_fresh_process`: `conv_step_times` with these arguments, as JSON."""
     def ints(text: str) -> list[int]:
         return [int(v) for v in text.split(",") if v]
 
     p = argparse.ArgumentParser(description="Time a ResNetish training step with cudnn.benchmark on or off "
                                             "(notebook 07); print JSON.")
     p.add_argument("--benchmark", choices=("on", "off"), required=True)
-    p.add_argument("--fixed", type=int, default=224)
+    p.add_argument("--fixed", type=int, default=_FULL["image"])
     p.add_argument("--varying", type=ints, default=[160, 192, 256])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--precision", default="bf16")
-    p.add_argument("--depths", type=ints, default=[3, 4, 6, 3])
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--depths", type=ints, default=list(_FULL["depths"]))
+    p.add_argument("--width", type=int, default=_FULL["width"])
+    p.add_argument("--classes", type=int, default=_FULL["classes"])
     p.add_argument("--repeat", type=int, default=10)
     a = p.parse_args(argv)
     try:
@@ -178,24 +222,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 def headline(scale: str | None = None) -> Measured:
-    """Lesson 07: an n = 4096 matrix product against n = 4095 (`precision.gemm_experiment`)."""
-    from gpulab.models import precision as P
-
-    facts = device_facts()
-    if facts.kind == "cuda":
-        p = next(p for p in ("fp16", "bf16") if P.refusal(p, facts) is None)
-    else:
-        p = "bf16"                  # notebook 07: fp16 products take a slow path on the CPU
-    aligned, misaligned = by_scale(tiny=(256, 255), full=(4096, 4095), scale=scale)
-    repeat = by_scale(tiny=10, full=20, scale=scale)
+    """The aligned product (n = 4096 at full scale) against the misaligned one (n = 4095), in the first of
+    `gemm_precisions`; each is checked against fp32 before it is timed (`gemm_experiment`)."""
+    cfg = config(scale)
+    p = gemm_precisions()[0]
+    aligned, misaligned, repeat = cfg["aligned"], cfg["misaligned"], cfg["gemm_repeat"]
     gemm_experiment(aligned, p, repeat=1)        # loads the math library's kernels first
     fast = gemm_experiment(aligned, p, repeat=repeat)     # each checked against fp32 first
     slow = gemm_experiment(misaligned, p, repeat=repeat)
     return Measured(slow["TFLOP/s"], fast["TFLOP/s"], "TFLOP/s", fast["TFLOP/s"] / slow["TFLOP/s"], True,
                     f"relative error against fp32: {fast['rel. error']:.1e} ({aligned}), "
                     f"{slow['rel. error']:.1e} ({misaligned})", f"{p}, n={misaligned}", f"{p}, n={aligned}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

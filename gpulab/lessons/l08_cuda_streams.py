@@ -1,28 +1,42 @@
-"""CUDA streams: overlap a host->device copy with compute, and draw what ran when.
-Introduced in notebook 08.
+"""Lesson 08, CUDA streams: overlap a host->device copy with compute, and draw what ran when.
+
+Notebook 08 and `gpulab bench` share this module: its sizes (`CONFIG`, `config`) and `headline`, one
+pinned host->device copy and one 16-bit matmul (`CopyAndMatmul`), timed serial on one stream and
+overlapped on two.
 
 - `predict_overlap`: serial = copy + compute; overlapped = max(copy, compute).
 - `copy_then_compute`: the lesson's sequence, serial on one stream or overlapped on two,
   joined back to the current stream before it returns (so CUDA events on the current
   stream bracket all of it); `CopyAndMatmul`: its tensors, made once, and its check.
-- `record_spans`: when each step started and ended on its stream (CUDA events per stream).
-- the spans are drawn by `gpulab.core.plots.stream_timeline_plot`, one row per stream. It uses
-  `gpulab.core.plots`' style; it belongs in `gpulab.core.plots` and should move there.
+- `record_spans`: when each step started and ended on its stream (CUDA events per stream);
+  the notebook draws them with `gpulab.core.plots.stream_timeline_plot`, one row per stream.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Sequence
-import torch
-from gpulab.core.device import require_cuda
-from gpulab.core.device import by_scale
-from gpulab.models.precision import half_dtype
-from gpulab.core.measured import Measured, Skipped
 
+import torch
+
+from gpulab.core.device import require_cuda, resolve_scale
+from gpulab.core.measured import Measured, Skipped
+from gpulab.core.timing import benchmark
+from gpulab.models.precision import half_dtype
 
 # -- knobs ------------------------------------------------------------------------------------------
 TITLE = "CUDA streams"
 HEADLINE = "copy + matmul, overlapped / serial ms"      # the metric bands.toml judges
+CONFIG = {
+    # copy_mib: the pinned host->device copy; matmul_n: the 16-bit n x n matmul it hides under (the headline's
+    # pair); softmax_cols: columns of section 8's softmaxes (8 rows of them, or 4096 rows of the same bytes)
+    "tiny": dict(copy_mib=8, matmul_n=256, softmax_cols=1 << 14),
+    "full": dict(copy_mib=256, matmul_n=8192, softmax_cols=1 << 22),
+}
+
+
+def config(scale: str | None = None) -> dict:
+    """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
+    return dict(CONFIG[resolve_scale(scale)])
 
 
 NO_STREAMS = "CUDA streams do not exist on the CPU"
@@ -70,7 +84,7 @@ class CopyAndMatmul:
     of `mib` MiB copied into `dev`, and `out = a @ b`, n x n in `dtype`, on the device; `copy_stream`
     carries the copy when they overlap. Notebook 08 and `gpulab bench` both time `run`.
 
-        job = CopyAndMatmul.make(256, 8192)
+        job = CopyAndMatmul.make(config()["copy_mib"], config()["matmul_n"])
         job.check()                        # correct before fast
         benchmark(lambda: job.run(overlap=True))
     """
@@ -160,18 +174,15 @@ def record_spans(steps: Sequence[Step]) -> list[Span]:
 
 
 def headline(scale: str | None = None) -> Measured:
-    """Lesson 08: a host->device copy and a matmul, serial on one stream and overlapped on two
-    (`streams.CopyAndMatmul`, as notebook 08 times it)."""
-    from gpulab.lessons.l08_cuda_streams import NO_STREAMS, CopyAndMatmul
-    from gpulab.core.timing import benchmark
-
+    """A host->device copy and a matmul of `config(scale)`'s sizes, serial on one stream and overlapped on
+    two (`CopyAndMatmul`, as notebook 08 times it), in bf16 where native, else fp16; checked first."""
     try:
         device = require_cuda(NO_STREAMS)
     except ValueError as err:
         raise Skipped(str(err)) from None
-    mib, n = by_scale(tiny=8, full=256, scale=scale), by_scale(tiny=256, full=8192, scale=scale)
-    dtype = half_dtype()
-    job = CopyAndMatmul.make(mib, n, dtype, device)
+    cfg = config(scale)
+    mib, n = cfg["copy_mib"], cfg["matmul_n"]
+    job = CopyAndMatmul.make(mib, n, half_dtype(), device)
     try:
         said, correct = job.check(), True
     except AssertionError as err:

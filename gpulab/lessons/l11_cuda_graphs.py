@@ -1,5 +1,8 @@
-"""CUDA Graphs: record a sequence of kernel launches once, replay it with one launch.
-Introduced in notebook 11.
+"""Lesson 11, CUDA Graphs: record a sequence of kernel launches once, replay it with one launch.
+
+Notebook 11 (`notebooks/11_cuda_graphs.ipynb`) and `gpulab bench` share what is here: the sizes
+(`CONFIG`, `config(scale)`), and `headline(scale)`, 400 tiny elementwise ops eager against one
+CUDA graph replay, each checked before it is timed.
 
 - `tiny_ops(x, count)`: a launch-bound workload: `count` elementwise kernels on a small tensor.
 - `tiny_ops_reference(x, count)`: the same result in closed form, to check any variant.
@@ -16,13 +19,35 @@ from typing import Callable
 import torch
 from torch import nn
 from gpulab.core.children import at_once
-from gpulab.core.device import require_cuda
+from gpulab.core.device import require_cuda, resolve_scale
 from gpulab.core.measured import Measured, Skipped
+from gpulab.core.timing import benchmark
 
 
 # -- knobs ------------------------------------------------------------------------------------------
 TITLE = "CUDA graphs"
 HEADLINE = "400 tiny ops, eager / graph replay ms"      # the metric bands.toml judges
+CONFIG = {
+    "tiny": dict(
+        n_ops=400,                    # tiny elementwise kernels in the headline's chain (one launch each)
+        numel=1024,                   # elements of the tensor they work on: tiny on purpose
+        counts=[1, 10, 100, 400],     # chain lengths of the launch-cost sweep (includes n_ops)
+        mlp_width=64, mlp_depth=8, mlp_batch=32,      # the small MLP stepped eager, graphed and compiled
+        big_n=256,                    # n of the four bf16 n x n matmuls (compute-bound at full size)
+    ),
+    "full": dict(
+        n_ops=400,
+        numel=1024,
+        counts=[1, 10, 100, 400, 1000],
+        mlp_width=512, mlp_depth=8, mlp_batch=256,
+        big_n=8192,
+    ),
+}
+
+
+def config(scale: str | None = None) -> dict:
+    """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
+    return dict(CONFIG[resolve_scale(scale)])
 
 
 NO_GRAPHS = "CUDA graphs record CUDA kernel launches"
@@ -170,16 +195,15 @@ def capture_violation(kind: str, timeout_s: float = 60.0) -> str:
 
 
 def headline(scale: str | None = None) -> Measured:
-    """Lesson 11: 400 tiny elementwise ops, eager against one CUDA graph replay (`graphs.capture`)."""
-    from gpulab.lessons.l11_cuda_graphs import NO_GRAPHS, capture, max_difference, tiny_ops, tiny_ops_reference
-    from gpulab.core.timing import benchmark
-
+    """`n_ops` tiny elementwise ops on `numel` elements (`config(scale)`), eager against one CUDA graph
+    replay (`capture`): eager checked against float64, the replay against eager, then both timed."""
     try:
         device = require_cuda(NO_GRAPHS)
     except ValueError as err:
         raise Skipped(str(err)) from None
-    n_ops = 400
-    x = torch.randn(1024, device=device)
+    cfg = config(scale)
+    n_ops = cfg["n_ops"]
+    x = torch.randn(cfg["numel"], device=device)
     eager_out = tiny_ops(x, n_ops)
     eager_err = max_difference(eager_out, tiny_ops_reference(x, n_ops))
     graph, graph_out = capture(lambda t: tiny_ops(t, n_ops), x)

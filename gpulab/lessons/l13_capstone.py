@@ -1,20 +1,26 @@
-"""The capstone: two training jobs with every optimization of the course as a toggle. Notebook 13.
+"""Lesson 13, the capstone: two training jobs with every optimization of the course as a toggle.
 
-- `JOBS`, `job_config`: a ResNet-50-shaped CNN on images and a GPT language model (lessons 06 and 07's
-  `workloads`), trained with AdamW; their sizes at each scale.
+Notebook 13 (`notebooks/13_capstone.ipynb`) and `gpulab bench` share what is here: the sizes and
+timing budgets (`CONFIG`, `config(scale)`, `job_config(job, scale)`), the runs, and `headline(scale, runs)`.
+
+- `JOBS`, `job_config`: a ResNet-50-shaped CNN on images and a GPT language model (`gpulab.models.cnn`
+  and `gpulab.models.gpt`, lessons 06 and 07), trained with AdamW; their sizes at each scale.
 - `Options`: the toggles (TF32, AMP, channels_last, aligned vocabulary, fused AdamW, input pipeline,
   torch.compile, CUDA graphs, checkpointing, accumulation); `check` refuses impossible combinations,
   `refusal` says why this device cannot run one.
 - `run_job`: build a job from one seed, train a few steps (the loss trajectory), then time steps with
-  `gpulab.core.timing.benchmark`: throughput, model TFLOP/s, peak memory, GPU busy %. Each step is
-  `models.step.train_step` (autocast, GradScaler, accumulation, CUDA-graph marks).
-- `loss_tolerance`, `loss_matches`, `Runs`: correct before fast; every run is memoized and checked
-  against the fp32 baseline on the same batches.
+  `gpulab.core.timing.benchmark` for as long as the scale's budget allows: throughput, model TFLOP/s, peak
+  memory, GPU busy %. Each step is `gpulab.models.step.train_step` (autocast, GradScaler, accumulation,
+  CUDA-graph marks).
+- `loss_tolerance`, `loss_matches`, `Runs`: correct before fast; every run (at one scale) is memoized and
+  checked against the fp32 baseline on the same batches.
 - `waterfall`, `attribute`: toggles added one at a time; each one's share of the total speed-up (in log
   space, so the shares add to 100%) and of the memory saved.
 - `bf16_peak`, `mfu`: model FLOPs utilization against notebook 00's measured peak.
 - `SEED_V100`, `SEED_4090`, `seed_v100_rows`, `seed_4090_rows`: the seed articles' tables redone here.
-- `headline`: baseline against everything on, for `gpulab bench`.
+- `headline_numbers(job, scale, runs)`: a job's fp32 baseline against everything this device accepts
+  (`all_on`), with its loss check and MFU; `headline(scale, runs)`: the GPT's, as the `Measured` that
+  `gpulab bench` and notebook 13's self-check read (given the notebook's `runs`, it reuses their runs).
 
 What each toggle does, and where the course measured it alone:
 
@@ -45,7 +51,7 @@ from torch.utils.data import Dataset
 from gpulab.models import precision as P
 from gpulab.models.step import train_step
 from gpulab.core.ceilings import Ceiling, ceilings
-from gpulab.core.device import DeviceFacts, by_scale, device_facts, pick_device
+from gpulab.core.device import DeviceFacts, device_facts, pick_device, resolve_scale
 from gpulab.core.memory import memory_guard, track_peak
 from gpulab.core.timing import Timing, benchmark, stopwatch
 from gpulab.models.gpt import GPT, padded_copy, token_batches
@@ -55,22 +61,39 @@ from gpulab.models.sizing import count_flops
 from gpulab.core.measured import Measured
 
 
+# -- knobs ------------------------------------------------------------------------------------------
 TITLE = "capstone"
 HEADLINE = "GPT tokens/s, every toggle / fp32"      # the metric bands.toml judges
-
-# -- the two jobs ------------------------------------------------------------------------------------
-CONFIGS: dict[str, dict[str, dict[str, Any]]] = {
-    # GPT: 8 blocks of width 2048 (16 heads of 128), sequences of 1024 tokens, GPT-2's vocabulary of 50257.
-    # Width 2048, not 1024: on the course's H200 (torch 2.11, 2026-11-29) a bf16 step of 12 x 1024 reached
-    # 386 model TFLOP/s compiled (57% of the measured peak), 12 x 2048 reached 480 (71%): bigger products and
-    # 128-wide attention heads keep the Tensor Cores busier, and the rest of the step weighs less. 8 blocks,
-    # not 12, keep the notebook (and torch.compile's first call) inside the course's time budget.
-    "gpt": {"tiny": dict(vocab=251, n_blocks=2, width=64, heads=4, seq=32, batch=8),
-            "full": dict(vocab=50257, n_blocks=8, width=2048, heads=16, seq=1024, batch=8)},
-    # CNN: ResNet-50's layer shapes (25.6 M parameters) on 224 x 224 images, 1000 classes.
-    "cnn": {"tiny": dict(depths=(1, 1, 1, 1), width=8, classes=10, image=32, batch=16),
-            "full": dict(depths=(3, 4, 6, 3), width=64, classes=1000, image=224, batch=128)},
+CONFIG: dict[str, dict[str, Any]] = {
+    "tiny": dict(
+        gpt=dict(vocab=251, n_blocks=2, width=64, heads=4, seq=32, batch=8),
+        cnn=dict(depths=(1, 1, 1, 1), width=8, classes=10, image=32, batch=16),
+        budget_s=0.05,              # seconds of timed steps per run (`benchmark`'s budget)
+        monitor_budget_s=0.05,      # the same, while GPU busy % is sampled
+        max_repeat=5,               # at most this many timed steps per run
+        seed_4090_batch=4,          # seed 004's first batch, doubled row by row
+    ),
+    "full": dict(
+        # GPT: 8 blocks of width 2048 (16 heads of 128), sequences of 1024 tokens, GPT-2's vocabulary of 50257.
+        # Width 2048, not 1024: on the course's H200 (torch 2.11, 2026-11-29) a bf16 step of 12 x 1024 reached
+        # 386 model TFLOP/s compiled (57% of the measured peak), 12 x 2048 reached 480 (71%): bigger products
+        # and 128-wide attention heads keep the Tensor Cores busier, and the rest of the step weighs less.
+        # 8 blocks, not 12, keep the notebook (and torch.compile's first call) inside the course's time budget.
+        gpt=dict(vocab=50257, n_blocks=8, width=2048, heads=16, seq=1024, batch=8),
+        # CNN: ResNet-50's layer shapes (25.6 M parameters) on 224 x 224 images, 1000 classes.
+        cnn=dict(depths=(3, 4, 6, 3), width=64, classes=1000, image=224, batch=128),
+        budget_s=0.3,
+        monitor_budget_s=0.6,       # NVML averages busy % over windows of up to a second
+        max_repeat=15,
+        seed_4090_batch=32,         # the seed's own first batch (SEED_4090)
+    ),
 }
+
+
+def config(scale: str | None = None) -> dict[str, Any]:
+    """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`): each job's
+    sizes ("gpt", "cnn"; copies, as `job_config` gives them) and how long each run is timed."""
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in CONFIG[resolve_scale(scale)].items()}
 
 
 LR = 1e-3              # AdamW's learning rate for both jobs
@@ -120,11 +143,7 @@ def job_config(job: str, scale: str | None = None) -> dict[str, Any]:
     """A copy of `job`'s sizes at `scale` ("tiny" or "full"; None: the course's current scale), with its batch."""
     if job not in JOBS:
         raise ValueError(f"job must be one of {', '.join(JOBS)} (got {job!r}).")
-    if scale is None:
-        return dict(by_scale(tiny=CONFIGS[job]["tiny"], full=CONFIGS[job]["full"]))
-    if scale not in ("tiny", "full"):
-        raise ValueError(f"scale must be 'tiny' or 'full' (got {scale!r}).")
-    return dict(CONFIGS[job][scale])
+    return dict(CONFIG[resolve_scale(scale)][job])
 
 
 def gpt_flops_per_token(vocab: int, n_blocks: int, width: int, seq: int, **_: Any) -> dict[str, float]:
@@ -409,7 +428,7 @@ _FLOPS: dict[tuple, float] = {}
 
 def model_flops(job: str, config: dict, batch: int, device: torch.device | None = None) -> float:
     """FLOPs of one training step (forward, loss and backward) of `job` at `batch`, counted by PyTorch's
-    FlopCounterMode (`workloads.count_flops`: matrix products, convolutions and attention, causal
+    FlopCounterMode (`gpulab.models.sizing.count_flops`: matrix products, convolutions and attention, causal
     attention counted in full) once per configuration, on a step of 2 samples, and scaled to `batch`.
     Counted on the unpadded model: padding the vocabulary adds arithmetic, not model FLOPs. On the CPU,
     attention is counted through its math path (its flash kernel there has no FLOP formula)."""
@@ -435,15 +454,17 @@ def run_job(job: str, options: Options = Options(), batch: int | None = None, *,
             loss_steps: int = LOSS_STEPS, timed: bool = True, warmup: int | None = None,
             budget_s: float | None = None, max_repeat: int | None = None, monitor: bool = False,
             expected_losses: Sequence[float] | None = None, tolerance: float | None = None,
-            device: torch.device | None = None, seed: int = 0) -> JobResult:
+            device: torch.device | None = None, seed: int = 0, scale: str | None = None) -> JobResult:
     """Train `job` with `options` from the weights seed `seed` gives: `loss_steps` steps whose losses are
     kept, then (if `timed`) `benchmark` times further steps: `warmup` untimed, then as many as fit about
     `budget_s` seconds (at most `max_repeat`). Inside `memory_guard`: GPU memory goes back to where it was.
 
-    `config`: the job's sizes (default `job_config(job)`); `batch` defaults to its batch. With `monitor`,
-    a `GpuMonitor` samples GPU busy % during the timed steps (then `budget_s` defaults to 1 s at full
-    size: NVML averages busy % over windows of up to a second). The loss steps warm up the step (the
-    first compiles it, the next ones record CUDA graphs), so `warmup` defaults to one more.
+    `scale` ("tiny" or "full"; None: the course's) picks the defaults: `config` (the job's sizes,
+    `job_config(job, scale)`), `budget_s` and `max_repeat` (`config(scale)`); `batch` defaults to the
+    config's batch. With `monitor`, a `GpuMonitor` samples GPU busy % during the timed steps (then
+    `budget_s` defaults to `monitor_budget_s`, longer at full size: NVML averages busy % over windows of
+    up to a second). The loss steps warm up the step (the first compiles it, the next ones record CUDA
+    graphs), so `warmup` defaults to one more.
 
     Correct before fast: with `expected_losses` (a reference run's) and `tolerance`, the loss steps are
     compared with them (`loss_matches`) before anything is timed; a run that does not match is not timed
@@ -451,7 +472,9 @@ def run_job(job: str, options: Options = Options(), batch: int | None = None, *,
     ValueError with the reason.
     """
     device = device or pick_device()
-    cfg = dict(config or job_config(job))
+    size = resolve_scale(scale)
+    knobs = CONFIG[size]                          # not `config(scale)`: the argument `config` hides it here
+    cfg = dict(config or job_config(job, size))
     batch = batch or cfg["batch"]
     check(job, options, batch)
     why = refusal(options, device_facts(device))
@@ -460,8 +483,8 @@ def run_job(job: str, options: Options = Options(), batch: int | None = None, *,
     if loss_steps < 1:
         raise ValueError(f"loss_steps must be >= 1 (got {loss_steps}).")
     warmup = 1 if warmup is None else warmup
-    budget_s = by_scale(tiny=0.05, full=0.6 if monitor else 0.3) if budget_s is None else budget_s
-    max_repeat = by_scale(tiny=5, full=15) if max_repeat is None else max_repeat
+    budget_s = knobs["monitor_budget_s" if monitor else "budget_s"] if budget_s is None else budget_s
+    max_repeat = knobs["max_repeat"] if max_repeat is None else max_repeat
     flops = model_flops(job, cfg, batch, device)
     with memory_guard(quiet=True, device=device) as guard:
         try:
@@ -619,11 +642,15 @@ class Runs:
     `checked` compares the first LOSS_STEPS losses with the fp32 baseline's at the same batch (its
     timed run if there is one, else an untimed reference run; see `reference_options`) and keeps every
     check in `checks`.
+
+    All runs are at one `scale` ("tiny" or "full"; None: the course's, read once here): it gives the
+    jobs' sizes that `configs` leaves out, and every run's timing budget (`run_job(..., scale=)`).
     """
 
     def __init__(self, configs: dict[str, dict] | None = None, runner: Callable[..., JobResult] = run_job,
-                 **run_kw: Any):
-        self.configs = {job: dict((configs or {}).get(job) or job_config(job)) for job in JOBS}
+                 scale: str | None = None, **run_kw: Any):
+        self.scale = resolve_scale(scale)
+        self.configs = {job: dict((configs or {}).get(job) or job_config(job, self.scale)) for job in JOBS}
         self.runner, self.run_kw = runner, run_kw
         self.results: dict[tuple, JobResult] = {}
         self.checks: list[tuple[str, Checked]] = []
@@ -637,8 +664,8 @@ class Runs:
         batch = self.batch(job, batch)
         key = (job, options, batch, timed, monitor)
         if key not in self.results:
-            self.results[key] = self.runner(job, options, batch, config=self.configs[job], timed=timed,
-                                            monitor=monitor, **check, **self.run_kw)
+            self.results[key] = self.runner(job, options, batch, config=self.configs[job], scale=self.scale,
+                                            timed=timed, monitor=monitor, **check, **self.run_kw)
         return self.results[key]
 
     def reference(self, job: str, batch: int | None = None, options: Options = Options()) -> JobResult:
@@ -870,10 +897,12 @@ def seed_4090_rows(runs: Runs, best: Options, job: str = "cnn", batch: int | Non
 def headline_numbers(job: str = "gpt", scale: str | None = None, runs: Runs | None = None) -> dict[str, Any]:
     """Baseline (fp32) against everything this device accepts (`all_on`), for one job at `scale`.
 
-    The optimized run's losses are checked against the baseline's before its time counts. Returns the
-    throughputs, their ratio, the check, and the model FLOPs utilization against `bf16_peak()`.
+    `runs`: runs already made (notebook 13's), reused; they carry their own scale, so `scale` is then
+    ignored. Without them, a fresh `Runs(scale=scale)`. The optimized run's losses are checked against
+    the baseline's before its time counts. Returns the throughputs, their ratio, the check, and the
+    model FLOPs utilization against `bf16_peak()`.
     """
-    runs = runs or Runs({job: job_config(job, scale)})
+    runs = runs or Runs(scale=scale)
     best = all_on(job, runs.batch(job))
     base = runs.checked(job, Options())
     top = runs.checked(job, best)
@@ -990,7 +1019,7 @@ def seed_4090_table(rows: Sequence[SeedRow]) -> list[tuple]:
 
 def headline(scale: str | None = None, runs: Runs | None = None) -> Measured:
     """The GPT job, fp32 against every toggle this device accepts (`headline_numbers`), as a `Measured`:
-    what notebook 13's self-check and `gpulab bench` read."""
+    what notebook 13's self-check (with its `runs`, so nothing runs twice) and `gpulab bench` read."""
     h = headline_numbers("gpt", scale, runs)
     notes = f"MFU {100 * h['mfu']:.0f}% of {h['peak']}" if h["mfu"] is not None else "MFU: no 16-bit peak known"
     return Measured(h["baseline"], h["optimized"], h["unit"], h["ratio"], h["correct"], h["check"],

@@ -601,11 +601,11 @@ def link_info(devices: Sequence[int]) -> dict[str, Any]:
     ok, why = monitor.nvml_status()
     info["nvml"] = why
     if ok:
-        pynvml = monitor._import_pynvml()
+        pynvml = monitor.import_pynvml()
         pynvml.nvmlInit()
         try:
-            ha = monitor._handle(pynvml, torch.device("cuda", a))
-            hb = monitor._handle(pynvml, torch.device("cuda", b))
+            ha = monitor.nvml_handle(pynvml, torch.device("cuda", a))
+            hb = monitor.nvml_handle(pynvml, torch.device("cuda", b))
             names = {0: "same board", 10: "one PCIe switch", 20: "several PCIe switches",
                      30: "a PCIe host bridge", 40: "the same CPU (NUMA node)", 50: "across CPU sockets (SYSTEM)"}
             with contextlib.suppress(pynvml.NVMLError):

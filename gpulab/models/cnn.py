@@ -1,4 +1,8 @@
-"""TODO docstring
+"""The convolutional networks the lessons train, and their synthetic images.
+
+- `SmallCNN`, `conv_flops`: lesson 03's small conv stack, light enough that the input pipeline shows.
+- `ResNetish` (ResNet-50's layer shapes at full size) and `image_batches` (learnable synthetic images):
+  lessons 06, 07 and the capstone.
 """
 from __future__ import annotations
 
@@ -42,6 +46,15 @@ def conv_flops(model: SmallCNN, batch: int, size: int) -> int:
 
 
 # -- lessons 06 and 07: a ResNet-style CNN and a small GPT language model ------------------------
+# ResNet-50's configuration (lessons 06, 07 and the capstone): `ResNetish(depths, width, classes, image)`
+# and the batch to train it at. Full: ResNet-50's layer shapes (25.6 M parameters) on 224 x 224 images,
+# 1000 classes, batch 128. Tiny: one block per stage, width 8, 32 x 32 images, 10 classes, batch 16.
+RESNET50 = {
+    "tiny": dict(depths=(1, 1, 1, 1), width=8, classes=10, image=32, batch=16),
+    "full": dict(depths=(3, 4, 6, 3), width=64, classes=1000, image=224, batch=128),
+}
+
+
 class Bottleneck(nn.Module):
     """ResNet's bottleneck block: 1x1 reduce, 3x3 (carries the stride), 1x1 expand x4, each with
     BatchNorm; a projection shortcut where the shape changes. Notebook 06."""

@@ -1,4 +1,6 @@
-"""TODO docstring
+"""A GPT language model and its data: `GPT` (token and position embeddings, lesson 09's blocks, a tied
+head), `padded_copy` (the same model with its vocabulary padded to a multiple, lesson 07) and
+`token_batches` (learnable synthetic token sequences). Lessons 06, 07 and the capstone.
 """
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""Number formats for training: fp32, TF32, fp16 with a GradScaler, bf16. Introduced in notebook 06; used in 07.
+"""Number formats for training: fp32, TF32, fp16 with a GradScaler, bf16. Introduced in notebook 06; used in 07 and 13.
 
-- `SPECS`, `refusal`, `check`, `supported`: the four precisions, and why this device cannot run one.
+- `SPECS`, `refusal`, `check`, `supported`, `best_half`, `half_dtype`: the four precisions, and why this
+  device cannot run one (bf16 only where the GPU has it natively).
 - `fp32_math(mode)`: fp32 matrix products AND convolutions as IEEE fp32 ("ieee") or on TF32
   Tensor Cores ("tf32"); both switches are restored afterwards.
-- `amp_step`: one optimizer step under autocast (the GradScaler for fp16, gradient accumulation,
-  CUDA-graph step marks); `train_step`: the same for a model in one of the four precisions.
-- `Workload`, `first_loss`, `train_curve`, `precision_run`: the same model, weights and data
-  trained in each precision: loss curve, then time and peak memory.
-- `unscaled_gradients`, `lost_fraction`: fp16's underflow made countable.
-- `gemm_experiment`: TFLOP/s of one matrix product, checked against fp32 before it is timed.
+- `make_scaler`, `classification_loss`, `language_model_loss`: what `models.step.train_step` takes.
 - FP16 / BF16 / FP32: the limits of each format, from `torch.finfo`.
 
 PyTorch's defaults differ between the two switches: since PyTorch 1.12, fp32 matrix products

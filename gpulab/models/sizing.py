@@ -1,24 +1,12 @@
-"""Models and batches the lessons train. Introduced in notebook 09; reused from 10 on.
+"""How much memory a training step takes, and the largest batch that fits. Notebooks 06, 07, 09, 10, 13.
 
-- `TransformerStack`: GPT-style blocks (pre-LayerNorm, causal SDPA attention, 4x GELU MLP)
-  with activation checkpointing every k blocks as a switch (`checkpoint_every`).
-- `make_batch`, `loss_fn`, `autocast`, `train_step`: a deterministic batch and one training step.
-- `checkpointing_check`, `accumulation_check` (`GRAD_TOL`, `fp32_loss_and_grads`, `worst_difference`):
-  correct before fast, in plain fp32.
 - `saved_for_backward`: the bytes autograd keeps between forward and backward (works on the CPU).
-- `predicted_memory`, `predicted_batch`: the back-of-envelope for the above, before anything runs,
-  and the batch it says fits half the free memory.
+- `predicted_memory`, `predicted_batch`: the back-of-envelope before anything runs, and the batch it
+  says fits half the free memory.
 - `memory_budget`, `training_peak`, `fits_budget`, `largest_batch`: the memory of a step, and the
   largest batch that fits a budget, found by measuring (never by filling the whole GPU).
-
-Lessons 06 and 07 add:
-- `ResNetish` (ResNet-50's layer shapes at full size) and `image_batches`: a CNN and learnable
-  synthetic images; `GPT`, `padded_copy` and `token_batches`: a language model whose vocabulary
-  can be padded, and learnable token sequences;
 - `count_flops` (PyTorch's FlopCounterMode) and `fit_batch` (a batch that fits a memory budget,
-  extrapolated from two small measured steps);
-- `conv_benchmark_in_fresh_process`: training steps with cudnn.benchmark on or off, each in its
-  own process (`python -m gpulab.lessons.l07_tensor_core_alignment --benchmark on|off ...`).
+  extrapolated from two small measured steps).
 """
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""TODO docstring
+"""The GPT-style block stack lessons 09, 10 and 14 train.
+
+- `Block`: pre-LayerNorm, causal SDPA attention, 4x GELU MLP.
+- `TransformerStack`: n blocks with activation checkpointing every k blocks as a switch (`checkpoint_every`).
+- `make_batch`, `loss_fn`, `param_bytes`: a deterministic batch, the loss (MSE in fp32), parameter bytes.
 """
 from __future__ import annotations
 
@@ -6,6 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+# The course's TransformerStack (lessons 09 and 10; `TransformerStack(**STACK[scale])`): 12 GPT blocks,
+# the full one 152 M parameters (12 x (12 C^2 + 13 C) + C^2 + 3 C at width C = 1024), run at seq 1024.
+STACK = {
+    "tiny": dict(n_blocks=12, width=64, heads=4, seq=32),
+    "full": dict(n_blocks=12, width=1024, heads=16, seq=1024),
+}
 
 
 class Block(nn.Module):

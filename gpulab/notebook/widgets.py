@@ -21,7 +21,6 @@ import html
 import io
 import threading
 import traceback
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 import ipywidgets as W
 from IPython.display import HTML, display
@@ -29,73 +28,7 @@ from gpulab.core import plots
 from gpulab.core.device import sync
 from gpulab.core.memory import memory_guard
 from gpulab.core.timing import Timing
-
-
-# -- controls ---------------------------------------------------------------
-@dataclass(frozen=True)
-class Choice:
-    """One of a fixed set of values (shown as toggle buttons)."""
-
-    options: tuple
-    label: str = ""
-
-    def validate(self, name: str, value: Any) -> Any:
-        if value not in self.options:
-            raise ValueError(f"{name} must be one of {', '.join(map(repr, self.options))} "
-                             f"(got {value!r}).")
-        return value
-
-    def widget(self, name: str, value: Any) -> W.ValueWidget:
-        return W.ToggleButtons(options=list(self.options), value=value,
-                               description=self.label or name, style={"button_width": "auto"})
-
-
-@dataclass(frozen=True)
-class Toggle:
-    """On or off."""
-
-    label: str = ""
-
-    def validate(self, name: str, value: Any) -> bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} must be True or False (got {value!r}).")
-        return value
-
-    def widget(self, name: str, value: Any) -> W.ValueWidget:
-        return W.Checkbox(value=bool(value), description=self.label or name, indent=False)
-
-
-@dataclass(frozen=True)
-class IntRange:
-    """An integer between min and max (inclusive); typed into a box, so it can be wrong."""
-
-    min: int
-    max: int
-    step: int = 1
-    label: str = ""
-
-    def validate(self, name: str, value: Any) -> int:
-        if isinstance(value, bool):
-            raise ValueError(f"{name} must be a whole number (got {value!r}).")
-        if not isinstance(value, int):
-            try:
-                as_float = float(value)
-            except (TypeError, ValueError):
-                raise ValueError(f"{name} must be a whole number (got {value!r}).") from None
-            if not as_float.is_integer():
-                raise ValueError(f"{name} must be a whole number (got {value!r}).")
-            value = int(as_float)
-        if not self.min <= value <= self.max:
-            raise ValueError(f"{name} must be between {self.min} and {self.max} (got {value}).")
-        if (value - self.min) % self.step:
-            raise ValueError(f"{name} must be {self.min} plus a multiple of {self.step} "
-                             f"(got {value}).")
-        return value
-
-    def widget(self, name: str, value: Any) -> W.ValueWidget:
-        # A free text box, not a slider: the learner can type any size, and a
-        # wrong one gets a message instead of being silently clamped.
-        return W.IntText(value=value, description=self.label or name, step=self.step)
+from gpulab.notebook.controls import Choice, IntRange, Toggle
 
 
 Control = Choice | Toggle | IntRange
@@ -308,7 +241,7 @@ class MonitorPanel:
         self.status.value = html.escape(self.monitor.status)
 
     def _redraw_loop(self) -> None:
-        while self.monitor._thread is not None:
+        while self.monitor.running:
             self._render()
             threading.Event().wait(1.0)
 

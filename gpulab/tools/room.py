@@ -234,13 +234,13 @@ def format_table(room: Room, markdown: bool = False) -> str:
 
 def room_plot(room: Room, title: str = "Headline ratio per lesson and GPU (median of runs)") -> Figure:
     """Grouped bars: one group per lesson, one bar per GPU model, log scale (ratios span 0.2x to 1000x)."""
-    from gpulab.core.plots import COLORS, STYLE, _figure, _styled
+    from gpulab.core.plots import COLORS, STYLE, figure, styled
     import matplotlib.pyplot as plt
 
     table = cells(room)
     keys = list(table)
     gpus = room.gpus
-    fig, (ax,) = _figure(figsize=(max(5.0, 0.9 * len(keys) * max(1, len(gpus)) ** 0.5 + 2.5), 3.8))
+    fig, (ax,) = figure(figsize=(max(5.0, 0.9 * len(keys) * max(1, len(gpus)) ** 0.5 + 2.5), 3.8))
     with plt.rc_context(STYLE):
         if not keys:
             ax.text(0.5, 0.5, "no headline ratios in this folder", ha="center", va="center",
@@ -262,7 +262,7 @@ def room_plot(room: Room, title: str = "Headline ratio per lesson and GPU (media
             ax.set_ylabel("ratio (x)")
             ax.legend(fontsize=8)
         ax.set_title(title)
-    return _styled(fig)
+    return styled(fig)
 
 
 # -- the README's "measured on" block ---------------------------------------------------------
