@@ -8,7 +8,7 @@ import pytest
 from gpulab.tools import room as R
 from gpulab.tools.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECORD = {"lesson": "05", "unit": "GB/s", "device": "cuda", "torch": "2.11.0+cu130", "scale": "full",
           "time": "2026-11-29T17:29:09+00:00", "host": "vm", "extra": {}}
 

@@ -16,7 +16,7 @@ from gpulab.tools.cli import main
 from gpulab.core.device import device_facts, facts_for_capability
 from gpulab.core.results import Record, ResultsStore
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPU_CLASSES = ("tensor-core", "pre-volta")
 
 

@@ -45,8 +45,8 @@ def test_the_root_conftest_writes_one_line_per_test(tmp_path):
     out = tmp_path / "timings.tsv"
     env = dict(os.environ, GPULAB_TIMINGS=str(out))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "tests/test_coursetime.py::test_missing_or_empty_file_is_a_clear_error"],
-                          env=env, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+                           "tests/tools/test_coursetime.py::test_missing_or_empty_file_is_a_clear_error"],
+                          env=env, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = CT.read(out)
     assert [r.outcome for r in rows] == ["start", "passed"]
