@@ -6,12 +6,14 @@ Introduced in notebook 00. Everything else in gpulab takes its device from
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import platform
 from dataclasses import dataclass
 from typing import Iterator, TypeVar
 import torch
 from gpulab.core import specs
+from gpulab.core.profiles import Profile, ProfileError, active_profile
 
 
 SCALES = ("tiny", "full", "auto")
@@ -21,6 +23,7 @@ DEVICES = ("auto", "cuda", "cpu")
 
 
 T = TypeVar("T")
+_capped = False          # the profile's memory cap is applied once per process, on first use
 
 
 class SettingError(ValueError):
@@ -48,7 +51,12 @@ def pick_device() -> torch.device:
     if wanted == "cpu":
         return torch.device("cpu")
     if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
+        device = torch.device("cuda", torch.cuda.current_device())
+        global _capped
+        if not _capped:
+            _capped = True
+            apply_profile_memory_cap(device)
+        return device
     if wanted == "cuda":
         raise SettingError(
             "GPULAB_DEVICE=cuda but PyTorch sees no CUDA GPU "
@@ -122,6 +130,9 @@ class DeviceFacts:
     torch_version: str
     cuda_version: str | None
     datasheet: specs.Datasheet | None
+    geforce: bool = False          # consumer card: fp16 Tensor Core math with fp32 accumulate at half rate
+    profile: str | None = None     # the GPULAB_PROFILE these facts emulate (None: this device as it is)
+    emulated_on: str | None = None  # with a profile: the device that really runs the code
 
     @property
     def memory_gib(self) -> float | None:
@@ -159,12 +170,19 @@ def facts_for_capability(name: str, major: int, minor: int, **extra) -> DeviceFa
         fp8=(major, minor) >= (8, 9),  # Ada, Hopper, Blackwell
         torch_version=torch.__version__, cuda_version=torch.version.cuda,
         datasheet=specs.datasheet_for(name),
+        geforce=extra.get("geforce", "geforce" in name.lower()),
     )
 
 
-def device_facts(device: torch.device | None = None) -> DeviceFacts:
-    """Facts about the course's device, read from PyTorch (no NVML needed)."""
-    device = device or pick_device()
+def profile() -> Profile | None:
+    """The GPU profile the course emulates (`GPULAB_PROFILE`, see `gpulab.core.profiles`), or None."""
+    try:
+        return active_profile()
+    except ProfileError as err:
+        raise SettingError(str(err)) from None
+
+
+def _real_facts(device: torch.device) -> DeviceFacts:
     if device.type != "cuda":
         return DeviceFacts(
             kind="cpu", name=platform.processor() or platform.machine() or "CPU",
@@ -178,6 +196,40 @@ def device_facts(device: torch.device | None = None) -> DeviceFacts:
         p.name, p.major, p.minor, sm_count=p.multi_processor_count,
         memory_bytes=p.total_memory, l2_cache_bytes=getattr(p, "L2_cache_size", None),
     )
+
+
+def device_facts(device: torch.device | None = None) -> DeviceFacts:
+    """Facts about the course's device, read from PyTorch (no NVML needed).
+
+    Under a GPU profile (`GPULAB_PROFILE`) the capabilities are the profile's (its compute capability,
+    and the TF32 / bf16 / FP8 it implies) and its memory where that is smaller, so every lesson takes
+    that class's code path; the SM count and L2 stay this device's, since they shape its timings.
+    """
+    device = device or pick_device()
+    real = _real_facts(device)
+    prof = profile()
+    if prof is None:
+        return real
+    major, minor = prof.compute_capability
+    memory = int(prof.memory_gib * 2**30)
+    if real.memory_bytes is not None:
+        memory = min(memory, real.memory_bytes)
+    facts = facts_for_capability(prof.name, major, minor, sm_count=real.sm_count, memory_bytes=memory,
+                                 l2_cache_bytes=real.l2_cache_bytes, geforce=prof.geforce)
+    return dataclasses.replace(facts, profile=prof.key, emulated_on=real.name)
+
+
+def apply_profile_memory_cap(device: torch.device | None = None) -> float | None:
+    """On a GPU under a profile, cap this process's share of GPU memory to the profile's memory
+    (`torch.cuda.set_per_process_memory_fraction`); returns the fraction, or None when nothing is capped."""
+    device = device or pick_device()
+    prof = profile()
+    if prof is None or device.type != "cuda":
+        return None
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = min(1.0, prof.memory_gib * 2**30 / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return fraction
 
 
 @contextlib.contextmanager
@@ -198,13 +250,20 @@ def float32_matmul(mode: str) -> Iterator[None]:
 
 
 def describe() -> str:
-    """One line for the top of every notebook: device, scale, and what the numbers mean."""
+    """One line for the top of every notebook: device, scale, and what the numbers mean (and, under
+    a GPU profile, that it is emulated)."""
     device = pick_device()
     facts = device_facts(device)
     size = scale()
+    real = _real_facts(device)
     if device.type == "cuda":
-        line = f"Running on {facts.name} ({facts.architecture}, {facts.sm_count} SMs), scale={size}."
+        line = f"Running on {real.name} ({real.architecture}, {real.sm_count} SMs), scale={size}."
     else:
-        line = (f"Running on the CPU ({facts.name}), scale={size}. No CUDA GPU: the numbers below "
+        line = (f"Running on the CPU ({real.name}), scale={size}. No CUDA GPU: the numbers below "
                 "are illustrative only and say nothing about GPU performance.")
+    if facts.profile:
+        cc = facts.compute_capability
+        line = (f"Emulating the {facts.profile} profile ({facts.name}, {facts.architecture}, compute capability "
+                f"{cc[0]}.{cc[1]}, {facts.memory_gib:.0f} GiB): that class's precisions, features and memory "
+                "limit apply, but every timing (and the SM count) is this machine's. " + line)
     return line

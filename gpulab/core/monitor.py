@@ -14,6 +14,7 @@ Depends on the `nvidia-ml-py` distribution, imported as `pynvml`.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, fields
@@ -267,3 +268,58 @@ def pcie_link(device: torch.device | None = None) -> PcieLink | None:
         return None
     finally:
         pynvml.nvmlShutdown()
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """Whether this GPU is shared: a MIG slice, or other processes computing on it."""
+
+    mig: bool
+    other_processes: int            # compute processes on the GPU besides this one
+    other_memory_gib: float         # GPU memory those processes hold
+    note: str                       # what that does to the numbers, for a learner
+
+    @property
+    def shared(self) -> bool:
+        return self.mig or self.other_processes > 0
+
+
+def gpu_sharing(device: torch.device | None = None) -> Sharing | None:
+    """Is this GPU shared? A MIG slice (NVML's MIG mode, or 'MIG' in the device name) has a fraction of
+    the SMs, memory and bandwidth; other compute processes take SMs and bandwidth while they run.
+    None on the CPU or where NVML cannot tell. Notebook 00 and `gpulab doctor` say it; the results
+    store marks such runs."""
+    device = device or pick_device()
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    mig = " MIG " in f" {name} "
+    others, other_bytes = 0, 0
+    if nvml_status()[0]:
+        pynvml = import_pynvml()
+        pynvml.nvmlInit()
+        try:
+            h = nvml_handle(pynvml, device)
+            try:
+                current, _pending = pynvml.nvmlDeviceGetMigMode(h)
+                mig = mig or current == getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1)
+            except pynvml.NVMLError:
+                pass                                    # not a MIG-capable GPU
+            try:
+                for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                    if proc.pid != os.getpid():
+                        others += 1
+                        other_bytes += proc.usedGpuMemory or 0
+            except pynvml.NVMLError:
+                pass
+        finally:
+            pynvml.nvmlShutdown()
+    notes = []
+    if mig:
+        notes.append("this is a MIG slice: its SMs, memory and memory bandwidth are a fraction of the "
+                     "whole GPU's, so ceilings and timings are the slice's, not the card's datasheet")
+    if others:
+        notes.append(f"{others} other process(es) compute on this GPU ({other_bytes / 2**30:.1f} GiB): "
+                     "while they run they take SMs and memory bandwidth, so timings vary and ceilings read low "
+                     "(in a container this process may be listed under another number)")
+    return Sharing(mig, others, other_bytes / 2**30, "; ".join(notes) or "this GPU is not shared")

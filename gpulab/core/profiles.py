@@ -1,0 +1,71 @@
+"""GPU profiles: the classes of GPU learners bring, so the course can behave as on one of them.
+
+`GPULAB_PROFILE=t4` (or v100, a10, rtx3090, rtx4090, l4, a100, h100, h200) makes the course take
+that class's code paths on whatever it runs on: `device_facts()` reports the profile's compute
+capability and what it implies (no TF32 or bf16 before Ampere, no FP8 before Ada), so a precision
+the class lacks is refused the way a real one refuses it; on a GPU, memory is capped to the
+profile's (`torch.cuda.set_per_process_memory_fraction`). It is honest: every notebook's first line
+says a profile is emulated, and that timings and the SM count are still this GPU's.
+
+On the CPU a profile gives the profile's control flow with CPU tensors: that is what CI's
+portability matrix runs (tests/test_portability.py), so a crash only a T4 would hit fails CI.
+
+Facts from NVIDIA's datasheets and architecture whitepapers (each profile names its source);
+the compute capabilities from NVIDIA's CUDA GPUs list (developer.nvidia.com/cuda-gpus).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+NAMES_SETTING = "GPULAB_PROFILE"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One class of GPU a learner brings."""
+
+    key: str                    # what GPULAB_PROFILE takes
+    name: str                   # a device name gpulab's datasheet table recognises
+    compute_capability: tuple[int, int]
+    memory_gib: float           # GPU memory of the smallest common variant
+    power_w: int                # board power limit
+    geforce: bool               # consumer card: fp16 Tensor Core math with fp32 accumulate at half rate
+    source: str
+
+
+PROFILES: dict[str, Profile] = {p.key: p for p in (
+    Profile("v100", "Tesla V100-SXM2-16GB", (7, 0), 16, 300, False,
+            "NVIDIA V100 Tensor Core GPU datasheet (2020)"),
+    Profile("t4", "Tesla T4", (7, 5), 15, 70, False,
+            "NVIDIA T4 Tensor Core GPU datasheet (2019); 16 GB, about 15 GiB usable"),
+    Profile("a10", "NVIDIA A10", (8, 6), 24, 150, False,
+            "NVIDIA A10 Tensor Core GPU datasheet (2021)"),
+    Profile("rtx3090", "NVIDIA GeForce RTX 3090", (8, 6), 24, 350, True,
+            "NVIDIA Ampere GA102 GPU architecture whitepaper v2.0, appendix table"),
+    Profile("rtx4090", "NVIDIA GeForce RTX 4090", (8, 9), 24, 450, True,
+            "NVIDIA Ada Lovelace GPU architecture whitepaper v1.1, appendix table"),
+    Profile("l4", "NVIDIA L4", (8, 9), 24, 72, False,
+            "NVIDIA L4 Tensor Core GPU datasheet (2023)"),
+    Profile("a100", "NVIDIA A100-SXM4-40GB", (8, 0), 40, 400, False,
+            "NVIDIA A100 Tensor Core GPU datasheet (2021)"),
+    Profile("h100", "NVIDIA H100 80GB HBM3", (9, 0), 80, 700, False,
+            "NVIDIA H100 Tensor Core GPU datasheet (2023)"),
+    Profile("h200", "NVIDIA H200", (9, 0), 141, 700, False,
+            "NVIDIA H200 Tensor Core GPU datasheet (2024)"),
+)}
+
+
+class ProfileError(ValueError):
+    """GPULAB_PROFILE names no profile."""
+
+
+def active_profile() -> Profile | None:
+    """The profile GPULAB_PROFILE names, or None when it is unset or empty."""
+    value = os.environ.get(NAMES_SETTING, "").strip().lower()
+    if not value or value == "none":
+        return None
+    if value not in PROFILES:
+        raise ProfileError(f"{NAMES_SETTING}={os.environ.get(NAMES_SETTING)!r} is not understood; "
+                           f"allowed values are {', '.join(PROFILES)} (unset: this GPU as it is).")
+    return PROFILES[value]
