@@ -1,0 +1,63 @@
+"""GPU profiles (GPULAB_PROFILE): the course behaves as on a class of GPU learners bring."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gpulab.core import device as D
+from gpulab.core.profiles import PROFILES
+from gpulab.models.precision import refusal, supported
+
+
+def test_every_profile_names_its_source_and_a_known_architecture():
+    for p in PROFILES.values():
+        assert p.source and p.memory_gib > 0 and p.power_w > 0
+        assert "unrecognised" not in D.facts_for_capability(p.name, *p.compute_capability).architecture
+
+
+@pytest.mark.parametrize("key, tf32, bf16, fp8", [
+    ("v100", False, False, False), ("t4", False, False, False), ("a10", True, True, False),
+    ("rtx4090", True, True, True), ("a100", True, True, False), ("h100", True, True, True)])
+def test_a_profile_reports_its_class_capabilities(monkeypatch, on_cpu, key, tf32, bf16, fp8):
+    monkeypatch.setenv("GPULAB_PROFILE", key)
+    f = D.device_facts()
+    assert (f.kind, f.profile, f.tf32, f.bf16, f.fp8) == ("cuda", key, tf32, bf16, fp8)
+    assert f.compute_capability == PROFILES[key].compute_capability and f.emulated_on
+    assert f.memory_gib == pytest.approx(PROFILES[key].memory_gib)
+
+
+def test_a_t4_refuses_bf16_and_tf32_the_way_a_real_one_does(monkeypatch, on_cpu):
+    monkeypatch.setenv("GPULAB_PROFILE", "t4")
+    facts = D.device_facts()
+    assert supported(facts) == ["fp32", "fp16"]
+    real_t4 = D.facts_for_capability("Tesla T4", 7, 5)
+    for p in ("bf16", "tf32"):
+        assert refusal(p, facts) == refusal(p, real_t4) is not None
+
+
+def test_the_first_line_says_it_is_emulated_and_whose_timings_they_are(monkeypatch, on_cpu):
+    monkeypatch.setenv("GPULAB_PROFILE", "rtx4090")
+    line = D.describe()
+    assert line.startswith("Emulating the rtx4090 profile") and "every timing" in line and "this machine's" in line
+
+
+def test_no_profile_is_this_device_as_it_is(monkeypatch, on_cpu):
+    monkeypatch.delenv("GPULAB_PROFILE", raising=False)
+    assert D.device_facts().profile is None and "Emulating" not in D.describe()
+
+
+def test_an_unknown_profile_is_a_setting_error_naming_the_allowed_ones(monkeypatch, on_cpu):
+    monkeypatch.setenv("GPULAB_PROFILE", "banana")
+    with pytest.raises(D.SettingError, match="allowed values are v100, t4"):
+        D.device_facts()
+
+
+def test_on_a_gpu_the_memory_is_capped_to_the_profiles(monkeypatch):
+    monkeypatch.setenv("GPULAB_PROFILE", "t4")
+    calls = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=141 * 2**30))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: calls.append(f))
+    fraction = D.apply_profile_memory_cap(torch.device("cuda", 0))
+    assert calls == [fraction] and fraction == pytest.approx(15 / 141)
+    monkeypatch.delenv("GPULAB_PROFILE")
+    assert D.apply_profile_memory_cap(torch.device("cuda", 0)) is None
