@@ -61,3 +61,19 @@ def test_setup_script_never_asks_for_an_unpinned_torch_without_a_gpu():
     script = (ROOT / "setup.sh").read_text()
     cpu_branch = script.split("no NVIDIA GPU", 1)[1].split("fi", 1)[0]
     assert "torch==2.13.0" in cpu_branch
+
+
+def test_every_setup_command_the_readme_names_is_one_setup_sh_accepts():
+    readme = (ROOT / "README.md").read_text()
+    script = (ROOT / "setup.sh").read_text()
+    accepted = set(re.search(r'case "\$mode" in\s*\n\s*([\w|]+)\)', script).group(1).split("|"))
+    named = set(re.findall(r"bash setup\.sh (\w+)", readme))
+    assert {"lab", "test", "reset"} <= named, "the README's set-up names lab, test and reset"
+    assert named <= accepted, f"README names setup.sh modes it does not have: {named - accepted}"
+
+
+def test_the_learners_working_copy_is_git_ignored_where_setup_sh_makes_it():
+    script = (ROOT / "setup.sh").read_text()
+    default = re.search(r"work=\$\{GPULAB_NOTEBOOKS:-([\w.-]+)\}", script).group(1)
+    assert f"/{default}/" in (ROOT / ".gitignore").read_text().splitlines()
+    assert f"{default}/" in (ROOT / "README.md").read_text()

@@ -1,13 +1,21 @@
 """The course as a learner meets it: JupyterLab in a real (headless) browser.
 
-Starts JupyterLab with the README's command (`bash setup.sh lab`, on a free
-localhost port with a token), drives Debian's Chromium through Playwright,
-runs a lesson, waits for its widget panel to render, changes a toggle, presses
-Run and checks that a new run appears; then checks notebook 00's tables.
+Makes a fresh clone of this working tree (its tracked and not-ignored files,
+committed in a temporary git repository) and starts JupyterLab there with the
+README's command (`bash setup.sh lab`, on a free localhost port with a token),
+which opens the learner's git-ignored working copy my-notebooks/. Drives Debian's
+Chromium through Playwright: checks notebook 00's tables; in 01 waits for the
+widget panel to render, changes a toggle, presses Run and checks that a new run
+appears; runs every other lesson through and saves it, as a learner's autosave
+would; then checks that the clone is still clean (`git status --porcelain` empty,
+notebooks/ as committed) while my-notebooks/ holds the outputs.
 
 Needs /usr/bin/chromium (Debian's `chromium` package; never a browser download).
 Without it the test is skipped, unless GPULAB_REQUIRE_BROWSER=1 (as in CI), when
-it fails. A screenshot of every step lands in test-artifacts/browser/.
+it fails. Screenshots land in test-artifacts/browser/, named after the notebook:
+`NN_name-MM-step.png` for every step, and for the lessons in SHOWCASE (01, 06, 13)
+each output with a figure or a widget as `NN_name-DEVICE-output-KK.png` (DEVICE: cpu
+or cuda), in notebook order.
 """
 from __future__ import annotations
 
@@ -18,6 +26,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -32,6 +41,12 @@ CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-backg
 # What JupyterLab shows instead of a widget when its front end is missing or broken.
 WIDGET_FAILURES = ("Loading widget...", "Error displaying widget", "model not found",
                    "A Jupyter widget could not be displayed")
+
+# Lessons whose figures and widgets are screenshot one by one (on the CPU as well).
+SHOWCASE = ("01_measuring_time.ipynb", "06_mixed_precision.ipynb", "13_capstone.ipynb")
+LESSONS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+RUN_ALL_TIMEOUT_MS = 420_000      # one lesson's run-all at tiny size on a busy 2-core machine
+SAVED: list[str] = []             # the lessons saved into the working copy, in order
 
 pytestmark = pytest.mark.browser
 
@@ -51,21 +66,53 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "gpulab test", "GIT_AUTHOR_EMAIL": "test@example.org",
+           "GIT_COMMITTER_NAME": "gpulab test", "GIT_COMMITTER_EMAIL": "test@example.org"}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                          text=True, env=env).stdout
+
+
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """JupyterLab started by the README's command, on a copy of the notebooks; always stopped."""
+def clone(tmp_path_factory) -> Path:
+    """A fresh clone of the working tree as it is now (tracked and not-ignored files), committed
+    in a repository of its own; nothing the test does touches this repository's files."""
     _require_browser()
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    repo = tmp_path_factory.mktemp("clone")
+    listed = _git(ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
+    for rel in filter(None, listed):
+        src = ROOT / rel
+        if src.is_file():                                   # a tracked file may be deleted here
+            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, repo / rel)
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "a fresh clone")
+    assert _git(repo, "status", "--porcelain") == ""
+    return repo
+
+
+@pytest.fixture(scope="module")
+def lab(clone, tmp_path_factory):
+    """JupyterLab started by the README's command in the clone, on its default working copy; always stopped."""
     pytest.importorskip("playwright.sync_api")
     work = tmp_path_factory.mktemp("lab")
-    shutil.copytree(ROOT / "notebooks", work / "notebooks")   # run-all must not touch the repo's files
     port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "GPULAB_PORT": str(port), "GPULAB_NOTEBOOKS": str(work / "notebooks"),
-           "GPULAB_RESULTS": str(work / "results.json")}
+    env = {k: v for k, v in os.environ.items() if k != "GPULAB_NOTEBOOKS"}   # the default working copy
+    env.update(
+        GPULAB_PORT=str(port), GPULAB_RESULTS=str(work / "results.json"),
+        # This interpreter's environment as it is (installing would re-point its editable gpulab at the
+        # clone), and the clone's gpulab first on the path, so the kernels run the clone's code.
+        GPULAB_VENV=sys.prefix, GPULAB_SKIP_INSTALL="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(clone), os.environ.get("PYTHONPATH")])),
+        JUPYTERLAB_WORKSPACES_DIR=str(work / "workspaces"))
     log = open(work / "lab.log", "w")
     proc = subprocess.Popen(
-        ["bash", str(ROOT / "setup.sh"), "lab", "--no-browser", f"--ServerApp.token={token}",
+        ["bash", str(clone / "setup.sh"), "lab", "--no-browser", f"--ServerApp.token={token}",
          "--LabApp.expose_app_in_browser=True"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        cwd=clone, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -76,7 +123,7 @@ def lab(tmp_path_factory):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("JupyterLab did not start:\n" + (work / "lab.log").read_text()[-3000:])
                 time.sleep(0.5)
-        yield {"url": f"http://127.0.0.1:{port}", "token": token}
+        yield {"url": f"http://127.0.0.1:{port}", "token": token, "clone": clone, "log": work / "lab.log"}
     finally:
         for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
             try:
@@ -108,6 +155,8 @@ class Steps:
     def __init__(self, page, name: str):
         self.page, self.name, self.n = page, name, 0
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        for old in ARTIFACTS.glob(f"{name}-*.png"):          # a previous run's shots of this notebook
+            old.unlink()
 
     def shot(self, what: str) -> None:
         self.n += 1
@@ -134,10 +183,47 @@ def open_and_run_all(page, lab, notebook: str, steps: Steps) -> None:
         news.first.click()
     steps.shot("opened")
     page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-    page.wait_for_function(  # every code cell has run (an execution count, not '*')
-        "[...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]"
-        ".every(p => /\\[\\d+\\]/.test(p.textContent))", timeout=150_000)
+    try:
+        page.wait_for_function(  # every code cell has run (an execution count, not '*')
+            "[...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]"
+            ".every(p => /\\[\\d+\\]/.test(p.textContent))", timeout=RUN_ALL_TIMEOUT_MS)
+    except Exception:
+        assert_no_errors(page, steps)          # run-all stops at a failed cell: name it, not the timeout
+        raise
     steps.shot("ran-all")
+
+
+def save_and_shut_down(page, lab, notebook: str) -> None:
+    """Save the notebook as JupyterLab's autosave would (into the working copy), then stop its kernel."""
+    page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
+    page.wait_for_function("!window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+    SAVED.append(notebook)
+    page.evaluate("window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+
+
+def _device() -> str:
+    """What the kernels run on, as named in the showcase screenshots: cpu or cuda."""
+    forced = os.environ.get("GPULAB_DEVICE", "auto")
+    if forced in ("cpu", "cuda"):
+        return forced
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def shoot_outputs(page, notebook: str, limit: int = 12) -> list[Path]:
+    """One screenshot per output holding a figure or a widget, in notebook order:
+    NN_name-DEVICE-output-KK.png."""
+    stem, paths = f"{notebook[:-len('.ipynb')]}-{_device()}", []
+    outputs = page.locator(".jp-Cell-outputWrapper").filter(
+        has=page.locator("img, .jupyter-widgets, .widget-output"))
+    for k in range(min(outputs.count(), limit)):
+        out = outputs.nth(k)
+        out.scroll_into_view_if_needed()
+        page.wait_for_timeout(200)
+        path = ARTIFACTS / f"{stem}-output-{k + 1:02d}.png"
+        out.screenshot(path=str(path))
+        paths.append(path)
+    return paths
 
 
 def assert_no_errors(page, steps: Steps) -> None:
@@ -165,24 +251,51 @@ def panel_runs(page) -> int:
 
 
 @contextlib.contextmanager
-def ran_notebook(browser, lab, notebook: str, name: str):
+def ran_notebook(browser, lab, notebook: str, name: str | None = None):
     """A page with `notebook` opened and run through without a failed cell; a screenshot
-    is saved if anything in the block fails, and the page is always closed."""
+    is saved if anything in the block fails; the notebook is always saved into the working
+    copy, its kernel stopped and the page closed."""
+    name = name or notebook[:-len(".ipynb")]
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     steps = Steps(page, name)
+    failed = False
     try:
         open_and_run_all(page, lab, notebook, steps)
         assert_no_errors(page, steps)
+        if notebook in SHOWCASE:
+            for old in ARTIFACTS.glob(f"{notebook[:-len('.ipynb')]}-*-output-*.png"):
+                old.unlink()
+            assert shoot_outputs(page, notebook), f"{notebook} showed no figure or widget"
         yield page, steps
     except Exception:
+        failed = True
         steps.shot("failed")
         raise
     finally:
-        page.close()
+        try:
+            save_and_shut_down(page, lab, notebook)
+        except Exception:
+            if not failed:         # else the lesson's own failure is the one to report
+                raise
+        finally:
+            page.close()
+
+
+def test_notebook_00_shows_the_ceilings_table(lab, browser):
+    with ran_notebook(browser, lab, "00_gpu_ceilings.ipynb") as (page, steps):
+        seen = page.locator(".jp-OutputArea-output table", has_text="matmul fp32").last
+        seen.wait_for(timeout=30_000)
+        seen.scroll_into_view_if_needed()
+        steps.shot("ceilings-table")
+        text = seen.inner_text()
+        assert "device copy" in text and "TFLOP/s" in text
+        facts = page.locator(".jp-OutputArea-output table", has_text="compute capability").first
+        facts.scroll_into_view_if_needed()
+        assert "architecture" in facts.text_content()
 
 
 def test_a_lesson_panel_renders_and_reacts_to_a_toggle(lab, browser):
-    with ran_notebook(browser, lab, "01_measuring_time.ipynb", "lesson01") as (page, steps):
+    with ran_notebook(browser, lab, "01_measuring_time.ipynb") as (page, steps):
         page.wait_for_timeout(1000)
         assert_widgets_rendered(page, steps)
         run_button = page.locator(".jupyter-widgets button", has_text="Run").first
@@ -209,14 +322,23 @@ def test_a_lesson_panel_renders_and_reacts_to_a_toggle(lab, browser):
         page.locator(".widget-output img").first.wait_for(timeout=30_000)   # the plot follows the table
 
 
-def test_notebook_00_shows_the_ceilings_table(lab, browser):
-    with ran_notebook(browser, lab, "00_gpu_ceilings.ipynb", "lesson00") as (page, steps):
-        seen = page.locator(".jp-OutputArea-output table", has_text="matmul fp32").last
-        seen.wait_for(timeout=30_000)
-        seen.scroll_into_view_if_needed()
-        steps.shot("ceilings-table")
-        text = seen.inner_text()
-        assert "device copy" in text and "TFLOP/s" in text
-        facts = page.locator(".jp-OutputArea-output table", has_text="compute capability").first
-        facts.scroll_into_view_if_needed()
-        assert "architecture" in facts.text_content()
+@pytest.mark.parametrize("notebook", [n for n in LESSONS if n[:2] not in ("00", "01")],
+                         ids=lambda n: n[:-len(".ipynb")])
+def test_every_other_lesson_runs_through_in_jupyterlab(lab, browser, notebook):
+    with ran_notebook(browser, lab, notebook):
+        pass
+
+
+def test_the_clone_is_still_clean_after_jupyterlab_ran_the_lessons(lab):
+    """Everything JupyterLab saved went into the git-ignored working copy; notebooks/ is as committed."""
+    clone = lab["clone"]
+    assert "made your working copy my-notebooks/" in lab["log"].read_text()
+    if not SAVED:
+        pytest.skip("no lesson ran in this session")
+    status = _git(clone, "status", "--porcelain", "--untracked-files=all")
+    assert status == "", f"running the lessons left the clone dirty:\n{status}"
+    for notebook in SAVED:
+        mine = clone / "my-notebooks" / notebook
+        assert mine.read_bytes() != (clone / "notebooks" / notebook).read_bytes(), \
+            f"{notebook}: JupyterLab's save did not reach the working copy my-notebooks/"
+        _git(clone, "check-ignore", "-q", str(mine.relative_to(clone)))
