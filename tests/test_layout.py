@@ -99,7 +99,7 @@ def test_each_benched_notebook_self_checks_the_same_headline(exp):
         f"{notebook.name} does not import headline from gpulab.lessons.{module}"
     results = re.findall(r"^\s*(\w+)\s*=\s*(?:\w+\.)?headline\(", code, flags=re.M)
     assert results, f"{notebook.name} never calls headline()"
-    assert any("expect(" in cell and any(f"{r}.ratio" in cell for r in results) for cell in cells), \
+    assert any(re.search(r"expect(_band)?\(", cell) and any(f"{r}.ratio" in cell for r in results) for cell in cells), \
         f"{notebook.name}: no self-check (lesson.expect) reads the ratio of headline()'s result"
 
 
@@ -136,3 +136,12 @@ def test_coursetime_runs_without_torch(tmp_path):
     proc = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "00" in proc.stdout
+
+
+@pytest.mark.parametrize("exp", B.REGISTRY, ids=lambda e: e.lesson)
+def test_each_benched_notebook_takes_its_headline_band_from_bands_toml(exp):
+    """One source for bands: the notebook's headline self-check reads gpulab/core/bands.toml
+    (`lesson.expect_band`), the same band `gpulab bench` judges with, never a copy of it."""
+    module = exp.module.__name__.rsplit(".", 1)[1]
+    code = "\n".join(notebook_code(NOTEBOOKS / f"{module[1:]}.ipynb"))
+    assert f'expect_band("{exp.lesson}"' in code, f"{module[1:]}.ipynb does not check its headline with expect_band"

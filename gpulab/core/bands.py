@@ -6,6 +6,7 @@ newer), 'pre-volta' or 'cpu'. `gpulab bench` judges each headline against its cl
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -14,7 +15,11 @@ from typing import Any
 from gpulab.core.device import device_facts
 
 
-CLASSES = ("tensor-core", "pre-volta", "cpu")
+REQUIRED_CLASSES = ("tensor-core", "pre-volta", "cpu")
+# A narrower class a bands file may add; it takes every band of the class it narrows except those it
+# sets itself (`inherits` in its table), and a file without it judges those GPUs by that class.
+OPTIONAL_CLASSES = {"geforce": "tensor-core"}
+CLASSES = REQUIRED_CLASSES + tuple(OPTIONAL_CLASSES)
 
 
 BANDS_PATH = Path(__file__).with_name("bands.toml")
@@ -44,7 +49,15 @@ class Bands:
     bands: dict[str, dict[str, Band]]           # class -> lesson -> band
 
     def band(self, gpu_class: str, lesson: str) -> Band | None:
+        if gpu_class not in self.bands and gpu_class in OPTIONAL_CLASSES:
+            gpu_class = OPTIONAL_CLASSES[gpu_class]
         return self.bands.get(gpu_class, {}).get(lesson)
+
+    def settings(self, gpu_class: str) -> dict[str, Any]:
+        """The class's own settings (applies, why, description), or those of the class it narrows."""
+        if gpu_class not in self.classes and gpu_class in OPTIONAL_CLASSES:
+            gpu_class = OPTIONAL_CLASSES[gpu_class]
+        return self.classes.get(gpu_class, {})
 
 
 def _toml():
@@ -68,6 +81,8 @@ def load_bands(path: str | os.PathLike | None = None) -> Bands:
     classes, bands = {}, {}
     for cls in CLASSES:
         table = data.get(cls)
+        if table is None and cls in OPTIONAL_CLASSES:
+            continue
         if not isinstance(table, dict):
             raise BandsError(f"bands file {path}: no [{cls}] table (classes: {', '.join(CLASSES)})")
         settings = {k: v for k, v in table.items() if not isinstance(v, dict)}
@@ -80,6 +95,12 @@ def load_bands(path: str | os.PathLike | None = None) -> Bands:
         for lesson, raw in table.items():
             if isinstance(raw, dict):
                 bands[cls][lesson] = _band(path, cls, lesson, raw)
+    for cls, parent in OPTIONAL_CLASSES.items():
+        if cls in classes:
+            if classes[cls].get("inherits") != parent:
+                raise BandsError(f"bands file {path}: [{cls}] needs inherits = \"{parent}\" (it narrows that class)")
+            bands[cls] = {**{k: dataclasses.replace(b, gpu_class=cls, source=f"as [{parent}]: {b.source}")
+                             for k, b in bands[parent].items()}, **bands[cls]}
     extra = sorted(set(data) - set(CLASSES))
     if extra:
         raise BandsError(f"bands file {path}: unknown class(es) {', '.join(extra)} (classes: {', '.join(CLASSES)})")
@@ -113,8 +134,11 @@ def _band(path: Path, cls: str, lesson: str, raw: dict) -> Band:
 
 
 def gpu_class(facts=None) -> str:
-    """'tensor-core' (compute capability >= 7.0), 'pre-volta', or 'cpu' for this device."""
+    """'tensor-core' (compute capability >= 7.0), 'geforce' (a consumer Tensor-Core card: fp16 and bf16
+    Tensor Core math with fp32 accumulation at half rate), 'pre-volta', or 'cpu' for this device."""
     facts = facts or device_facts()
     if facts.kind != "cuda" or facts.compute_capability is None:
         return "cpu"
-    return "tensor-core" if tuple(facts.compute_capability) >= (7, 0) else "pre-volta"
+    if tuple(facts.compute_capability) < (7, 0):
+        return "pre-volta"
+    return "geforce" if facts.geforce else "tensor-core"

@@ -3,8 +3,10 @@
 Each function returns a matplotlib Figure: the last line of a notebook cell
 shows it, and a widget panel displays it in its output area.
 
-- `compare_bars`: one bar per run, with its spread (IQR) as error bars.
-- `sweep_plot`: a measured quantity against a swept parameter, one line per series.
+- `compare_bars`: one bar per run, with its spread (IQR) as error bars; labels wrapped or rotated from
+  their length and the bar count (`tick_labels`), never overlapping.
+- `sweep_plot`: a measured quantity against a swept parameter, one line per series, each series its own
+  colour, line style and marker (`series_style`), so coinciding lines stay distinguishable.
 - `timeline_plot`: the GPU monitor's samples over time.
 - `samples_plot`: every timed call of a few `Timing`s, to see median and spread.
 - `roofline_plot`: attainable FLOP/s against arithmetic intensity from measured ceilings.
@@ -36,6 +38,66 @@ STYLE = {
     "axes.titlesize": 11,
     "legend.frameon": False,
 }
+
+
+# One look per series, for the whole course: colour, line style and marker all change from one series to
+# the next, so two series that lie on top of each other (fp32 and bf16 losses) both stay visible.
+LINESTYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def series_style(i: int) -> dict:
+    """matplotlib keywords for the i-th series of a line plot (`sweep_plot`)."""
+    return dict(color=COLORS[i % len(COLORS)], ls=LINESTYLES[i % len(LINESTYLES)],
+                marker=MARKERS[i % len(MARKERS)], mfc="none" if i % 2 else COLORS[i % len(COLORS)])
+
+
+CHAR_WIDTH_EM = 0.6     # average width of a DejaVu Sans character, in font sizes (ems)
+
+
+def wrap_label(text: str, width: int) -> list[str] | None:
+    """`text` in lines of at most `width` characters, broken after a space, "=" or ","; None if one
+    piece alone is wider."""
+    import re
+
+    lines, line = [], ""
+    for piece in re.split(r"(?<=[ =,])", text):
+        if len(piece.strip()) > width:
+            return None
+        if line and len((line + piece).rstrip()) > width:
+            lines.append(line.rstrip())
+            line = piece.lstrip()
+        else:
+            line += piece
+    return lines + [line.rstrip()] if line.strip() else lines
+
+
+def tick_labels(names: Sequence[str], slot_in: float, fontsize: float = 10.0, max_lines: int = 3,
+                rotate_above: int = 4) -> tuple[list[str], int]:
+    """Category labels that do not overlap: (labels, rotation in degrees).
+
+    Each label has `slot_in` inches (the distance between two bars). More than `rotate_above` labels are
+    rotated 20 degrees (parallel labels that far apart cannot touch). Fewer stay level: a label that fits
+    its slot as it is; a longer one wrapped (after a space, "=" or ",") onto up to `max_lines` lines; if a
+    piece alone is too wide, or it needs more lines, all are rotated after all.
+    """
+    if len(names) > rotate_above:
+        return list(names), 20
+    fits = max(1, int(slot_in * 72 / (fontsize * CHAR_WIDTH_EM)) - 1)   # one character of gap
+    if all(len(n) <= fits for n in names):
+        return list(names), 0
+    wrapped = [wrap_label(n, fits) for n in names]
+    if all(lines is not None and len(lines) <= max_lines for lines in wrapped):
+        return ["\n".join(lines) for lines in wrapped], 0
+    return list(names), 20
+
+
+def _set_tick_labels(ax, fig: Figure, names: Sequence[str], margin_in: float = 1.0) -> None:
+    """Bar/category tick labels at 0..n-1 that do not overlap (`tick_labels`)."""
+    slot = (fig.get_figwidth() - margin_in) / max(len(names), 1)
+    labels, rotation = tick_labels(names, slot)
+    ax.set_xticks(range(len(names)), labels, rotation=rotation, ha="right" if rotation else "center",
+                  rotation_mode="anchor" if rotation else "default")
 
 
 def figure(ncols: int = 1, **kw) -> tuple[Figure, list]:
@@ -75,8 +137,7 @@ def compare_bars(values: Mapping[str, Timing | float], ylabel: str = "ms per cal
     with plt.rc_context(STYLE):
         bars = ax.bar(range(len(names)), mids, yerr=[lows, highs], capsize=4,
                       color=[COLORS[i % len(COLORS)] for i in range(len(names))])
-        ax.set_xticks(range(len(names)), names, rotation=20 if len(names) > 4 else 0, ha="right"
-                      if len(names) > 4 else "center")
+        _set_tick_labels(ax, fig, names)
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         if lower_is_better is None:
@@ -101,7 +162,7 @@ def sweep_plot(x: Sequence[float], series: Mapping[str, Sequence[float | None]],
         for i, (label, ys) in enumerate(series.items()):
             pts = [(a, b) for a, b in zip(x, ys) if b is not None]
             if pts:
-                ax.plot(*zip(*pts), marker="o", ms=3.5, label=label, color=COLORS[i % len(COLORS)])
+                ax.plot(*zip(*pts), ms=4, label=label, **series_style(i))
         for j, (label, y) in enumerate((hlines or {}).items()):
             ax.axhline(y, ls="--", lw=1, color=COLORS[(j + len(series)) % len(COLORS)], label=label)
         for label, xv in (vlines or {}).items():
@@ -299,7 +360,6 @@ def waterfall_plot(rows: Sequence[tuple[str, float | None]], notes: Sequence[str
     fig, (ax,) = figure(figsize=(max(5.0, 0.95 * (len(rows) + 1) + 2), 3.8))
     with plt.rc_context(STYLE):
         level = rows[0][1]
-        xs = range(len(rows) + 1)
         for i, (label, value) in enumerate(rows):
             if i == 0:
                 ax.bar(i, value - low, bottom=low, color=COLORS[0], width=0.6)
@@ -321,9 +381,7 @@ def waterfall_plot(rows: Sequence[tuple[str, float | None]], notes: Sequence[str
         ax.bar(len(rows), level - low, bottom=low, color=COLORS[4], width=0.6)
         ax.annotate(f"{level / rows[0][1]:.3g}x" if logy else f"{level:.3g}", (len(rows), level), xytext=(0, 3),
                     textcoords="offset points", ha="center", va="bottom", fontsize=8)
-        labels = [label for label, _ in rows] + [total_label]
-        ax.set_xticks(list(xs), labels, rotation=25 if len(labels) > 4 else 0,
-                      ha="right" if len(labels) > 4 else "center")
+        _set_tick_labels(ax, fig, [label for label, _ in rows] + [total_label])
         high = max(values)
         if logy:
             from matplotlib.ticker import FuncFormatter, LogLocator

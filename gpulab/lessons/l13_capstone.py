@@ -937,26 +937,56 @@ STEP_HEADER = ("step", "status", "ms per step", "throughput", "speed-up", "this 
                "first step ms", "notes")
 
 
-def step_rows(steps: Sequence[Step]) -> list[tuple]:
-    """One table row per waterfall step (STEP_HEADER): what ran, whether it counted, and its shares."""
+def _short_status(s: Step) -> str:
+    """A step's status for a table cell: the word before the reason ("skipped", ...); the reason goes below."""
+    return s.status.split(":")[0] + (" (see below)" if ":" in s.status else "")
+
+
+def step_rows(steps: Sequence[Step], shares: bool = True) -> list[tuple]:
+    """One table row per waterfall step (STEP_HEADER): what ran, whether it counted, and its shares.
+
+    A skipped step's reason is not in its row (a sentence in one column of this wide table is squeezed to a
+    word per line) but in `step_notes`. `shares=False` (on the CPU) leaves the share of speed-up out: "n/a".
+    """
     rows = []
     for s in steps:
         r, c = s.result, s.checked
         if r is None or r.time is None:
-            rows.append((s.label, s.status) + ("-",) * (len(STEP_HEADER) - 3) + ("; ".join(r.notes) if r else "",))
+            rows.append((s.label, _short_status(s)) + ("-",) * (len(STEP_HEADER) - 3)
+                        + ("; ".join(r.notes) if r else "",))
             continue
         check = "-" if c.loss_diff is None else f"{c.loss_diff:.1e} ({c.tolerance:.0e})"
+        share = _pct(s.share_pct) if shares else ("n/a" if s.share_pct is not None else "-")
         rows.append((s.label, s.status, f"{r.step_ms:.4g}", f"{r.items_per_s:,.0f} {r.unit}",
                      "-" if s.speedup is None else f"{s.speedup:.2f}x", "-" if s.gain is None else f"{s.gain:.2f}x",
-                     _pct(s.share_pct), _gib(r.peak_bytes),
+                     share, _gib(r.peak_bytes),
                      "-" if s.memory_saved is None else _gib(s.memory_saved), _pct(s.memory_share_pct),
                      f"{r.tflops:.3g}", check, f"{r.first_step_ms:,.0f}", "; ".join(r.notes)))
     return rows
 
 
-def waterfall_figure(steps: Sequence[Step], title: str = "", memory: bool = False):
+CPU_SHARES = ("share of speed-up: n/a on the CPU. The toggles target GPU hardware (Tensor Cores, pinned copies, "
+              "fused kernels), so their CPU gains are small and noisy, and a share of a total near 1x divides by "
+              "almost zero: it comes out at hundreds of percent, positive and negative.")
+
+
+def step_notes(steps: Sequence[Step], shares: bool = True) -> list[str]:
+    """The lines below a `step_rows` table: why each step that did not count did not, and, with
+    `shares=False`, why the shares are not shown."""
+    notes = []
+    for s in steps:
+        if ":" in s.status:
+            word, why = s.status.split(":", 1)
+            toggle = s.label.removeprefix("+ ").strip()
+            why = why.strip().removeprefix(f"{toggle}:").strip()
+            notes.append(f"{s.label} {word}: {why}")
+    return notes + ([] if shares else [CPU_SHARES])
+
+
+def waterfall_figure(steps: Sequence[Step], title: str = "", memory: bool = False, shares: bool = True):
     """`plots.waterfall_plot` of the steps: cumulative speed-up (or, with `memory`, peak GiB), each step's
-    share written above its bar; steps that did not count drawn grey."""
+    gain and share written above its bar (`shares=False`, on the CPU: the gain only); steps that did not
+    count drawn grey."""
     from gpulab.core import plots
 
     if memory:
@@ -967,7 +997,8 @@ def waterfall_figure(steps: Sequence[Step], title: str = "", memory: bool = Fals
         return plots.waterfall_plot(list(zip((s.label for s in steps), values)), notes, ylabel="peak memory (GiB)",
                                     title=title, logy=False, total_label="end", higher_is_better=False)
     values = [s.speedup if s.counted else None for s in steps]
-    notes = [("" if s.share_pct is None else f"{s.gain:.2f}x, {s.share_pct:.0f}%") if v is not None
+    notes = [("" if s.gain is None else f"{s.gain:.2f}x" + ("" if s.share_pct is None or not shares
+                                                             else f", {s.share_pct:.0f}%")) if v is not None
              else s.status.split(":")[0] for s, v in zip(steps, values)]
     return plots.waterfall_plot(list(zip((s.label for s in steps), values)), notes, title=title)
 
@@ -990,7 +1021,7 @@ def seed_v100_table(rows: Sequence[SeedRow]) -> list[tuple]:
         seed_mem = f"{gb / rows[0].seed[1]:.2f}x"
         res = r.checked.result if r.checked else None
         if res is None or res.time is None or base is None or not r.checked.counted:
-            why = r.why or (r.checked.status if r.checked else "")
+            why = "none (see below)" if r.why else (r.checked.status.split(":")[0] if r.checked else "-")
             out.append(seed + (why, "-", "-", "-", "-", seed_mem))
             continue
         steps = 1e3 / res.step_ms
@@ -1011,10 +1042,28 @@ def seed_4090_table(rows: Sequence[SeedRow]) -> list[tuple]:
         if res is None or res.time is None or base is None or not r.checked.counted:
             out.append(seed + (r.options.label if r.options else "-", r.batch, r.checked.status, "-", "-"))
             continue
-        busy = f"{res.busy_pct:.0f}%" if res.busy_pct is not None else f"n/a ({res.monitor_status or 'no NVML'})"
+        busy = f"{res.busy_pct:.0f}%" if res.busy_pct is not None else "n/a (see below)"
         out.append(seed + (res.options.label, r.batch, f"{res.items_per_s:,.0f}",
                            f"{res.items_per_s / base.items_per_s:.2f}x", busy))
     return out
+
+
+def seed_notes(rows: Sequence[SeedRow]) -> list[str]:
+    """The lines below a seed table: each reason its cells only point to, once."""
+    notes = []
+    for r in rows:
+        res = r.checked.result if r.checked else None
+        if r.why:
+            line = f"{r.seed[0]}: {r.why}"
+        elif r.checked and ":" in r.checked.status:
+            line = f"{r.seed[0]}: {r.checked.status}"
+        elif res is not None and res.time is not None and res.busy_pct is None and r.checked.counted:
+            line = f"here: GPU busy: n/a ({res.monitor_status or 'no NVML'})"
+        else:
+            continue
+        if line not in notes:
+            notes.append(line)
+    return notes
 
 
 def headline(scale: str | None = None, runs: Runs | None = None) -> Measured:

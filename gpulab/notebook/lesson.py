@@ -1,19 +1,87 @@
 """Helpers for the notebook template: the opening line, showing lesson code,
 self-checks against a stated band, and the closing "What you saw" table.
+
+Importing this module in a notebook kernel also installs the setup guard: a gpulab setting that is
+not understood (`GPULAB_DEVICE=banana`) raised before `start()` has run (that is, in the notebook's
+first code cell) shows one short, marked message, and every later cell of the notebook does nothing
+but say it did not run, instead of failing with a NameError for what the first cell never defined.
 """
 from __future__ import annotations
 
 import html
 import inspect
+import math
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 from IPython.display import HTML, Markdown, display
 from gpulab.core.device import describe, pick_device
 
 
+_started = False   # start() has run in this process: the notebook's setup cell got that far
+
+
 def start(lesson: str) -> None:
     """First output of every notebook: where it runs, at what size, and what the numbers mean."""
+    global _started
     display(Markdown(f"**Lesson {lesson}.** {describe()}"))
+    _started = True
+
+
+# -- a setting that is not understood stops the notebook with one message ------------------------
+NOT_RUN = "(not run: this notebook stopped at its setup cell above; fix the setting and restart the kernel)"
+
+
+SETUP_ADVICE = ("gpulab stopped this notebook here: its setup cell could not start. Set the variable named above "
+                "to an allowed value (or unset it) where Jupyter is started, then restart the kernel and run "
+                "the notebook again. The cells below will only say that they did not run.")
+
+
+def setting_error_lines(err: BaseException, stopped: bool) -> list[str]:
+    """The whole traceback shown for a SettingError: its message (and, when it stops the notebook, what to
+    do), no stack: the error is in a setting, not in the code above it."""
+    lines = [f"\x1b[1;31m{type(err).__name__}\x1b[0m: {err}"]
+    if stopped:
+        lines.append(f"\x1b[1m{SETUP_ADVICE}\x1b[0m")
+    return lines
+
+
+def _skip_cell(lines: list[str]) -> list[str]:
+    """IPython input transformer installed once the setup failed: any later cell only says it did not run."""
+    return [f"print({NOT_RUN!r})\n"]
+
+
+def _on_setting_error(shell, etype, value, tb, tb_offset=None):
+    """IPython custom exception handler for SettingError (see `install_setup_guard`)."""
+    stopped = not _started
+    value._render_traceback_ = lambda: setting_error_lines(value, stopped)
+    shell.showtraceback()                   # sends the (short) error to the notebook, as any error
+    if stopped and _skip_cell not in shell.input_transformers_cleanup:
+        shell.input_transformers_cleanup.append(_skip_cell)
+    return None
+
+
+def install_setup_guard(shell=None) -> bool:
+    """In an IPython kernel, show a SettingError as its message alone; raised before `start()` has run,
+    it also turns every later cell into a no-op that says it did not run (until the kernel restarts).
+
+    Installed when this module is imported; does nothing outside IPython, or where another custom
+    exception handler is already installed. Returns whether the guard is in place.
+    """
+    if shell is None:
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return False
+        shell = get_ipython()
+    if shell is None or not hasattr(shell, "set_custom_exc"):
+        return False
+    from gpulab.core.device import SettingError
+
+    if shell.custom_exceptions not in ((), (SettingError,)):
+        return False
+    shell.set_custom_exc((SettingError,), _on_setting_error)
+    return True
 
 
 def show_source(fn: Callable) -> None:
@@ -55,12 +123,95 @@ def expect(name: str, measured: float | None, low: float | None = None,
     return check
 
 
-def show_table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None) -> None:
-    """Display rows as an HTML table (numbers to 4 significant figures)."""
+def expect_band(lesson: str, measured: float | None, applies: bool = True, why_not: str = "",
+                why: str = "", name: str | None = None) -> Check:
+    """`expect` with the band of lesson `lesson`'s headline for this GPU's class, read from
+    `gpulab/core/bands.toml`: the one place a band is written (gpulab bench judges with the same).
+
+    Skipped, with the reason, where the class has no band that applies (the CPU, a pre-Volta GPU for
+    some lessons), and under a GPU profile: the timings are then this GPU's, not the profile's.
+    """
+    from gpulab.core.bands import gpu_class, load_bands
+    from gpulab.core.device import device_facts
+
+    facts = device_facts()
+    cls = gpu_class(facts)
+    band = load_bands().band(cls, lesson)
+    label = name or (band.metric if band else f"lesson {lesson} headline")
+    if band is None or not band.applies:
+        reason = band.why if band is not None else f"no band for lesson {lesson} in class {cls} (bands.toml)"
+        return expect(label, measured, applies=False, why_not=why_not if not applies and why_not else reason)
+    if facts.profile:
+        return expect(label, measured, applies=False,
+                      why_not=f"emulating the {facts.profile} profile: the band is a {cls} GPU's, the timing this "
+                              "GPU's, so it is not judged")
+    low = None if math.isinf(band.low) else band.low
+    high = None if math.isinf(band.high) else band.high
+    return expect(label, measured, low, high, applies=applies, why_not=why_not, why=why)
+
+
+def show_table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None,
+               notes: Sequence[str] = ()) -> None:
+    """Display rows as an HTML table (numbers to 4 significant figures), `notes` as lines below it.
+
+    Keep the cells short: a long sentence in one column of a wide table is squeezed to a word per
+    line. Put it in `notes` and refer to it from the cell.
+    """
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header) if header else ""
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>"
                    for row in rows)
-    display(HTML(f"<table>{'<tr>' + head + '</tr>' if head else ''}{body}</table>"))
+    below = "".join(f"<div style='margin:2px 0'>{html.escape(n)}</div>" for n in notes)
+    display(HTML(f"<table>{'<tr>' + head + '</tr>' if head else ''}{body}</table>{below}"))
+
+
+def quiet_profiler_log() -> bool:
+    """Before the first `torch.profiler` run of a CPU-only kernel: keep the profiler's C++ library (kineto)
+    from printing "USDT: ... profiler_start" / "profiler_stop" to stderr, which a notebook shows as a red
+    error box. Kineto reads KINETO_LOG_LEVEL once, when it first starts; level 6 is above its USDT level.
+
+    On a GPU it changes nothing: there kineto's ERROR lines (CUPTI could not start, say) matter more.
+    Returns whether the level was set here (False where it was set already, or on a GPU).
+    """
+    if pick_device().type == "cuda" or os.environ.get("KINETO_LOG_LEVEL"):
+        return False
+    os.environ["KINETO_LOG_LEVEL"] = "6"
+    return True
+
+
+PROFILE_COLUMNS = (   # (header, attribute of a key_averages() row, in microseconds or a count)
+    ("self CPU", "self_cpu_time_total"), ("CPU total", "cpu_time_total"),
+    ("self device", "self_device_time_total"), ("device total", "device_time_total"), ("calls", "count"),
+)
+
+
+def profile_rows(prof, sort_by: str = "self_cpu_time_total", row_limit: int = 10) -> tuple[list, list[str]]:
+    """The rows `prof.key_averages().table(sort_by=, row_limit=)` prints, as (rows, header): the operator's
+    name, its times in ms, its share of the `sort_by` column's total, its call count. Device columns appear
+    only where the profile recorded device time."""
+    events = list(prof.key_averages())
+    total = sum(getattr(e, sort_by, 0) or 0 for e in events) or 1.0
+    has_device = any((getattr(e, "self_device_time_total", 0) or 0) > 0 for e in events)
+    columns = [(h, a) for h, a in PROFILE_COLUMNS if has_device or "device" not in a]
+    rows = []
+    for e in sorted(events, key=lambda e: getattr(e, sort_by, 0) or 0, reverse=True)[:row_limit]:
+        cells = [e.key]
+        for _, attr in columns:
+            v = getattr(e, attr, 0) or 0
+            cells.append(str(v) if attr == "count" else sig(v / 1e3, "ms"))
+        cells.insert(2, f"{100 * (getattr(e, sort_by, 0) or 0) / total:.1f}%")
+        rows.append(cells)
+    header = ["operator", columns[0][0], "% of total"] + [h for h, _ in columns[1:]]
+    return rows, header
+
+
+def profile_table(prof, sort_by: str = "self_cpu_time_total", row_limit: int = 10) -> None:
+    """`prof.key_averages().table(...)` as an HTML table, whose columns stay aligned however wide the
+    output area is (the text table is wider than a notebook and wraps)."""
+    rows, header = profile_rows(prof, sort_by, row_limit)
+    events = list(prof.key_averages())
+    total_ms = sum(getattr(e, sort_by, 0) or 0 for e in events) / 1e3
+    show_table(rows, header, notes=[f"{sort_by.replace('_', ' ')}: {sig(total_ms, 'ms')} over all "
+                                    f"{len(events)} operators; the {min(row_limit, len(events))} largest shown."])
 
 
 def what_you_saw(rows: Sequence[tuple[str, Any]], title: str = "What you saw") -> None:
@@ -77,7 +228,32 @@ def what_you_saw(rows: Sequence[tuple[str, Any]], title: str = "What you saw") -
                  f"<table>{body}</table>"))
 
 
+def sig(value: float | None, unit: str = "", digits: int = 3) -> str:
+    """`value` to `digits` significant figures, never in fixed decimals that print 0.0 for a small number:
+    sig(0.01234, "TFLOP/s") -> "0.0123 TFLOP/s", sig(693.4) -> "693", sig(51234.5) -> "51,235";
+    below 1e-4, scientific notation. None, NaN or infinity give "-"."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    if value != 0 and abs(value) >= 10 ** (digits - 1):
+        return f"{value:,.0f}" + (f" {unit}" if unit else "")    # whole numbers keep all their digits
+    value = float(f"{value:.{digits}g}")           # round to the significant figures first
+    if value == 0:
+        text = "0"
+    else:
+        mag = math.floor(math.log10(abs(value)))
+        if mag >= digits - 1:
+            text = f"{value:,.0f}"
+        elif mag >= -4:
+            text = f"{value:.{digits - 1 - mag}f}"
+        else:
+            text = f"{value:.{digits - 1}e}"
+    return f"{text} {unit}" if unit else text
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return sig(v, digits=4)
     return str(v)
+
+
+install_setup_guard()

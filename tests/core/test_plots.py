@@ -179,3 +179,60 @@ def test_waterfall_refuses_rows_it_cannot_draw():
         plots.waterfall_plot([("baseline", None), ("+ a", 2.0)])
     with pytest.raises(ValueError, match="positive"):
         plots.waterfall_plot([("baseline", 1.0), ("+ a", 0.0)])
+
+
+# -- issue 16: labels that do not overlap, lines that stay apart --------------------------------
+def drawn_tick_labels(fig):
+    """The figure drawn (Agg); its x tick labels with their extents in pixels."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    labels = [t for t in fig.axes[0].get_xticklabels() if t.get_text()]
+    return labels, [t.get_window_extent(renderer) for t in labels]
+
+
+PANEL_LABELS = [
+    ["#1 default", "#2 synchronize=False", "#3 synchronize=False"],
+    ["#1 default", "#2 synchronize=False", "#3 synchronize=False, warmup=False", "#4 n=512"],
+    ["#1 job=cnn, channels_last=True", "#2 job=gpt, amp=bf16, aligned=True, fused=True"],
+    ["#1 precision=fp32", "#2 precision=bf16, n=4095", "#3 precision=bf16, n=4096", "#4 precision=bf16, n=4097",
+     "#5 precision=fp16, n=4097", "#6 default"],
+    ["a", "b"],
+]
+
+
+@pytest.mark.parametrize("names", PANEL_LABELS, ids=lambda n: f"{len(n)} bars")
+def test_compare_bars_labels_never_overlap(names):
+    import math
+
+    fig = plots.compare_bars({n: float(i + 1) for i, n in enumerate(names)})
+    labels, boxes = drawn_tick_labels(fig)
+    rotation = labels[0].get_rotation()
+    assert [t.get_text().replace("\n", "").replace(" ", "") for t in labels] == [n.replace(" ", "") for n in names]
+    if rotation == 0:
+        assert not any(a.overlaps(b) for a, b in zip(boxes, boxes[1:])), [t.get_text() for t in labels]
+    else:        # parallel rotated labels: the distance between their baselines exceeds a line's height
+        slot_px = boxes[1].x1 - boxes[0].x1
+        line_px = labels[0].get_fontsize() * fig.dpi / 72 * 1.2
+        assert slot_px * math.sin(math.radians(rotation)) > line_px
+
+
+def test_short_labels_stay_level_and_long_ones_wrap_before_they_rotate():
+    assert plots.tick_labels(["fp32", "bf16"], slot_in=1.5) == (["fp32", "bf16"], 0)
+    labels, rotation = plots.tick_labels(["#1 default", "#2 synchronize=False", "#3 synchronize=False"], 1.4)
+    assert (labels, rotation) == (["#1 default", "#2 synchronize=\nFalse", "#3 synchronize=\nFalse"], 0)
+    assert plots.tick_labels(["x" * 40, "y"], slot_in=1.0)[1] == 20          # one unbreakable piece: rotate
+    assert plots.wrap_label("#3 synchronize=False, warmup=False", 16) == ["#3 synchronize=", "False, warmup=", "False"]
+
+
+def test_sweep_plot_series_differ_in_style_as_well_as_colour():
+    """fp32's loss curve lying exactly under bf16's stays visible: another line style and marker."""
+    curve = [2.3, 2.1, 1.9, 1.8]
+    fig = plots.sweep_plot([1, 2, 3, 4], {"fp32": curve, "bf16": curve, "fp16": curve}, "step", "loss")
+    lines = fig.axes[0].get_lines()
+    styles = [(ln.get_linestyle(), ln.get_marker()) for ln in lines]
+    assert len(set(styles)) == 3, styles
+    assert len({ln.get_color() for ln in lines}) == 3
+    assert styles[0] == ("-", "o")

@@ -95,3 +95,38 @@ def test_what_you_saw_custom_title(shown, on_cpu):
     lesson.what_you_saw([], title="Results & notes")
     assert shown[0].data.startswith("<b>Results &amp; notes</b>")
 
+
+
+# -- bands from the one file -----------------------------------------------------------------------
+def _facts_for(monkeypatch, facts):
+    import gpulab.core.device as D
+    monkeypatch.setattr(D, "device_facts", lambda device=None: facts)
+
+
+@pytest.mark.parametrize("name, cc, measured, status, low", [
+    ("NVIDIA H200", (9, 0), 13.3, "pass", 4.0),              # tensor-core band of lesson 00
+    ("NVIDIA H200", (9, 0), 2.0, "FAIL", 4.0),
+    ("NVIDIA GeForce RTX 4090", (8, 9), 2.0, "pass", 1.6),   # geforce: half-rate fp32-accumulate
+])
+def test_expect_band_takes_the_band_of_this_gpus_class_from_bands_toml(monkeypatch, capsys, name, cc, measured,
+                                                                       status, low):
+    from gpulab.core.bands import gpu_class, load_bands
+    from gpulab.core.device import facts_for_capability
+    facts = facts_for_capability(name, *cc)
+    _facts_for(monkeypatch, facts)
+    check = lesson.expect_band("00", measured)
+    band = load_bands().band(gpu_class(facts), "00")
+    assert (check.status, check.low, band.low) == (status, low, low)
+    assert check.name == "16-bit / fp32 matmul TFLOP/s"
+
+
+def test_expect_band_skips_under_a_profile_and_where_no_band_applies(monkeypatch, capsys):
+    import dataclasses
+    from gpulab.core.device import facts_for_capability
+    facts = dataclasses.replace(facts_for_capability("Tesla T4", 7, 5), profile="t4", emulated_on="NVIDIA H200")
+    _facts_for(monkeypatch, facts)
+    check = lesson.expect_band("00", 13.3)
+    assert check.status == "skipped" and "emulating the t4 profile" in check.why
+    _facts_for(monkeypatch, facts_for_capability("Tesla P100", 6, 0))
+    check = lesson.expect_band("00", 2.0)
+    assert check.status == "skipped" and "no Tensor Cores" in check.why
