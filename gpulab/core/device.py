@@ -133,6 +133,13 @@ class DeviceFacts:
     geforce: bool = False          # consumer card: fp16 Tensor Core math with fp32 accumulate at half rate
     profile: str | None = None     # the GPULAB_PROFILE these facts emulate (None: this device as it is)
     emulated_on: str | None = None  # with a profile: the device that really runs the code
+    real_kind: str | None = None    # with a profile: "cuda" or "cpu", what really runs the code
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the code really runs on a CUDA GPU (under a profile on the CPU, `kind` says "cuda" for the
+        class's control flow while the tensors stay on the CPU)."""
+        return (self.real_kind or self.kind) == "cuda"
 
     @property
     def memory_gib(self) -> float | None:
@@ -216,7 +223,7 @@ def device_facts(device: torch.device | None = None) -> DeviceFacts:
         memory = min(memory, real.memory_bytes)
     facts = facts_for_capability(prof.name, major, minor, sm_count=real.sm_count, memory_bytes=memory,
                                  l2_cache_bytes=real.l2_cache_bytes, geforce=prof.geforce)
-    return dataclasses.replace(facts, profile=prof.key, emulated_on=real.name)
+    return dataclasses.replace(facts, profile=prof.key, emulated_on=real.name, real_kind=real.kind)
 
 
 def apply_profile_memory_cap(device: torch.device | None = None) -> float | None:

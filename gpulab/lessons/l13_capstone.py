@@ -275,7 +275,7 @@ def refusal(options: Options, facts: DeviceFacts | None = None, backend: str | N
     when compile is on and the device is a GPU.
     """
     facts = facts or device_facts()
-    gpu = facts.kind == "cuda"
+    gpu = facts.on_gpu          # what runs the code: a GPU profile on the CPU still has no copy engine
     reasons = {}
     if options.tf32:
         reasons["tf32"] = P.refusal("tf32", facts)

@@ -1,0 +1,97 @@
+"""The portability matrix: the notebooks under the GPU profiles learners bring, on the CPU.
+
+Under `GPULAB_PROFILE` the course takes a GPU class's control flow (its precisions, TF32, bf16, FP8,
+memory) with CPU tensors, so a crash only that class would hit (notebook 00 indexing a bf16 result
+that a T4 never measures) fails here, in CI, without the GPU.
+
+How the matrix was chosen, to stay well inside CI's time on 2 cores:
+- profiles: one per distinct control flow. The profiles' facts differ only in compute capability
+  and what it implies; `SIGNATURES` groups them (pre-Ampere: no TF32, no bf16; Ampere: TF32 and
+  bf16; Ada/Hopper: FP8 too). One representative each: t4, a100, rtx4090. `test_representatives_cover_every_profile` fails if a new profile brings a new signature.
+- notebooks: those whose code, or the code of the lesson module they import, reads the device's
+  facts (`BRANCHES`); the others cannot take another path under a profile. The selection is computed,
+  so a lesson that starts branching on the device joins the matrix by itself.
+"""
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from gpulab.core.device import facts_for_capability
+from gpulab.core.profiles import PROFILES
+
+nbclient = pytest.importorskip("nbclient")
+nbformat = pytest.importorskip("nbformat")
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+BRANCHES = re.compile(r"device_facts|facts\.|supported\(|supported_precisions|refusal|best_half|half_dtype|"
+                      r"gpu_class|timed_precisions|gemm_precisions|what_to_expect|all_on\(")
+REPRESENTATIVES = ("t4", "a100", "rtx4090")
+
+
+def signature(key: str) -> tuple:
+    """What a profile changes in the course's control flow: the capability flags the course branches on
+    today (Tensor Cores, TF32, bf16, FP8). When a lesson starts branching on another fact (say
+    `facts.geforce`), add it here: this test then asks for a representative of every new group."""
+    p = PROFILES[key]
+    f = facts_for_capability(p.name, *p.compute_capability, geforce=p.geforce)
+    return (f.tensor_core_generation is not None, f.tf32, f.bf16, f.fp8)
+
+
+def test_representatives_cover_every_profile():
+    covered = {signature(k) for k in REPRESENTATIVES}
+    missing = [k for k in PROFILES if signature(k) not in covered]
+    assert not missing, f"profiles with a control flow the matrix does not run: {missing}"
+
+
+def branching_notebooks() -> list[Path]:
+    chosen = []
+    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
+        code = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"]
+                         if c["cell_type"] == "code")
+        module = ROOT / "gpulab" / "lessons" / f"l{path.stem}.py"
+        if BRANCHES.search(code) or (module.exists() and BRANCHES.search(module.read_text())):
+            chosen.append(path)
+    return chosen
+
+
+def run_notebook(path: Path, profile: str, timeout: int = 600) -> None:
+    """Execute every cell of `path` at tiny size on the CPU under `profile`; CellExecutionError on a failure."""
+    nb = nbformat.read(path, as_version=4)
+    env = {"GPULAB_PROFILE": profile, "GPULAB_DEVICE": "cpu", "GPULAB_SCALE": "tiny",
+           "MPLBACKEND": "Agg"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)                  # the kernel inherits this process's environment
+    try:
+        client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                         resources={"metadata": {"path": str(path.parent)}})
+        client.execute()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.mark.parametrize("profile", REPRESENTATIVES)
+@pytest.mark.parametrize("notebook", branching_notebooks(), ids=lambda p: p.stem[:2])
+def test_notebook_runs_under_profile(notebook, profile):
+    run_notebook(notebook, profile)
+
+
+def test_the_matrix_catches_a_planted_device_dependent_crash(tmp_path):
+    """A cell that indexes a bf16 result unconditionally runs on an A100 and fails on a T4."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "from gpulab.lessons.l00_gpu_ceilings import supported_precisions\n"
+        "tflops = {p: 1.0 for p in supported_precisions()}\n"
+        "print(tflops['bf16'])\n")]
+    path = tmp_path / "planted.ipynb"
+    nbformat.write(nb, path)
+    run_notebook(path, "a100", timeout=120)
+    with pytest.raises(nbclient.exceptions.CellExecutionError, match="KeyError"):
+        run_notebook(path, "t4", timeout=120)
