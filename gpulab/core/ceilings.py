@@ -3,13 +3,14 @@
 `ceilings()` returns the newest measurement of each ceiling (`CEILING_NAMES`: matmul TFLOP/s per
 precision, device-copy and host<->device GB/s) from the results store, full-size runs first, and a
 datasheet figure (`core.specs`) only where nothing was measured. The measurements themselves are
-lesson 00's (`gpulab.lessons.l00_gpu_ceilings`).
+lesson 00's (`gpulab.lessons.l00_gpu_ceilings`). A ceiling is a rate, so a zero or negative
+measurement (a broken or hand-edited store) is never used as one: the newest positive one is.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from gpulab.core.device import device_facts
-from gpulab.core.results import ResultsStore, results_store
+from gpulab.core.results import Record, ResultsStore, current_gpu_name, results_store
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,15 @@ def ceilings(store: ResultsStore | None = None) -> dict[str, Ceiling]:
     """This device's ceilings for later lessons: the newest measurement from notebook 00,
     preferring full-size runs; a datasheet figure only where nothing was measured."""
     store = store or results_store()
+    gpu = current_gpu_name()
+
+    def newest(name: str, scale: str | None) -> Record | None:
+        usable = [r for r in store.records(lesson="00", name=name, gpu=gpu, scale=scale) if r.value > 0]
+        return usable[-1] if usable else None
+
     out: dict[str, Ceiling] = {}
     for name, unit in CEILING_NAMES.items():
-        rec = store.latest(name, lesson="00", scale="full") or store.latest(name, lesson="00")
+        rec = newest(name, "full") or newest(name, None)
         if rec is not None:
             out[name] = Ceiling(name, rec.value, unit, f"measured {rec.time} ({rec.scale})")
     sheet = device_facts().datasheet

@@ -12,12 +12,20 @@ goes to a temporary file that replaces the old one in a single step (os.replace)
 so a kernel killed mid-write leaves the previous file whole. A file that cannot
 be read is never dropped silently: it is moved aside to `<name>.corrupt-<time>`,
 a warning names it, and a new file starts.
+
+A store the course cannot use where it is (a folder, a read-only folder or file system, a
+path under a file, a full disk) never stops a lesson: one `UnusableResultsWarning` says so
+and how to fix it, the measurements still run and are returned, nothing is recorded. Every
+value is a finite real number (`record` refuses anything else); records in a file that break
+this rule are skipped on reading, with one `InvalidRecordsWarning`, never handed to lessons.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import json
+import math
 import os
 import socket
 import tempfile
@@ -37,6 +45,58 @@ class CorruptResultsWarning(UserWarning):
 
 class ResultsFileError(ValueError):
     """The text is not a results store: not JSON, cut off, or JSON of another shape."""
+
+
+class UnusableResultsWarning(UserWarning):
+    """The results store cannot be read or written where it is; lessons run on without it."""
+
+
+class InvalidRecordsWarning(UserWarning):
+    """Records whose value is not a finite real number were skipped (the file is left as it is)."""
+
+
+# OSErrors that say "not here": the store's location cannot be used. Anything else (an I/O
+# error, an interrupted write) is raised as before.
+_LOCATION_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR, errno.ENOTDIR, errno.ENOSPC,
+                    getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+_warned: set[tuple[str, ...]] = set()     # warnings already given in this process: each is given once
+
+
+def _warn_once(key: tuple[str, ...], message: str, category: type[Warning], stacklevel: int = 4) -> None:
+    """Warn unless this warning was given before; `stacklevel` counts from the caller of _warn_once."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, category, stacklevel=stacklevel)
+
+
+class _Unusable(Exception):
+    """Internal: the store's location cannot be used, for the reason given."""
+
+
+def _location_problem(path: Path) -> str | None:
+    """Why no results file can live at `path` at all (a folder, or under a file), or None."""
+    if path.is_dir():
+        return "it is a folder, not a file"
+    for parent in path.parents:                      # nearest first: the first one that exists
+        if parent.exists():
+            return None if parent.is_dir() else f"{parent} is a file, not a folder"
+    return None
+
+
+def finite_value(value: Any) -> float | None:
+    """`value` as a float if it is a finite real number (an int, a float, a NumPy or one-element
+    torch number); None for anything else: text (even "1.5"), bool, None, NaN, inf, complex."""
+    if isinstance(value, (bool, str, bytes, complex)) or type(value).__name__ == "bool_":
+        return None
+    if isinstance(value, torch.Tensor) and (value.numel() != 1 or value.is_complex()
+                                            or value.dtype == torch.bool):
+        return None
+    try:
+        v = float(value)
+    except (TypeError, ValueError, OverflowError, RuntimeError):
+        return None
+    return v if math.isfinite(v) else None
 
 
 def default_path() -> Path:
@@ -76,14 +136,22 @@ def parse_store(text: str) -> list[Any]:
         raise ResultsFileError(f"{type(err).__name__}: {err}") from err
 
 
+def _bad_value(raw: Any) -> bool:
+    """True for a row that has a `value`, but not a finite real number."""
+    return isinstance(raw, dict) and "value" in raw and finite_value(raw["value"]) is None
+
+
 def to_record(raw: Any) -> Record | None:
     """One stored row as a Record, or None if it is malformed (not a dict, a required field
-    missing, `extra` not a dict). Fields this version does not know (a newer gpulab's) are kept
-    in `extra`; fields with defaults (`host`, `extra`) may be missing (an older gpulab's)."""
-    if not isinstance(raw, dict):
+    missing, `extra` not a dict, `value` not a finite real number). Fields this version does not
+    know (a newer gpulab's) are kept in `extra`; fields with defaults (`host`, `extra`) may be
+    missing (an older gpulab's)."""
+    if not isinstance(raw, dict) or _bad_value(raw):
         return None
     known = Record.__dataclass_fields__
     row = {k: v for k, v in raw.items() if k in known}
+    if "value" in row:
+        row["value"] = finite_value(row["value"])
     extra = row.get("extra") or {}
     if not isinstance(extra, dict):
         return None
@@ -97,7 +165,9 @@ def to_record(raw: Any) -> Record | None:
 def read_records(path: str | os.PathLike) -> list[Record]:
     """Every well-formed record of the results file at `path`, read only: the file is never
     moved or changed. OSError if it cannot be opened; ResultsFileError if it is not a results
-    store (UnicodeDecodeError counts as that)."""
+    store (UnicodeDecodeError and a folder count as that)."""
+    if Path(path).is_dir():
+        raise ResultsFileError(f"{path} is a folder, not a results file")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
@@ -107,19 +177,38 @@ def read_records(path: str | os.PathLike) -> list[Record]:
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock beside the file while reading-modifying-writing it."""
+    """Hold an exclusive lock beside the file while reading-modifying-writing it.
+
+    The lock file (`<name>.lock`) exists only while it is held: its holder removes it before
+    letting go, and a writer that was waiting on the removed file takes the lock again on the
+    file now at that path (checked by inode), so two writers never both think they hold it.
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks; writes are still atomic
+        yield
+        return
     lock_path = path.with_name(path.name + ".lock")
-    with open(lock_path, "a+") as lock:
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            import fcntl
-        except ImportError:  # Windows: no advisory locks; writes are still atomic
-            yield
-            return
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = os.path.samestat(os.fstat(fd), os.stat(lock_path))
+            except FileNotFoundError:
+                current = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if current:
+            break
+        os.close(fd)                  # its holder removed it while we waited: lock the new one
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock_path)
+        os.close(fd)                  # closing lets go of the lock
 
 
 class ResultsStore:
@@ -127,13 +216,23 @@ class ResultsStore:
 
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = Path(path) if path is not None else default_path()
+        self.problem: str | None = None   # why this store could not be used, once that happened
 
     # -- reading ----------------------------------------------------------
-    def _read(self) -> list[dict[str, Any]]:
+    def _read(self) -> list[Any]:
+        """The raw rows; [] without a file. A file that is not a results store is moved aside
+        (CorruptResultsWarning). _Unusable when the location cannot be used."""
+        problem = _location_problem(self.path)
+        if problem:
+            raise _Unusable(problem)
         if not self.path.exists():
             return []
         try:
             return parse_store(self.path.read_text(encoding="utf-8"))
+        except OSError as err:
+            if err.errno in _LOCATION_ERRNOS:
+                raise _Unusable(f"it cannot be read ({err.strerror})") from err
+            raise
         except (ResultsFileError, UnicodeDecodeError) as err:
             stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
             aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
@@ -141,18 +240,49 @@ class ResultsStore:
             while aside.exists():  # never overwrite an earlier copy
                 n += 1
                 aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
-            os.replace(self.path, aside)
+            try:
+                os.replace(self.path, aside)
+            except OSError as move_err:
+                if move_err.errno in _LOCATION_ERRNOS:
+                    raise _Unusable(f"it could not be read ({err}) and cannot be set aside "
+                                    f"({move_err.strerror})") from err
+                raise
             warnings.warn(
                 f"results file {self.path} could not be read ({err}); it was kept as {aside} "
                 "and a new file was started. Nothing was deleted.",
                 CorruptResultsWarning, stacklevel=3)
             return []
 
+    def _unusable(self, why: _Unusable) -> None:
+        self.problem = str(why)
+        written_only = str(why).startswith("it cannot be written")
+        _warn_once(("unusable", str(self.path), str(why)),
+                   f"gpulab cannot use the results store {self.path}: {why}. The lessons run on, but "
+                   + ("nothing new is recorded (what the file already holds is still read). " if written_only
+                      else "nothing is recorded and nothing is read back from it. ")
+                   + "Set GPULAB_RESULTS to a file in a folder you can write (e.g. "
+                   "GPULAB_RESULTS=~/gpulab-results.json), then restart the kernel.", UnusableResultsWarning)
+
     def records(self, lesson: str | None = None, name: str | None = None,
                 gpu: str | None = None, scale: str | None = None) -> list[Record]:
-        """Records matching every filter given, oldest first. Unknown keys from newer versions are kept in `extra`."""
+        """Records matching every filter given, oldest first. Unknown keys from newer versions are kept in `extra`.
+
+        Records whose value is not a finite real number are skipped (one InvalidRecordsWarning);
+        a store that cannot be used gives [] (one UnusableResultsWarning)."""
+        try:
+            rows = self._read()
+        except _Unusable as why:
+            self._unusable(why)
+            return []
+        bad = [raw for raw in rows if _bad_value(raw)]
+        if bad:
+            shown = ", ".join(f"{raw.get('name', '?')!s}={raw['value']!r}" for raw in bad[:3])
+            _warn_once(("invalid", str(self.path), str(len(bad))),
+                       f"results store {self.path}: {len(bad)} record(s) skipped because their value is "
+                       f"not a finite real number ({shown}{', ...' if len(bad) > 3 else ''}); "
+                       "the file is left as it is.", InvalidRecordsWarning, stacklevel=3)
         out = []
-        for raw in self._read():
+        for raw in rows:
             rec = to_record(raw)
             if rec is None:
                 continue  # a malformed record: skip it, keep the rest
@@ -170,21 +300,40 @@ class ResultsStore:
         return found[-1] if found else None
 
     # -- writing ----------------------------------------------------------
-    def record(self, lesson: str, name: str, value: float, unit: str, **extra: Any) -> Record:
-        """Append one measurement, stamped with GPU, torch version, scale, host and time."""
-        from gpulab.core.device import pick_device, scale
-        value = float(value)
+    def record(self, lesson: str, name: str, value: float, unit: str, *, scale: str | None = None,
+               **extra: Any) -> Record:
+        """Append one measurement, stamped with GPU, torch version, scale, host and time.
+
+        `value` must be a finite real number (ValueError otherwise). `scale` is the scale the
+        measurement ran at (default: the course's, `GPULAB_SCALE`). Where the store cannot be
+        written, one UnusableResultsWarning says why, and the record is returned unsaved.
+        """
+        from gpulab.core.device import pick_device, resolve_scale
+        checked = finite_value(value)
+        if checked is None:
+            raise ValueError(f"{name}: a recorded value must be a finite real number, got {value!r}.")
         rec = Record(
-            lesson=str(lesson), name=name, value=value, unit=unit,
+            lesson=str(lesson), name=name, value=checked, unit=unit,
             gpu=current_gpu_name(), device=pick_device().type, torch=torch.__version__,
-            scale=scale(), time=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            scale=resolve_scale(scale), time=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             host=socket.gethostname(), extra=extra,
         )
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(self.path):
-            rows = self._read()
-            rows.append(asdict(rec))
-            self._write(rows)
+        try:
+            problem = _location_problem(self.path)
+            if problem:
+                raise _Unusable(problem)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with _locked(self.path):
+                    rows = self._read()
+                    rows.append(asdict(rec))
+                    self._write(rows)
+            except OSError as err:
+                if err.errno not in _LOCATION_ERRNOS:
+                    raise
+                raise _Unusable(f"it cannot be written ({err.strerror})") from err
+        except _Unusable as why:
+            self._unusable(why)
         return rec
 
     def _write(self, rows: list[dict[str, Any]]) -> None:

@@ -148,7 +148,7 @@ def select(lessons: Sequence[str] | None = None, registry: Sequence[Experiment] 
     return [e for e in registry if e.lesson in wanted]
 
 
-def judge(exp: Experiment, measured: Measured | None, bands: Bands, cls: str, size: str) -> tuple[str, str, Band | None]:
+def judge(exp: Experiment, measured: Measured | None, bands: Bands, cls: str, size: str, profile: str | None = None) -> tuple[str, str, Band | None]:
     """(status, why, band) of one measurement. Wrong results fail; the CPU class and tiny runs are n/a."""
     band = bands.band(cls, exp.lesson)
     if band is not None and band.metric != exp.metric:
@@ -158,9 +158,12 @@ def judge(exp: Experiment, measured: Measured | None, bands: Bands, cls: str, si
         return SKIPPED, "", band
     if not measured.correct:
         return WRONG, f"the optimized variant did not match the baseline: {measured.check}", band
-    settings = bands.classes.get(cls, {})
+    settings = bands.settings(cls)
     if settings.get("applies", True) is False:
         return NA, str(settings.get("why", "")), band
+    if profile:
+        return NA, (f"emulating the {profile} profile: the timings are this GPU's, not a {profile}'s, so bands "
+                    "are judged only without a profile"), band
     if size != "full":
         return NA, "tiny scale: bands are for full-size runs", band
     if band is None:
@@ -287,7 +290,7 @@ def run(experiments: Sequence[Experiment] | None = None, bands: Bands | None = N
         except Exception as err:  # noqa: BLE001 - one broken lesson must not stop the bench
             status, why_run = ERROR, f"{type(err).__name__}: {err}"
         seconds = time.perf_counter() - t0
-        judged, why, band = judge(exp, measured, bands, cls, size)
+        judged, why, band = judge(exp, measured, bands, cls, size, facts.profile)
         row = Row(exp.lesson, exp.title, exp.metric, status or judged, why_run or why, seconds=seconds)
         if band is not None and band.applies:
             row.band_low, row.band_high = band.low, band.high
@@ -384,7 +387,7 @@ def record(report: Report, store: ResultsStore | None = None) -> int:
     for r in report.rows:
         if r.ratio is None or not math.isfinite(r.ratio):
             continue
-        store.record(r.lesson, "bench_ratio", r.ratio, "x", metric=r.metric, status=r.status,
+        store.record(r.lesson, "bench_ratio", r.ratio, "x", scale=report.scale, metric=r.metric, status=r.status,
                      baseline=r.baseline, optimized=r.optimized, value_unit=r.unit, run_id=report.run_id,
                      band_low=None if r.band_low is None or math.isinf(r.band_low) else r.band_low,
                      band_high=None if r.band_high is None or math.isinf(r.band_high) else r.band_high)

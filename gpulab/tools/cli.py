@@ -15,7 +15,9 @@ import argparse
 import importlib
 import importlib.metadata as md
 import json
+import os
 import sys
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -70,8 +72,13 @@ def doctor_findings(cpu_ok: bool = False) -> list[Finding]:
     cuda_build = torch.version.cuda is not None
     add("torch", OK, f"{torch.__version__} ({'CUDA ' + torch.version.cuda if cuda_build else 'CPU build'})")
 
-    from gpulab.core.monitor import nvml_status
-    nvml_ok, nvml_why = nvml_status()
+    from gpulab.core import monitor
+    nvml_ok, nvml_why = monitor.nvml_status()
+    try:
+        monitor.import_pynvml()
+        pynvml_module = True
+    except ImportError:
+        pynvml_module = False
 
     gpu = torch.cuda.is_available()
     if gpu:
@@ -91,10 +98,13 @@ def doctor_findings(cpu_ok: bool = False) -> list[Finding]:
             "check `nvidia-smi`; check CUDA_VISIBLE_DEVICES; the driver must be at least as "
             f"new as CUDA {torch.version.cuda} needs")
 
-    add("NVIDIA driver / NVML", OK if nvml_ok else gpu_fail, nvml_why,
-        "" if nvml_ok else "the GPU monitor (lessons 00, 03, 05) needs NVML: install the NVIDIA "
-        "driver, or start the container with the 'utility' driver capability "
-        "(NVIDIA_DRIVER_CAPABILITIES=compute,utility); `pip install nvidia-ml-py`")
+    # Only a missing pynvml module is fixed by pip; with the module there (the nvidia-ml-py row
+    # says ok), what is missing is the driver's library, which pip cannot install.
+    nvml_fix = ("" if nvml_ok else
+                "the GPU monitor (lessons 00, 03, 05) needs NVML: `pip install nvidia-ml-py`" if not pynvml_module
+                else "the GPU monitor (lessons 00, 03, 05) needs NVML: install the NVIDIA driver, or start the "
+                "container with the 'utility' driver capability (NVIDIA_DRIVER_CAPABILITIES=compute,utility)")
+    add("NVIDIA driver / NVML", OK if nvml_ok else gpu_fail, nvml_why, nvml_fix)
     if _version("pynvml"):
         add("pynvml package", WARN, f"the deprecated `pynvml` distribution {_version('pynvml')} "
             "is installed; it is a shim that warns on import",
@@ -107,9 +117,15 @@ def doctor_findings(cpu_ok: bool = False) -> list[Finding]:
             t_status, t_fix = WARN, ("Triton officially supports compute capability 8.0+; "
                                      "lessons 04 and 12 say what they skip")
     except ImportError:
-        t_status = gpu_fail if gpu or cuda_build else WARN
         t_detail = "not installed (torch.compile's GPU backend and lesson 04's kernels need it)"
-        t_fix = "it comes with CUDA builds of torch on Linux: reinstall torch from PyPI"
+        if gpu or cuda_build:
+            t_status, t_fix = gpu_fail, "it comes with CUDA builds of torch on Linux: reinstall torch from PyPI"
+        elif nvml_ok:                   # a GPU, but CPU torch: the GPU row's fix brings Triton with it
+            t_status, t_fix = WARN, "it comes with the CUDA build of torch the GPU row asks for"
+        else:                           # no GPU: the README installs the CPU build, without Triton, on purpose
+            t_status, t_fix = OK, ""
+            t_detail = ("not installed: only needed on a GPU (torch.compile's GPU backend, lesson 04's "
+                        "kernels); not a problem on this machine")
     add("Triton", t_status, t_detail, t_fix)
 
     if gpu:
@@ -138,7 +154,10 @@ def doctor_findings(cpu_ok: bool = False) -> list[Finding]:
         add("GPULAB_DEVICE", OK, f"lessons run on {pick_device()}")
         device_ok = True
     except SettingError as err:
-        add("GPULAB_DEVICE", FAIL, str(err), "unset GPULAB_DEVICE, or set auto, cuda or cpu")
+        wanted = os.environ.get("GPULAB_DEVICE", "").strip().lower()
+        add("GPULAB_DEVICE", FAIL, str(err),
+            "unset GPULAB_DEVICE (or set cpu): PyTorch sees no CUDA GPU here" if wanted == "cuda"
+            else "unset GPULAB_DEVICE, or set auto, cuda or cpu")
         device_ok = False
     try:
         setting("GPULAB_SCALE", SCALES, "auto")
@@ -178,7 +197,9 @@ def _has_gpu() -> bool:
 
 
 def bench(argv: list[str] | None = None) -> int:
-    """`gpulab bench`: exit 0, or 1 with --check when a row fails; 2 for bad arguments or bands."""
+    """`gpulab bench`: exit 0, or 1 with --check when a row fails; 2 for bad arguments, bands or settings
+    (GPULAB_DEVICE, GPULAB_SCALE) or a JSON path that cannot be written, each as one line on stderr.
+    A results store that cannot be written is one line on stderr too; the bench still reports."""
     from gpulab.core.bands import load_bands
     from gpulab.core.device import SCALES
     from gpulab.tools import bench as B
@@ -195,23 +216,68 @@ def bench(argv: list[str] | None = None) -> int:
     parser.add_argument("--bands", metavar="PATH", default=None, help="bands file (default: gpulab/bands.toml)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     args = parser.parse_args(argv)
+    from gpulab.core.device import pick_device, resolve_scale
+    from gpulab.core.results import UnusableResultsWarning, default_path, results_store
     try:
         experiments = B.select(args.lessons.split(",") if args.lessons else None)
         bands = load_bands(args.bands)
-    except ValueError as err:
+        pick_device()                  # GPULAB_DEVICE: a bad value, or cuda without a GPU
+        resolve_scale(args.scale)      # GPULAB_SCALE, unless --scale overrides it
+        if args.json:
+            _check_writable(args.json, "the JSON")
+        elif why := _folder_problem(default_path().parent / "bench"):
+            raise ValueError(f"cannot write the JSON beside the results store, in {default_path().parent / 'bench'} "
+                             f"({why}); give another place with --json PATH")
+    except ValueError as err:          # SettingError and BandsError are ValueErrors
         print(f"gpulab bench: {err}", file=sys.stderr)
         return 2
     report = B.run(experiments, bands, progress=not args.no_progress, scale=args.scale)
-    path = B.write_json(report, args.json or B.default_json_path(report))
-    recorded = B.record(report)
-    from gpulab.core.results import default_path
     print(B.format_table(report))
-    print(f"\nJSON: {path}\nresults store: {recorded} row(s) recorded in {default_path()}")
+    target = args.json or B.default_json_path(report)
+    try:
+        path = B.write_json(report, target)
+    except OSError as err:
+        print(f"gpulab bench: cannot write the JSON to {target} ({err.strerror or err}); "
+              "give another place with --json PATH", file=sys.stderr)
+        return 2
+    store = results_store()
+    with warnings.catch_warnings():    # an unusable store is said once below, as one line
+        warnings.simplefilter("ignore", UnusableResultsWarning)
+        recorded = B.record(report, store)
+    print(f"\nJSON: {path}")
+    if store.problem:
+        print(f"gpulab bench: nothing recorded in the results store {store.path}: {store.problem}; "
+              "set GPULAB_RESULTS to a file in a folder you can write", file=sys.stderr)
+    else:
+        print(f"results store: {recorded} row(s) recorded in {store.path}")
     return 1 if args.check and report.failed else 0
 
 
+def _folder_problem(folder: Path) -> str | None:
+    """Why files cannot be made in `folder` (made first where missing), or None: the nearest
+    folder at or above it that exists is a file, or is not writable."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    if not os.access(folder, os.W_OK):
+        return f"{folder} is not writable"
+    return None
+
+
+def _check_writable(path: str | os.PathLike, what: str) -> None:
+    """ValueError("cannot write <what> to <path> (<why>)") if `path` clearly cannot be written: it
+    is a folder, or the nearest folder above it that exists is a file or is not writable (missing
+    folders in between are left to the caller: `gpulab bench` makes them, `gpulab room` refuses)."""
+    path = Path(path)
+    why = "it is a folder" if path.is_dir() else _folder_problem(path.parent)
+    if why:
+        raise ValueError(f"cannot write {what} to {path} ({why})")
+
+
 def room(argv: list[str] | None = None) -> int:
-    """`gpulab room FOLDER`: exit 0 (bad files are reported, not fatal); 2 if FOLDER is not a folder."""
+    """`gpulab room FOLDER`: exit 0 (bad files are reported, not fatal); 2 if FOLDER is not a folder
+    or --png / --json cannot be written there (one line on stderr)."""
     from gpulab.tools import room as R
 
     parser = argparse.ArgumentParser(
@@ -222,17 +288,28 @@ def room(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     args = parser.parse_args(argv)
     try:
+        for flag, what in ((args.png, "the PNG"), (args.json, "the JSON")):
+            if flag:
+                _check_writable(flag, what)
+                if not Path(flag).parent.is_dir():      # savefig and write_text make no folders
+                    raise ValueError(f"cannot write {what} to {flag} (no folder {Path(flag).parent})")
         merged = R.merge(args.folder)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, ValueError) as err:
         print(f"gpulab room: {err}", file=sys.stderr)
         return 2
     print(R.format_table(merged, markdown=args.markdown))
-    if args.png:
-        R.room_plot(merged).savefig(args.png, dpi=120)
-        print(f"plot: {args.png}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(merged.to_json(), indent=1) + "\n", encoding="utf-8")
-        print(f"JSON: {args.json}")
+    try:
+        if args.png:
+            what, where = "the PNG", args.png
+            R.room_plot(merged).savefig(args.png, dpi=120)
+            print(f"plot: {args.png}")
+        if args.json:
+            what, where = "the JSON", args.json
+            Path(args.json).write_text(json.dumps(merged.to_json(), indent=1) + "\n", encoding="utf-8")
+            print(f"JSON: {args.json}")
+    except OSError as err:
+        print(f"gpulab room: cannot write {what} to {where} ({err.strerror or err})", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -252,8 +329,12 @@ def report(argv: list[str] | None = None) -> int:
             print(f"{args.readme}: {'measured-on block rewritten' if changed else 'already up to date'}")
         else:
             print(R.measured_on_block(args.results))
-    except (FileNotFoundError, ValueError) as err:
+    except ValueError as err:
         print(f"gpulab report: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:             # a missing, unreadable or unwritable README or folder
+        where = err.filename or args.readme or args.results
+        print(f"gpulab report: {where}: {err.strerror or err}", file=sys.stderr)
         return 2
     return 0
 

@@ -10,7 +10,10 @@ An instructor collects each learner's results store (`~/.gpulab/results.json`, a
 Each lesson's headline ratio comes from bench files directly, and from results stores through
 the bench registry's `from_store` (the ratio the notebook itself recorded). Files of older
 versions are read as far as they go; a file that is not JSON, is cut off, or has another shape
-is reported in `room.bad` and skipped, never crashing the merge and never moved or changed.
+is reported in `room.bad` and skipped, never crashing the merge and never moved or changed; so
+is anything else named *.json that is not a readable file (a folder, a broken symbolic link).
+A ratio that no real run can produce (not finite, not positive, or outside MIN_RATIO..MAX_RATIO)
+is skipped and listed in `room.refused` with the reason.
 `measured_on_block` turns the committed `results/` folder into the README's "measured on" table.
 """
 from __future__ import annotations
@@ -33,6 +36,17 @@ README_START = "<!-- measured-on:start -->"
 
 
 README_END = "<!-- measured-on:end -->"
+
+
+# The plausible range of a headline ratio. Every headline is the ratio of two quantities one
+# lesson measures on one machine: times from about 1 us (a single launch) to about 100 s, and
+# rates or memory sizes within the same eight decades. So no real run gives a ratio beyond 1e8
+# or below 1e-8; one that does comes from a broken or hand-edited file. The widest real ones are
+# far inside: lesson 01's synced / unsynced time is ~1e3 on an H200 and ~1e5 on the slowest
+# GPU the course supports; the bands span 0.1 to 100. The bound also keeps the chart's log axis
+# finite (matplotlib overflows on a ratio like 1e308).
+MAX_RATIO = 1e8
+MIN_RATIO = 1e-8
 
 
 class RoomFileError(ValueError):
@@ -58,6 +72,30 @@ class BadFile:
     why: str
 
 
+@dataclass(frozen=True)
+class Refused:
+    """A ratio read from a file but not merged: no real run can produce it."""
+    path: str
+    gpu: str
+    lesson: str
+    metric: str
+    value: float
+    why: str
+
+
+def implausible(value: float) -> str | None:
+    """Why a headline ratio cannot come from a real run (see MAX_RATIO), or None if it can."""
+    if not math.isfinite(value):
+        return "not a finite number"
+    if value <= 0:
+        return "not positive"
+    if value > MAX_RATIO:
+        return f"beyond the plausible bound {MAX_RATIO:g}"
+    if value < MIN_RATIO:
+        return f"below the plausible bound {MIN_RATIO:g}"
+    return None
+
+
 @dataclass
 class Room:
     folder: str
@@ -65,6 +103,7 @@ class Room:
     bad: list[BadFile] = field(default_factory=list)
     files: list[tuple[str, str, int]] = field(default_factory=list)   # (path, kind, measurements)
     skipped_rows: int = 0       # rows or records inside good files that could not be used
+    refused: list[Refused] = field(default_factory=list)   # ratios no real run can produce
 
     @property
     def gpus(self) -> list[str]:
@@ -73,6 +112,7 @@ class Room:
     def to_json(self) -> dict:
         return {"folder": self.folder, "files": [dict(zip(("path", "kind", "measurements"), f)) for f in self.files],
                 "bad": [asdict(b) for b in self.bad], "skipped_rows": self.skipped_rows,
+                "refused": [{**asdict(r), "value": repr(r.value)} for r in self.refused],   # JSON has no inf
                 "measurements": [asdict(m) for m in self.measurements],
                 "table": [{"lesson": lesson, "metric": metric, "gpu": gpu, "median": med, "count": n}
                           for (lesson, metric), by_gpu in cells(self).items() for gpu, (med, n) in by_gpu.items()]}
@@ -82,14 +122,16 @@ def _column(gpu: str, size: Any) -> str:
     return gpu if size in (None, "", "full") else f"{gpu} ({size})"
 
 
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def _real(v: Any) -> bool:
+    """A number (inf and nan included: `merge` refuses those with the reason); not a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 # -- reading one file -------------------------------------------------------------------------
 def read_bench(data: dict, source: str) -> tuple[list[Measurement], int]:
-    """Measurements of a bench JSON (any schema so far): rows with a finite ratio whose result
-    was not wrong. Returns them and how many rows were left out."""
+    """Measurements of a bench JSON (any schema so far): rows with a numeric ratio whose result
+    was not wrong (`merge` then refuses implausible ratios). Returns them and how many rows were
+    left out."""
     gpu = data.get("gpu")
     rows = data.get("rows")
     if not isinstance(gpu, str) or not gpu:
@@ -100,7 +142,7 @@ def read_bench(data: dict, source: str) -> tuple[list[Measurement], int]:
     column = _column(gpu, data.get("scale"))
     for row in rows:
         ok = (isinstance(row, dict) and isinstance(row.get("lesson"), str) and isinstance(row.get("metric"), str)
-              and _finite(row.get("ratio")) and row.get("status") not in (WRONG, ERROR) and row.get("correct") is not False)
+              and _real(row.get("ratio")) and row.get("status") not in (WRONG, ERROR) and row.get("correct") is not False)
         if not ok:
             skipped += 1
             continue
@@ -121,7 +163,7 @@ def read_store(records: list[Record], source: str,
     for (gpu, size), recs in sorted(groups.items()):
         column = _column(gpu, size)
         for r in recs:
-            if r.name == "bench_ratio" and isinstance(r.extra.get("metric"), str) and _finite(r.value):
+            if r.name == "bench_ratio" and isinstance(r.extra.get("metric"), str) and _real(r.value):
                 out.append(Measurement(column, r.lesson, r.extra["metric"], r.value, source, "store", r.torch,
                                        r.time, str(r.extra.get("run_id", ""))))
         for exp in registry:
@@ -129,7 +171,7 @@ def read_store(records: list[Record], source: str,
                 continue
             mine = [r for r in recs if r.lesson == exp.lesson and r.name != "bench_ratio"]
             for v in exp.from_store(mine):
-                if _finite(v):
+                if _real(v):
                     out.append(Measurement(column, exp.lesson, exp.metric, float(v), source, "store",
                                            mine[-1].torch, mine[-1].time))
     return out
@@ -169,7 +211,10 @@ def merge(folder: str | os.PathLike, registry: Iterable[Experiment] | None = Non
     registry = REGISTRY if registry is None else tuple(registry)
     room = Room(str(folder))
     seen_runs: set[tuple[str, str, str]] = set()
-    for path in sorted(p for p in folder.rglob("*.json") if p.is_file()):
+    for path in sorted(folder.rglob("*.json")):
+        if not path.is_file():          # named *.json, but nothing to read: say why, never silently
+            room.bad.append(BadFile(str(path), _not_a_file(path)))
+            continue
         try:
             kind, found, skipped = read_file(path, registry)
         except RoomFileError as err:
@@ -177,6 +222,10 @@ def merge(folder: str | os.PathLike, registry: Iterable[Experiment] | None = Non
             continue
         kept = []
         for m in found:                 # a bench run both in its JSON and in a results store: once
+            why = implausible(m.value)
+            if why:
+                room.refused.append(Refused(str(path), m.gpu, m.lesson, m.metric, m.value, why))
+                continue
             key = (m.run_id, m.lesson, m.metric)
             if m.run_id and key in seen_runs:
                 continue
@@ -186,6 +235,19 @@ def merge(folder: str | os.PathLike, registry: Iterable[Experiment] | None = Non
         room.files.append((str(path), kind, len(kept)))
         room.skipped_rows += skipped
     return room
+
+
+def _not_a_file(path: Path) -> str:
+    """Why a *.json entry that is not a regular file was skipped."""
+    if path.is_symlink():
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        return f"a broken symbolic link (to {target}, which does not exist or loops)"
+    if path.is_dir():
+        return "a folder, not a file (any *.json inside it is read on its own)"
+    return "not a regular file"
 
 
 # -- the comparison ---------------------------------------------------------------------------
@@ -226,6 +288,9 @@ def format_table(room: Room, markdown: bool = False) -> str:
         out.append("no headline ratios found" + (" (the folder has no *.json files)" if not room.files and not room.bad else ""))
     if room.bad:
         out += ["", "bad files (skipped):", *(f"  {b.path}: {b.why}" for b in room.bad)]
+    if room.refused:
+        out += ["", f"implausible ratios (skipped; a real run gives {MIN_RATIO:g} to {MAX_RATIO:g}):",
+                *(f"  {r.path}: {r.gpu}, lesson {r.lesson} ({r.metric}) = {r.value:.4g}: {r.why}" for r in room.refused)]
     if room.skipped_rows:
         out += ["", f"{room.skipped_rows} row(s) or record(s) inside good files could not be used "
                     "(malformed, or a wrong result)"]

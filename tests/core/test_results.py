@@ -251,3 +251,150 @@ def test_record_is_frozen():
     rec = Record(**FIELDS)
     with pytest.raises(dataclasses.FrozenInstanceError):
         rec.value = 2.0
+
+
+# -- a store that cannot be used where it is (issue 16) ----------------------------------------
+def locks(directory):
+    return sorted(p.name for p in Path(directory).rglob("*.lock"))
+
+
+def test_no_lock_file_is_left_behind(results_path):
+    results_store().record("00", "x", 1.0, "u")
+    results_store().record("00", "y", 2.0, "u")
+    assert locks(results_path.parent) == []
+    assert [r.name for r in results_store().records()] == ["x", "y"]
+
+
+def test_a_folder_as_the_path_is_a_clear_error_for_readers(tmp_path):
+    folder = tmp_path / "results.json"
+    folder.mkdir()
+    with pytest.raises(results.ResultsFileError, match="is a folder, not a results file"):
+        results.read_records(folder)
+
+
+def test_a_folder_as_the_store_warns_once_and_the_lesson_goes_on(tmp_path):
+    folder = tmp_path / "store"
+    folder.mkdir()
+    store = ResultsStore(folder)
+    with pytest.warns(results.UnusableResultsWarning) as caught:
+        assert store.records() == []
+        rec = store.record("00", "matmul_fp32", 2.5, "TFLOP/s")
+        assert store.latest("matmul_fp32") is None
+    assert (rec.name, rec.value) == ("matmul_fp32", 2.5)        # the measurement is still returned
+    assert len(caught) == 1                                       # once, not once per call
+    message = str(caught[0].message)
+    assert str(folder) in message and "is a folder, not a file" in message
+    assert "GPULAB_RESULTS" in message and "nothing is recorded" in message
+    assert list(folder.iterdir()) == []                           # no lock, no temporary file
+
+
+def test_a_path_under_a_file_warns_once_and_creates_nothing(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where a folder should be")
+    store = ResultsStore(blocker / "sub" / "results.json")
+    with pytest.warns(results.UnusableResultsWarning, match="is a file, not a folder") as caught:
+        for i in range(5):                                        # notebook 00 records five times
+            store.record("00", f"m{i}", float(i), "u")
+        assert store.records() == []
+    assert len(caught) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["not-a-folder"]
+
+
+@pytest.mark.parametrize("target, error", [
+    ("tempfile.mkstemp", PermissionError(13, "Permission denied")),       # a read-only folder
+    ("os.replace", PermissionError(13, "Permission denied")),
+    ("tempfile.mkstemp", OSError(30, "Read-only file system")),
+    ("os.replace", OSError(28, "No space left on device")),
+])
+def test_a_store_that_cannot_be_written_warns_once_and_leaves_nothing(results_path, one_record, monkeypatch,
+                                                                     target, error):
+    module, name = target.split(".")
+    def refuse(*a, **kw):
+        raise error
+    store = results_store()
+    monkeypatch.setattr({"os": os, "tempfile": results.tempfile}[module], name, refuse)
+    with pytest.warns(results.UnusableResultsWarning, match="cannot be written") as caught:
+        rec = store.record("00", "second", 2.0, "u")
+        store.record("00", "third", 3.0, "u")
+        assert [r.name for r in store.records()] == ["first"]         # what it holds is still read
+    monkeypatch.undo()
+    assert rec.value == 2.0 and len(caught) == 1
+    assert "nothing new is recorded" in str(caught[0].message)
+    assert error.strerror in str(caught[0].message) and str(results_path) in str(caught[0].message)
+    assert results_path.read_bytes() == one_record                     # the old file is whole
+    assert leftovers(results_path.parent) == [] and locks(results_path.parent) == []
+
+
+def test_a_store_that_cannot_be_read_is_never_overwritten(results_path, one_record, monkeypatch):
+    real = Path.read_text
+    def refuse(self, *a, **kw):
+        if self == results_path:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *a, **kw)
+    monkeypatch.setattr(Path, "read_text", refuse)
+    store = results_store()
+    with pytest.warns(results.UnusableResultsWarning, match="cannot be read") as caught:
+        assert store.records() == []
+        store.record("00", "second", 2.0, "u")
+    monkeypatch.undo()
+    assert len(caught) == 1
+    assert results_path.read_bytes() == one_record
+    assert locks(results_path.parent) == []
+
+
+def test_a_usable_store_does_not_warn(results_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        results_store().record("00", "x", 1.0, "u")
+        assert len(results_store().records()) == 1
+
+
+# -- values must be finite real numbers (issue 16) ---------------------------------------------
+@pytest.mark.parametrize("value", ["abc", "1.5", True, False, None, float("nan"), float("inf"),
+                                   -float("inf"), 1j, [1.0], {"v": 1}])
+def test_record_refuses_a_value_that_is_not_a_finite_real_number(results_path, value):
+    with pytest.raises(ValueError, match="finite real number"):
+        results_store().record("00", "matmul_fp32", value, "TFLOP/s")
+    assert not results_path.exists()
+
+
+@pytest.mark.parametrize("value, stored", [(3, 3.0), (0, 0.0), (-1.5, -1.5), (torch.tensor(2.5), 2.5),
+                                           (torch.tensor(4), 4.0)])
+def test_record_accepts_real_numbers_of_any_type(results_path, value, stored):
+    rec = results_store().record("00", "x", value, "u")
+    assert rec.value == stored and type(rec.value) is float
+    assert results_store().records()[0].value == stored
+
+
+def test_reading_skips_records_with_invalid_values_with_one_note(results_path):
+    write_rows(results_path, [{**FIELDS, "value": v}                 # json writes NaN and Infinity as such
+                              for v in ("abc", None, True, float("nan"), 7, float("inf"))])
+    store = ResultsStore(results_path)
+    with pytest.warns(results.InvalidRecordsWarning) as caught:
+        assert [r.value for r in store.records()] == [7.0]
+        assert store.latest("matmul_bf16", gpu=None).value == 7.0
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "5 record(s)" in message and str(results_path) in message and "'abc'" in message
+    assert results.to_record({**FIELDS, "value": "abc"}) is None
+    assert results.to_record({**FIELDS, "value": True}) is None
+    assert results.to_record({**FIELDS, "value": 2}).value == 2.0
+    assert len(json.loads(results_path.read_text())["records"]) == 6    # the file is left as it is
+
+
+# -- ceilings never use a zero or negative measurement (issue 16) --------------------------------
+def test_ceilings_skip_zero_and_negative_measurements(results_path, on_cpu):
+    from gpulab.core.ceilings import ceilings
+    write_rows(results_path, [
+        {**FIELDS, "name": "matmul_fp32", "value": 10.0, "scale": "full"},
+        {**FIELDS, "name": "matmul_fp32", "value": 0.0, "scale": "full"},       # newest, but no ceiling
+        {**FIELDS, "name": "copy_bandwidth", "value": -3.0},
+        {**FIELDS, "name": "matmul_bf16", "value": 0.0},
+        {**FIELDS, "name": "matmul_fp16", "value": 4.0, "scale": "full"},
+        {**FIELDS, "name": "matmul_fp16", "value": 5.0},                        # tiny: full size wins
+    ])
+    found = ceilings(ResultsStore(results_path))
+    assert found["matmul_fp32"].value == 10.0
+    assert found["matmul_fp16"].value == 4.0
+    assert "copy_bandwidth" not in found and "matmul_bf16" not in found        # no datasheet on the CPU
+    assert all(c.value > 0 for c in found.values())

@@ -321,3 +321,97 @@ def test_progress_bar_on_a_terminal_redraws_one_line():
     bar.step("01 done")
     text = stream.getvalue()
     assert text.count("\r") == 3 and text.endswith("\n") and "2/2" in text
+
+
+# -- bad settings and paths: one line on stderr, exit 2, no traceback (issue 16) ---------------
+def one_line_error(capsys, prefix="gpulab bench: "):
+    err = capsys.readouterr().err
+    assert err.startswith(prefix) and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("GPULAB_DEVICE", "banana", "GPULAB_DEVICE='banana' is not understood; allowed values are auto, cuda, cpu"),
+    ("GPULAB_SCALE", "huge", "GPULAB_SCALE='huge' is not understood; allowed values are tiny, full, auto"),
+])
+def test_a_bad_setting_exits_2_with_its_own_explanation(monkeypatch, capsys, name, value, message):
+    monkeypatch.setenv(name, value)
+    assert main(["bench", "--no-progress", "--lessons", "01"]) == 2
+    assert message in one_line_error(capsys)
+
+
+@pytest.mark.cpu_only
+def test_gpulab_device_cuda_without_a_gpu_exits_2(monkeypatch, capsys):
+    monkeypatch.setenv("GPULAB_DEVICE", "cuda")
+    assert main(["bench", "--no-progress", "--lessons", "01"]) == 2
+    assert "GPULAB_DEVICE=cuda but PyTorch sees no CUDA GPU" in one_line_error(capsys)
+
+
+def test_the_console_command_prints_no_traceback_for_a_bad_setting(tmp_path):
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "GPULAB_DEVICE": "banana", "GPULAB_RESULTS": str(tmp_path / "r.json")}
+    proc = subprocess.run([sys.executable, "-m", "gpulab.tools.cli", "bench", "--no-progress"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("gpulab bench: GPULAB_DEVICE='banana'") and "Traceback" not in proc.stderr
+
+
+def test_scale_flag_overrides_a_bad_gpulab_scale_and_is_what_is_recorded(fake_gpu, monkeypatch, results_path, capsys):
+    monkeypatch.setenv("GPULAB_SCALE", "huge")
+    assert fake_gpu("--scale", "full") == 0
+    (rec,) = ResultsStore(results_path).records(name="bench_ratio")
+    assert rec.scale == "full"
+    assert json.loads(fake_gpu.json.read_text())["scale"] == "full"
+
+
+def test_a_json_path_that_cannot_be_written_exits_2_before_running(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    ran = []
+    monkeypatch.setattr(B, "run", lambda *a, **kw: ran.append(1))
+    assert main(["bench", "--no-progress", "--lessons", "01", "--json", str(blocker / "out.json")]) == 2
+    err = one_line_error(capsys)
+    assert "cannot write the JSON" in err and str(blocker) in err and ran == []
+
+
+def test_an_unusable_results_store_is_one_line_and_the_bench_still_reports(fake_gpu, tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    monkeypatch.setenv("GPULAB_RESULTS", str(blocker / "results.json"))
+    assert fake_gpu("--check") == 0
+    captured = capsys.readouterr()
+    assert "fake ratio" in captured.out and "no row failed" in captured.out
+    assert json.loads(fake_gpu.json.read_text())["rows"][0]["status"] == "pass"
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err and "Warning" not in captured.err
+    assert captured.err.startswith("gpulab bench: nothing recorded in the results store")
+    assert "is a file, not a folder" in captured.err and "recorded in" not in captured.out
+
+
+def test_torch_compile_after_importing_the_lessons_gives_no_torchscript_deprecation_warning():
+    # torch.compile's first call imports torch.utils.mkldnn, whose classes use @torch.jit.script_method,
+    # which warns that TorchScript is deprecated: noise in every test run, not anything gpulab does.
+    import subprocess
+    import sys
+    script = ("import warnings\n"
+              "warnings.simplefilter('always')\n"
+              "with warnings.catch_warnings(record=True) as caught:\n"
+              "    warnings.simplefilter('always')\n"
+              "    import gpulab.tools.bench, torch\n"
+              "    torch.compile(torch.nn.Linear(2, 2))\n"
+              "print([str(w.message) for w in caught if 'torch.jit' in str(w.message)])\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_a_default_json_folder_that_cannot_be_made_exits_2_before_running(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    monkeypatch.setenv("GPULAB_RESULTS", str(blocker / "results.json"))
+    ran = []
+    monkeypatch.setattr(B, "run", lambda *a, **kw: ran.append(1))
+    assert main(["bench", "--no-progress", "--lessons", "01"]) == 2
+    err = one_line_error(capsys)
+    assert "cannot write the JSON beside the results store" in err and "--json PATH" in err and ran == []

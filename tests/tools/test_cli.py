@@ -3,6 +3,7 @@ import json
 import os
 import shutil
 import subprocess
+from importlib.metadata import PackageNotFoundError, distribution
 
 import pytest
 import torch
@@ -84,11 +85,37 @@ def test_doctor_lists_checks_in_order():
     assert {"GPU", "NVIDIA driver / NVML", "Triton", "ipywidgets", "nvidia-ml-py"} <= set(checks)
 
 
+def console_script():
+    """The `gpulab` script of the environment running the tests: beside sys.executable (a venv's bin/,
+    which `bash setup.sh test` does not put on PATH), else on PATH; None only if gpulab is not installed."""
+    import sys
+    import sysconfig
+    from pathlib import Path
+    names = ("gpulab.exe", "gpulab") if os.name == "nt" else ("gpulab",)
+    for folder in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
+        for name in names:
+            if (folder / name).is_file():
+                return str(folder / name)
+    return shutil.which("gpulab")
+
+
+def test_the_console_script_is_found_without_path(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")          # as under `bash setup.sh test`: .venv/bin not on PATH
+    exe = console_script()
+    if exe is None:
+        with pytest.raises(PackageNotFoundError):
+            distribution("gpulab")
+        pytest.skip("the gpulab package is not installed (pip install -e .), so it has no console script")
+    assert os.access(exe, os.X_OK)
+
+
 @pytest.mark.cpu_only
 def test_console_script_doctor():
-    exe = shutil.which("gpulab")
+    exe = console_script()
     if exe is None:
-        pytest.skip("the gpulab console script is not on PATH")
+        with pytest.raises(PackageNotFoundError):     # installed, yet no script: that is a failure
+            distribution("gpulab")
+        pytest.skip("the gpulab package is not installed (pip install -e .), so it has no console script")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAB_")}
     proc = subprocess.run([exe, "doctor"], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 1
@@ -180,3 +207,52 @@ def test_cpu_ok_turns_gpu_failures_into_warnings():
     assert strict["GPU"].status == FAIL and relaxed["GPU"].status == WARN
     assert strict["NVIDIA driver / NVML"].status == FAIL
     assert relaxed["NVIDIA driver / NVML"].status == WARN
+
+
+# -- rows that contradict each other or the README (issue 16) -------------------------------------
+def no_triton(monkeypatch):
+    real = cli.importlib.import_module
+    def fake(name, *a, **kw):
+        if name == "triton":
+            raise ImportError("No module named 'triton'")
+        return real(name, *a, **kw)
+    monkeypatch.setattr(cli.importlib, "import_module", fake)
+
+
+@pytest.mark.cpu_only
+def test_triton_is_not_a_problem_on_a_machine_without_a_gpu(monkeypatch, capsys):
+    no_triton(monkeypatch)
+    row = findings()["Triton"]
+    assert row.status == OK and row.fix == ""
+    assert "only needed on a GPU" in row.detail
+    code, out = run_main(["doctor"], capsys)
+    assert "reinstall torch" not in out and "warn  Triton" not in out
+
+
+@pytest.mark.cpu_only
+def test_triton_on_a_gpu_machine_with_cpu_torch_points_at_the_cuda_build(monkeypatch):
+    if torch.version.cuda is not None:
+        pytest.skip("this torch is a CUDA build")
+    no_triton(monkeypatch)
+    monkeypatch.setattr(monitor, "nvml_status", lambda: (True, "NVML ready: driver 550.54.15, 1 GPU(s)."))
+    row = findings(cpu_ok=True)["Triton"]
+    assert row.status == WARN and "CUDA build of torch" in row.fix
+
+
+def test_nvml_fix_suggests_nvidia_ml_py_only_when_it_is_missing(monkeypatch):
+    monkeypatch.setattr(monitor, "nvml_status", lambda: (False, "NVML's library (libnvidia-ml.so) was not found"))
+    found = findings(cpu_ok=True)
+    if found["nvidia-ml-py"].status == OK:
+        assert "nvidia-ml-py" not in found["NVIDIA driver / NVML"].fix
+    def no_module():
+        raise ImportError("No module named 'pynvml'")
+    monkeypatch.setattr(monitor, "import_pynvml", no_module)
+    assert "pip install nvidia-ml-py" in findings(cpu_ok=True)["NVIDIA driver / NVML"].fix
+
+
+@pytest.mark.cpu_only
+def test_gpulab_device_cuda_without_a_gpu_is_not_told_to_set_cuda(monkeypatch):
+    monkeypatch.setenv("GPULAB_DEVICE", "cuda")
+    row = findings(cpu_ok=True)["GPULAB_DEVICE"]
+    assert row.status == FAIL and "sees no CUDA GPU" in row.detail
+    assert "cuda" not in row.fix.replace("CUDA GPU", "") and "cpu" in row.fix

@@ -179,3 +179,81 @@ def test_report_rewrites_only_the_block(tmp_path, capsys):
     readme.write_text("no markers here")
     assert main(["report", "--readme", str(readme), "--results", str(tmp_path / "results")]) == 2
     assert "no <!-- measured-on:start -->" in capsys.readouterr().err
+
+
+# -- absurd ratios, odd folder entries, output paths (issue 16) ---------------------------------
+def test_absurd_ratios_are_skipped_and_listed_with_the_reason(tmp_path):
+    bench_file(tmp_path / "bench.json", "NVIDIA H200",
+               [row("05", PCIE, 1e308), row("08", STREAMS, 0.0), row("08", STREAMS, -2.0),
+                row("08", STREAMS, float("inf")), row("08", STREAMS, float("nan")), row("05", PCIE, 1e-9),
+                row("05", PCIE, 7.0), row("08", STREAMS, 0.78)])
+    store_file(tmp_path / "store.json", "Tesla T4", 1e300, 1e-10)          # pinned / pageable overflows to inf
+    rec = {**RECORD, "gpu": "Tesla T4", "lesson": "08", "name": "bench_ratio", "value": 1e12, "unit": "x",
+           "extra": {"metric": STREAMS}}
+    (tmp_path / "bench-in-store.json").write_text(json.dumps({"schema": 1, "records": [rec]}))
+    room = R.merge(tmp_path)
+    assert R.cells(room) == {("05", PCIE): {"NVIDIA H200": (7.0, 1)}, ("08", STREAMS): {"NVIDIA H200": (0.78, 1)}}
+    why = [(Path(s.path).name, s.lesson, s.value, s.why) for s in room.refused]
+    assert len(why) == 8
+    assert ("bench.json", "05", 1e308, f"beyond the plausible bound {R.MAX_RATIO:g}") in why
+    assert ("bench.json", "08", 0.0, "not positive") in why and ("bench.json", "08", -2.0, "not positive") in why
+    assert ("bench.json", "05", 1e-9, f"below the plausible bound {R.MIN_RATIO:g}") in why
+    assert sum(w == "not a finite number" for *_, w in why) == 3          # inf, nan, and the overflow
+    assert {n for n, *_ in why} == {"bench.json", "store.json", "bench-in-store.json"}
+    text = R.format_table(room)
+    assert "implausible ratios (skipped; a real run gives 1e-08 to 1e+08):" in text and "1e+308" in text and "beyond the plausible bound" in text
+    assert len(R.room_plot(room).axes[0].patches) == 2
+    R.room_plot(room).savefig(tmp_path / "room.png")                  # the axis stays finite
+    assert len(room.to_json()["refused"]) == 8
+    json.dumps(room.to_json(), allow_nan=False)                       # refused values are written as text
+
+
+def test_the_ratio_bounds_leave_every_committed_run_and_band_inside():
+    room = R.merge(ROOT / "results")
+    assert room.refused == []
+    assert all(R.MIN_RATIO < m.value < R.MAX_RATIO for m in room.measurements)
+    from gpulab.core.bands import load_bands
+    bands = load_bands()
+    for cls in bands.classes:
+        for lesson in {e.lesson for e in R.REGISTRY}:
+            band = bands.band(cls, lesson)
+            if band is not None:
+                assert band.low < R.MAX_RATIO and (band.high == float("inf") or band.high > R.MIN_RATIO)
+
+
+def test_a_folder_named_json_and_a_broken_link_are_listed_not_silent(tmp_path):
+    store_file(tmp_path / "alice.json", "NVIDIA H200", 55.0, 5.0)
+    (tmp_path / "collected.json").mkdir()
+    store_file(tmp_path / "collected.json" / "bob.json", "NVIDIA H200", 60.0, 6.0)   # still read, on its own
+    (tmp_path / "gone.json").symlink_to(tmp_path / "nowhere.json")
+    (tmp_path / "loop.json").symlink_to(tmp_path / "loop.json")
+    room = R.merge(tmp_path)
+    bad = {Path(b.path).name: b.why for b in room.bad}
+    assert set(bad) == {"collected.json", "gone.json", "loop.json"}
+    assert "a folder" in bad["collected.json"]
+    assert "broken symbolic link" in bad["gone.json"] and "nowhere.json" in bad["gone.json"]
+    assert "broken symbolic link" in bad["loop.json"]
+    assert R.cells(room)[("05", PCIE)] == {"NVIDIA H200": (10.5, 2)}
+    text = R.format_table(room)
+    assert "collected.json: a folder" in text and "gone.json: a broken symbolic link" in text
+
+
+@pytest.mark.parametrize("flag", ["--png", "--json"])
+@pytest.mark.parametrize("where", ["missing-folder/out", "a-file/out", "a-folder"])
+def test_room_output_that_cannot_be_written_exits_2_with_one_line(room_folder, tmp_path, capsys, flag, where):
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "a-folder").mkdir()
+    target = tmp_path / where
+    assert main(["room", str(room_folder), flag, str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpulab room: cannot write") and err.count("\n") == 1 and str(target) in err
+
+
+@pytest.mark.parametrize("make", ["folder", "missing"])
+def test_report_with_a_readme_it_cannot_read_exits_2(tmp_path, capsys, make):
+    readme = tmp_path / "README.md"
+    if make == "folder":
+        readme.mkdir()
+    assert main(["report", "--readme", str(readme), "--results", str(ROOT / "results")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpulab report: ") and err.count("\n") == 1 and str(readme) in err
