@@ -30,7 +30,8 @@ CEILING_NAMES = {
 
 def ceilings(store: ResultsStore | None = None) -> dict[str, Ceiling]:
     """This device's ceilings for later lessons: the newest measurement from notebook 00,
-    preferring full-size runs; a datasheet figure only where nothing was measured."""
+    preferring full-size runs; a datasheet figure only where nothing was measured (and never under a
+    GPU profile, whose datasheet is not this GPU's)."""
     store = store or results_store()
     gpu = current_gpu_name()
 
@@ -43,7 +44,10 @@ def ceilings(store: ResultsStore | None = None) -> dict[str, Ceiling]:
         rec = newest(name, "full") or newest(name, None)
         if rec is not None:
             out[name] = Ceiling(name, rec.value, unit, f"measured {rec.time} ({rec.scale})")
-    sheet = device_facts().datasheet
+    facts = device_facts()
+    # Under a GPU profile the datasheet is the emulated card's while every timing is this GPU's: a
+    # measured figure compares like with like, the profile's datasheet would not.
+    sheet = None if facts.profile else facts.datasheet
     if sheet is not None:
         fallback = {"matmul_fp32": sheet.fp32, "matmul_tf32": sheet.tf32, "matmul_fp16": sheet.fp16,
                     "matmul_bf16": sheet.bf16, "copy_bandwidth": sheet.mem_gbps}

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Iterator
 import torch
-from gpulab.core.device import pick_device
+from gpulab.core.device import device_facts, pick_device
 
 
 MiB = 2**20
@@ -87,11 +87,20 @@ def memory_now(device: torch.device | None = None) -> MemoryStats:
 
 
 def free_memory(device: torch.device | None = None) -> tuple[int, int] | None:
-    """(free, total) bytes on the GPU as the driver sees it (all processes), or None on the CPU."""
+    """(free, total) bytes on the GPU as the driver sees it (all processes), or None on the CPU.
+
+    Under a GPU profile (`GPULAB_PROFILE`) the total is the profile's memory and the free part what this
+    process may still reserve under that cap, so everything sized from it fits the emulated card.
+    """
     device = device or pick_device()
     if device.type != "cuda":
         return None
-    return torch.cuda.mem_get_info(device)
+    free, total = torch.cuda.mem_get_info(device)
+    facts = device_facts(device)
+    if facts.profile and facts.memory_bytes is not None and facts.memory_bytes < total:
+        total = facts.memory_bytes
+        free = max(0, min(free, total - torch.cuda.memory_reserved(device)))
+    return free, total
 
 
 def release(device: torch.device | None = None) -> None:

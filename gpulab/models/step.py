@@ -49,7 +49,7 @@ def train_step(model: nn.Module, x: torch.Tensor | Iterable[tuple[torch.Tensor, 
       otherwise `zero_grad`, then the step (through the scaler when there is one).
     - `precision`: None runs as PyTorch is set now; "fp32", "tf32", "fp16" or "bf16" (lesson 06) sets
       the fp32 math mode and the autocast dtype; a torch dtype sets only autocast.
-    - `scaler` (fp16; `precision.make_scaler("fp16")`): the loss is multiplied by the scale before backward,
+    - `scaler` (fp16 with an optimizer; `precision.make_scaler("fp16")`): the loss is multiplied by the scale before backward,
       so small gradients stay above fp16's smallest number, and divided out again (in fp32) before the
       optimizer uses them; a step whose gradients hold inf or nan is skipped (lesson 06).
     - `accumulation` (lesson 10): x and y are split into that many equal micro-batches, each one's loss
@@ -62,7 +62,9 @@ def train_step(model: nn.Module, x: torch.Tensor | Iterable[tuple[torch.Tensor, 
     switch (`TransformerStack.checkpoint_every`, capstone's `checkpointing` toggle).
     """
     dtype, fp32_mode, needs_scaler = _precision(precision)
-    if needs_scaler and scaler is None:
+    if needs_scaler and scaler is None and optimizer is not None:
+        # an update from unscaled fp16 gradients loses the small ones; gradients alone (optimizer=None,
+        # lessons 09 and 10 measuring memory) are what they are
         raise ValueError("fp16 training needs a GradScaler: pass scaler=make_scaler('fp16').")
     if isinstance(accumulation, bool) or not isinstance(accumulation, int) or accumulation < 1:
         raise ValueError(f"accumulation must be a whole number of micro-batches >= 1 (got {accumulation!r}).")

@@ -135,6 +135,7 @@ def matmul_sizes(low: int, high: int, precisions=("fp32",), calls: int = 7, budg
     import torch
     from gpulab.core.ceilings import ceilings
     from gpulab.core.device import pick_device
+    from gpulab.core.memory import free_memory
     from gpulab.core.timing import benchmark
 
     device = pick_device()
@@ -148,13 +149,13 @@ def matmul_sizes(low: int, high: int, precisions=("fp32",), calls: int = 7, budg
         t = benchmark(lambda: a @ a, budget_s=0.1)
         del a
         rate, source = t.per_second(2 * n0**3), f"fp32 at n={n0}, timed just now: notebook 00 has not run here"
-    free = None
-    if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) \
-            - torch.cuda.memory_allocated(device)
+    free = free_memory(device)
+    if free is not None:
+        free = free[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     n, why = matmul_n_limit(rate, calls, budget_s, free, operands)
     where = "this GPU" if device.type == "cuda" else "the CPU"
-    if n >= high:
-        return IntRange(low, high, label=label)
+    if n >= high:      # this device runs every size offered; the max still depends on the device, so say so
+        return IntRange(low, high, label=label,
+                        why=f"{where[0].upper()}{where[1:]} runs every size up to {high} within the limits ({source}).")
     n = max(n, low)
     return IntRange(low, n, label=label, why=f"Larger sizes are refused on {where}: {why} ({source}).")

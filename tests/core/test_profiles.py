@@ -61,3 +61,24 @@ def test_on_a_gpu_the_memory_is_capped_to_the_profiles(monkeypatch):
     assert calls == [fraction] and fraction == pytest.approx(15 / 141)
     monkeypatch.delenv("GPULAB_PROFILE")
     assert D.apply_profile_memory_cap(torch.device("cuda", 0)) is None
+
+
+def test_under_a_profile_ceilings_never_fall_back_to_the_emulated_cards_datasheet(monkeypatch, results_path):
+    import dataclasses
+    import gpulab.core.ceilings as CE
+    from gpulab.core.results import ResultsStore
+    h100 = D.facts_for_capability("NVIDIA H100 80GB HBM3", 9, 0)
+    monkeypatch.setattr(CE, "device_facts", lambda device=None: h100)
+    assert CE.ceilings(ResultsStore(results_path))["matmul_bf16"].source.startswith("datasheet")
+    monkeypatch.setattr(CE, "device_facts", lambda device=None: dataclasses.replace(h100, profile="h100"))
+    assert CE.ceilings(ResultsStore(results_path)) == {}
+
+
+def test_fp16_gradients_alone_need_no_scaler_but_an_update_does():
+    from gpulab.models.step import train_step
+    model = torch.nn.Linear(8, 8)
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    train_step(model, x, y, precision=torch.float16)                  # lessons 09 and 10: gradients only
+    assert all(p.grad is not None for p in model.parameters())
+    with pytest.raises(ValueError, match="GradScaler"):
+        train_step(model, x, y, precision=torch.float16, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
