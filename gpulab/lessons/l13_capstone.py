@@ -57,7 +57,7 @@ from gpulab.core.timing import Timing, benchmark, stopwatch
 from gpulab.models.gpt import GPT, padded_copy, token_batches
 from gpulab.models.cnn import ResNetish, image_batches
 from gpulab.models.transformer import TransformerStack
-from gpulab.models.sizing import count_flops
+from gpulab.models.sizing import count_flops, fit_batch, memory_budget
 from gpulab.core.measured import Measured
 
 
@@ -96,6 +96,7 @@ def config(scale: str | None = None) -> dict[str, Any]:
     return {k: dict(v) if isinstance(v, dict) else v for k, v in CONFIG[resolve_scale(scale)].items()}
 
 
+MEMORY_CAP = 64 * 2**30   # the most memory a job's step is sized to take, below half the free GPU memory
 LR = 1e-3              # AdamW's learning rate for both jobs
 
 
@@ -658,6 +659,16 @@ class Runs:
     def batch(self, job: str, batch: int | None = None) -> int:
         return batch or self.configs[job]["batch"]
 
+    def fit_batches(self, jobs: Sequence[str] | None = None, cap: int = MEMORY_CAP) -> int | None:
+        """Lower each job's batch until its fp32 baseline step fits min(cap, half the free GPU memory),
+        extrapolated from two small untimed steps (`sizing.fit_batch`), so a 16 GB card (or a profile's cap)
+        runs what an H200 runs; returns that budget (None on the CPU, where nothing is lowered)."""
+        budget = memory_budget(cap=cap)
+        for job in jobs or tuple(self.configs):
+            self.configs[job]["batch"] = fit_batch(lambda b: self(job, Options(), b, timed=False).peak_bytes,
+                                                   self.configs[job]["batch"], budget)
+        return budget
+
     def __call__(self, job: str, options: Options = Options(), batch: int | None = None, *, timed: bool = True,
                  monitor: bool = False, **check: Any) -> JobResult:
         """The run's result, run now if it has not run before (`check`: expected_losses and tolerance)."""
@@ -902,7 +913,9 @@ def headline_numbers(job: str = "gpt", scale: str | None = None, runs: Runs | No
     the baseline's before its time counts. Returns the throughputs, their ratio, the check, and the
     model FLOPs utilization against `bf16_peak()`.
     """
-    runs = runs or Runs(scale=scale)
+    if runs is None:
+        runs = Runs(scale=scale)
+        runs.fit_batches((job,))
     best = all_on(job, runs.batch(job))
     base = runs.checked(job, Options())
     top = runs.checked(job, best)
