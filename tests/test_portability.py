@@ -6,8 +6,9 @@ that a T4 never measures) fails here, in CI, without the GPU.
 
 How the matrix was chosen, to stay well inside CI's time on 2 cores:
 - profiles: one per distinct control flow. The profiles' facts differ only in compute capability
-  and what it implies; `SIGNATURES` groups them (pre-Ampere: no TF32, no bf16; Ampere: TF32 and
-  bf16; Ada/Hopper: FP8 too). One representative each: t4, a100, rtx4090. `test_representatives_cover_every_profile` fails if a new profile brings a new signature.
+  and what it implies; `signature` groups them (before Ampere: no TF32, no bf16; Ampere and later:
+  TF32 and bf16). One representative each: t4, rtx4090. `test_representatives_cover_every_profile`
+  fails if a new profile brings a new signature.
 - notebooks: those whose code, or the code of the lesson module they import, reads the device's
   facts (`BRANCHES`); the others cannot take another path under a profile. The selection is computed,
   so a lesson that starts branching on the device joins the matrix by itself.
@@ -29,16 +30,18 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 BRANCHES = re.compile(r"device_facts|facts\.|supported\(|supported_precisions|refusal|best_half|half_dtype|"
                       r"gpu_class|timed_precisions|gemm_precisions|what_to_expect|all_on\(")
-REPRESENTATIVES = ("t4", "a100", "rtx4090")
+REPRESENTATIVES = ("t4", "rtx4090")
 
 
 def signature(key: str) -> tuple:
-    """What a profile changes in the course's control flow: the capability flags the course branches on
-    today (Tensor Cores, TF32, bf16, FP8). When a lesson starts branching on another fact (say
-    `facts.geforce`), add it here: this test then asks for a representative of every new group."""
+    """What a profile changes in the course's control flow: the capability flags that choose which code
+    runs today (Tensor Cores, TF32, bf16). FP8 only adds a sentence to `precision.what_to_expect` (its unit
+    tests cover it), and the GeForce class only picks a band, which is never judged under a profile. When a
+    lesson starts branching on another fact, add it here: this test then asks for a representative of
+    every new group."""
     p = PROFILES[key]
     f = facts_for_capability(p.name, *p.compute_capability, geforce=p.geforce)
-    return (f.tensor_core_generation is not None, f.tf32, f.bf16, f.fp8)
+    return (f.tensor_core_generation is not None, f.tf32, f.bf16)
 
 
 def test_representatives_cover_every_profile():
