@@ -288,13 +288,18 @@ def gpu_sharing(device: torch.device | None = None) -> Sharing | None:
     """Is this GPU shared? A MIG slice (NVML's MIG mode, or 'MIG' in the device name) has a fraction of
     the SMs, memory and bandwidth; other compute processes take SMs and bandwidth while they run.
     None on the CPU or where NVML cannot tell. Notebook 00 and `gpulab doctor` say it; the results
-    store marks such runs."""
+    store marks such runs (`sharing_mark`).
+
+    NVML lists processes by the host's process ids; in a container this process has another one, so
+    when no listed id is ours but this process holds a CUDA context, one listed process is taken to
+    be this one (the one holding the least memory is left out of the count: ours is counted, not named).
+    """
     device = device or pick_device()
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
     mig = " MIG " in f" {name} "
-    others, other_bytes = 0, 0
+    procs: list[tuple[int, int]] = []
     if nvml_status()[0]:
         pynvml = import_pynvml()
         pynvml.nvmlInit()
@@ -306,20 +311,52 @@ def gpu_sharing(device: torch.device | None = None) -> Sharing | None:
             except pynvml.NVMLError:
                 pass                                    # not a MIG-capable GPU
             try:
-                for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
-                    if proc.pid != os.getpid():
-                        others += 1
-                        other_bytes += proc.usedGpuMemory or 0
+                procs = [(p.pid, p.usedGpuMemory or 0) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
             except pynvml.NVMLError:
                 pass
         finally:
             pynvml.nvmlShutdown()
+    others = other_processes(procs, os.getpid(), torch.cuda.is_initialized())
+    other_bytes = sum(b for _, b in others)
     notes = []
     if mig:
         notes.append("this is a MIG slice: its SMs, memory and memory bandwidth are a fraction of the "
                      "whole GPU's, so ceilings and timings are the slice's, not the card's datasheet")
     if others:
-        notes.append(f"{others} other process(es) compute on this GPU ({other_bytes / 2**30:.1f} GiB): "
-                     "while they run they take SMs and memory bandwidth, so timings vary and ceilings read low "
-                     "(in a container this process may be listed under another number)")
-    return Sharing(mig, others, other_bytes / 2**30, "; ".join(notes) or "this GPU is not shared")
+        notes.append(f"{len(others)} other process(es) compute on this GPU ({other_bytes / 2**30:.1f} GiB): "
+                     "while they run they take SMs and memory bandwidth, so timings vary and ceilings read low")
+    return Sharing(mig, len(others), other_bytes / 2**30, "; ".join(notes) or "this GPU is not shared")
+
+
+def other_processes(procs: list[tuple[int, int]], own_pid: int, own_context: bool) -> list[tuple[int, int]]:
+    """The (pid, bytes) of NVML's compute processes that are not this one: ours by its id, or, where no id
+    matches but this process holds a CUDA context (a container's own process ids), the one holding the
+    least memory, taken to be ours."""
+    if any(pid == own_pid for pid, _ in procs):
+        return [p for p in procs if p[0] != own_pid]
+    if own_context and procs:
+        ours = min(procs, key=lambda p: p[1])
+        rest = list(procs)
+        rest.remove(ours)
+        return rest
+    return list(procs)
+
+
+_SHARING_CACHE: dict[int, tuple[float, Sharing | None]] = {}
+
+
+def sharing_mark(device: torch.device | None = None, max_age_s: float = 30.0) -> dict:
+    """What the results store adds to a record measured on a shared GPU: {"shared": the note}; {} on a
+    GPU used alone, on the CPU, or where NVML cannot tell. Asked of NVML at most every `max_age_s`."""
+    device = device or pick_device()
+    if device.type != "cuda":
+        return {}
+    key = device.index or 0
+    now = time.monotonic()
+    if key not in _SHARING_CACHE or now - _SHARING_CACHE[key][0] > max_age_s:
+        try:
+            _SHARING_CACHE[key] = (now, gpu_sharing(device))
+        except Exception:            # a marking must never stop a measurement from being recorded
+            _SHARING_CACHE[key] = (now, None)
+    found = _SHARING_CACHE[key][1]
+    return {"shared": found.note} if found is not None and found.shared else {}

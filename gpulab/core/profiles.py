@@ -32,27 +32,28 @@ class Profile:
     power_w: int                # board power limit
     geforce: bool               # consumer card: fp16 Tensor Core math with fp32 accumulate at half rate
     source: str
+    pcie_generation: int = 4    # host link, x16 (from the same datasheet): what the budget test divides by
 
 
 PROFILES: dict[str, Profile] = {p.key: p for p in (
     Profile("v100", "Tesla V100-SXM2-16GB", (7, 0), 16, 300, False,
-            "NVIDIA V100 Tensor Core GPU datasheet (2020)"),
+            "NVIDIA V100 Tensor Core GPU datasheet (2020)", pcie_generation=3),
     Profile("t4", "Tesla T4", (7, 5), 15, 70, False,
-            "NVIDIA T4 Tensor Core GPU datasheet (2019); 16 GB, about 15 GiB usable"),
+            "NVIDIA T4 Tensor Core GPU datasheet (2019); 16 GB, about 15 GiB usable", pcie_generation=3),
     Profile("a10", "NVIDIA A10", (8, 6), 24, 150, False,
-            "NVIDIA A10 Tensor Core GPU datasheet (2021)"),
+            "NVIDIA A10 Tensor Core GPU datasheet (2021)", pcie_generation=4),
     Profile("rtx3090", "NVIDIA GeForce RTX 3090", (8, 6), 24, 350, True,
-            "NVIDIA Ampere GA102 GPU architecture whitepaper v2.0, appendix table"),
+            "NVIDIA Ampere GA102 GPU architecture whitepaper v2.0, appendix table", pcie_generation=4),
     Profile("rtx4090", "NVIDIA GeForce RTX 4090", (8, 9), 24, 450, True,
-            "NVIDIA Ada Lovelace GPU architecture whitepaper v1.1, appendix table"),
+            "NVIDIA Ada Lovelace GPU architecture whitepaper v1.1, appendix table", pcie_generation=4),
     Profile("l4", "NVIDIA L4", (8, 9), 24, 72, False,
-            "NVIDIA L4 Tensor Core GPU datasheet (2023)"),
+            "NVIDIA L4 Tensor Core GPU datasheet (2023)", pcie_generation=4),
     Profile("a100", "NVIDIA A100-SXM4-40GB", (8, 0), 40, 400, False,
-            "NVIDIA A100 Tensor Core GPU datasheet (2021)"),
+            "NVIDIA A100 Tensor Core GPU datasheet (2021)", pcie_generation=4),
     Profile("h100", "NVIDIA H100 80GB HBM3", (9, 0), 80, 700, False,
-            "NVIDIA H100 Tensor Core GPU datasheet (2023)"),
+            "NVIDIA H100 Tensor Core GPU datasheet (2023)", pcie_generation=5),
     Profile("h200", "NVIDIA H200", (9, 0), 141, 700, False,
-            "NVIDIA H200 Tensor Core GPU datasheet (2024)"),
+            "NVIDIA H200 Tensor Core GPU datasheet (2024)", pcie_generation=5),
 )}
 
 

@@ -302,13 +302,15 @@ class ResultsStore:
     # -- writing ----------------------------------------------------------
     def record(self, lesson: str, name: str, value: float, unit: str, *, scale: str | None = None,
                **extra: Any) -> Record:
-        """Append one measurement, stamped with GPU, torch version, scale, host and time.
+        """Append one measurement, stamped with GPU, torch version, scale, host and time (and, measured
+        on a shared GPU, `extra["shared"]`: a MIG slice or other processes on it, `monitor.sharing_mark`).
 
         `value` must be a finite real number (ValueError otherwise). `scale` is the scale the
         measurement ran at (default: the course's, `GPULAB_SCALE`). Where the store cannot be
         written, one UnusableResultsWarning says why, and the record is returned unsaved.
         """
         from gpulab.core.device import pick_device, resolve_scale
+        from gpulab.core.monitor import sharing_mark
         checked = finite_value(value)
         if checked is None:
             raise ValueError(f"{name}: a recorded value must be a finite real number, got {value!r}.")
@@ -316,7 +318,7 @@ class ResultsStore:
             lesson=str(lesson), name=name, value=checked, unit=unit,
             gpu=current_gpu_name(), device=pick_device().type, torch=torch.__version__,
             scale=resolve_scale(scale), time=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            host=socket.gethostname(), extra=extra,
+            host=socket.gethostname(), extra={**extra, **sharing_mark()},
         )
         try:
             problem = _location_problem(self.path)

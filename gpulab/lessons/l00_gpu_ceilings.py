@@ -21,6 +21,7 @@ import torch
 from gpulab.core.ceilings import Ceiling, ceilings
 from gpulab.core.device import DeviceFacts, device_facts, float32_matmul, pick_device, require_cuda, resolve_scale
 from gpulab.core.measured import Measured
+from gpulab.core.predict import Plan, Work
 from gpulab.core.results import ResultsStore, results_store
 from gpulab.core.timing import benchmark
 
@@ -48,6 +49,49 @@ CONFIG = {
 def config(scale: str | None = None) -> dict:
     """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
     return dict(CONFIG[resolve_scale(scale)])
+
+
+def plan(scale: str | None = None) -> Plan:
+    """What notebook 00 asks of the GPU at `scale` (gpulab.core.predict): its n x n products in every
+    precision, the device copies and the four host<->device copies, each a fixed number of calls."""
+    cfg = config(scale)
+    calls = 3 + 1 + 3        # benchmark()'s least: 3 warm-up, 1 probe, 3 timed; the rest of its budget is host time
+    big = 2 * cfg["matmul_n"] ** 3                 # FLOPs of one product at matmul_n
+    # measure_ceilings times every precision once; the self-check (headline) fp32 and the 16-bit ones again
+    fp32 = 2 * calls * big
+    tf32 = calls * big
+    fp16 = 2 * calls * big
+    bf16 = 2 * calls * big                        # a T4 or V100 runs no bf16: counted anyway, to be safe
+    panel = calls * 2 * cfg["panel_n"] ** 3       # the panel's default run (the last precision, bf16 or fp16)
+    monitor = 20 * 2 * cfg["monitor_n"] ** 3      # the monitor's load runs for monitor_seconds (host time)
+    #                                               but at least once: 20 bf16 products
+    # (the roofline's small_n products are far below 1 % of this)
+    # device copies (copy_experiment): randn writes the buffer, one checked copy (read + write), torch.equal
+    # reads both, then `calls` timed copies: 1 + 2 + 2 + 2 * calls buffers of traffic per size
+    copy_mib = cfg["copy_mib"] + sum(cfg["copy_sweep_mib"])       # measure_ceilings' copy + the sweep
+    copied = (5 + 2 * calls) * copy_mib * 2**20
+    # host<->device copies (transfer_experiment, 4 kinds): one checked copy + `calls` timed at that kind's
+    # ceiling, and the check reads the GPU buffer back (gpu.cpu(): device->host, pageable)
+    t = cfg["transfer_mib"] * 2**20
+    work = [
+        Work("matmul_fp32", fp32, 1.0, f"fp32 products n={cfg['matmul_n']}: measure_ceilings + self-check"),
+        # a GPU without TF32 (T4, V100) skips these; predict counts them at its fp32 rate there, to be safe
+        Work("matmul_tf32", tf32, 1.0, f"tf32 products n={cfg['matmul_n']}: measure_ceilings"),
+        Work("matmul_fp16", fp16, 1.0, f"fp16 products n={cfg['matmul_n']}: measure_ceilings + self-check"),
+        Work("matmul_bf16", bf16, 1.0, f"bf16 products n={cfg['matmul_n']}: measure_ceilings + self-check"),
+        Work("matmul_bf16", panel, 0.9, f"matmul panel's default run, n={cfg['panel_n']}"),
+        Work("matmul_bf16", monitor, 1.0, f"GPU monitor's load, 20 bf16 products n={cfg['monitor_n']}"),
+        Work("copy_bandwidth", copied, 0.9, f"device copies, {copy_mib} MiB of buffers"),
+        Work("h2d_pageable", (1 + calls) * t, 1.0, "host->device pageable copies"),
+        Work("h2d_pinned", (1 + calls) * t, 1.0, "host->device pinned copies"),
+        Work("d2h_pageable", (1 + calls) * t + 4 * t, 1.0, "device->host pageable copies + 4 checks"),
+        Work("d2h_pinned", (1 + calls) * t, 1.0, "device->host pinned copies"),
+    ]
+    # host_s: see host_source; tiny runs the same formulas, with the full run's host time (tiny runs on
+    # the CPU, where nothing is predicted: its plan is only for completeness)
+    return Plan(host_s=19.5, work=work,
+                host_source="wall time of notebook 00 in results/h200-2026-11-30-course-timings.tsv "
+                            "(H200, torch 2.11, 2026-11-30) minus its GPU work at that run's ceilings")
 
 
 # precision -> (dtype, fp32 matmul mode or None)

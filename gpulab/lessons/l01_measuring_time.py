@@ -11,6 +11,7 @@ import torch
 
 from gpulab.core.device import pick_device, resolve_scale, sync
 from gpulab.core.measured import Measured
+from gpulab.core.predict import Plan, Work
 from gpulab.core.timing import benchmark
 
 # -- knobs ------------------------------------------------------------------------------------------
@@ -27,6 +28,38 @@ CONFIG = {
 def config(scale: str | None = None) -> dict:
     """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
     return dict(CONFIG[resolve_scale(scale)])
+
+
+def plan(scale: str | None = None) -> Plan:
+    """What notebook 01 asks of the GPU at `scale` (gpulab.core.predict): fp32 products timed the wrong
+    way and the right way, a fixed 100-call spread, and five profiled MLP steps."""
+    cfg = config(scale)
+    calls = 3 + 1 + 3        # benchmark()'s least: 3 warm-up, 1 probe, 3 timed; the rest of its budget is host time
+    no_sync = 3 + 10         # benchmark(sync=False): 3 warm-up + 10 calls on the host clock, all run by the GPU
+    both = no_sync + calls   # sync_vs_no_sync: the wrong way, then the right way
+    n = cfg["first_call_n"]
+    # calls of the n x n product `work` (and the panel's, same n):
+    work_calls = (1 + calls          # the first call, then the steady benchmark
+                  + both             # host clock without sync against CUDA events
+                  + 3 + 100          # the spread: repeat=100 after 3 warm-up calls
+                  + calls + no_sync)  # the panel's default run, then panel.run(synchronize=False)
+    sweep = both * sum(2 * s**3 for s in cfg["sizes"])      # sync_vs_no_sync over the sweep's sizes
+    check = both * 2 * cfg["sizes"][-1] ** 3                 # the self-check (headline): the largest size again
+    # the profiled MLP: 1 warm-up + 5 profiled steps, each forward + backward (3x the forward's 2 products)
+    w, b = cfg["profile_width"], cfg["profile_batch"]
+    mlp = 6 * 3 * 2 * (2 * b * w * w)
+    # (the spread's small product, spread_n, is far below 1 % of this)
+    work = [
+        Work("matmul_fp32", work_calls * 2 * n**3, 1.0, f"{work_calls} fp32 products n={n}"),
+        Work("matmul_fp32", sweep, 1.0, f"sync / no-sync sweep, n={cfg['sizes'][0]}..{cfg['sizes'][-1]}"),
+        Work("matmul_fp32", check, 1.0, f"self-check: sync / no-sync at n={cfg['sizes'][-1]}"),
+        Work("matmul_fp32", mlp, 0.5, f"6 MLP training steps, width {w}, batch {b}"),
+    ]
+    # host_s: see host_source; tiny runs the same formulas, with the full run's host time (tiny runs on
+    # the CPU, where nothing is predicted: its plan is only for completeness)
+    return Plan(host_s=15.0, work=work,
+                host_source="wall time of notebook 01 in results/h200-2026-11-30-course-timings.tsv "
+                            "(H200, torch 2.11, 2026-11-30) minus its GPU work at that run's ceilings")
 
 
 def sync_vs_no_sync(n: int) -> tuple[float, float]:

@@ -36,7 +36,8 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field
 from gpulab.core.children import at_once
-from gpulab.core.device import require_cuda
+from gpulab.core.device import require_cuda, resolve_scale
+from gpulab.core.predict import Plan, Work
 
 
 NO_ALLOCATOR = "the caching allocator this experiment studies is CUDA's."
@@ -46,6 +47,28 @@ FIXES = ("none", "expandable_segments", "empty_cache", "pool")
 
 
 MiB = 2**20
+
+
+def plan(scale: str | None = None) -> Plan:
+    """What notebook 02 asks of the GPU at `scale` (gpulab.core.predict): almost nothing. The
+    fragmentation pattern only allocates (`torch.empty` touches no memory) in fresh processes, whose
+    start-up is host time; the GPU computes only the planted leak's MLP."""
+    # this lesson has no config(): the leak's sizes are the notebook's own, by_scale(tiny=..., full=...)
+    full = resolve_scale(scale) == "full"
+    width, batch = (2048, 512) if full else (64, 8)
+    # evaluate(8, leak=True) and evaluate(8, leak=False): 16 forward passes of width -> 4 width -> width
+    forward = 2 * (2 * batch * width * 4 * width)
+    # the clean loop copies each output (batch x width fp32) to the host: 8 pageable device->host copies
+    to_host = 8 * batch * width * 4
+    work = [
+        Work("matmul_fp32", 16 * forward, 0.6, f"16 MLP forward passes, width {width}, batch {batch}"),
+        Work("d2h_pageable", to_host, 1.0, "8 outputs copied to the host (.cpu())"),
+    ]
+    # host_s: see host_source; tiny runs the same formulas, with the full run's host time (tiny runs on
+    # the CPU, where nothing is predicted: its plan is only for completeness)
+    return Plan(host_s=29.9, work=work,
+                host_source="wall time of notebook 02 in results/h200-2026-11-30-course-timings.tsv "
+                            "(H200, torch 2.11, 2026-11-30) minus its GPU work at that run's ceilings")
 
 
 @dataclass

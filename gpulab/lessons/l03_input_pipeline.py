@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from gpulab.core.device import pick_device, resolve_scale
 from gpulab.core.measured import Measured
+from gpulab.core.predict import Plan
 from gpulab.core.timing import benchmark, stopwatch
 from gpulab.models.cnn import SmallCNN
 from gpulab.models.precision import classification_loss
@@ -48,14 +49,53 @@ CONFIG = {
         check_workers=2,                # workers whose batches are compared with the main process's
         steps=12, warmup=3,             # timed steps per setting, after untimed warm-up steps
     ),
+    # stall: at full size on a GPU, `size_model` narrows the CNN until a step takes at most 1/stall of the
+    # CPU time of a batch, so that with 0 workers the GPU waits most of each step on any GPU (a T4 as an H200)
     "full": dict(size=96, batch=64, sample_ms=1.5, width=64, blocks=4, workers=(0, 2, 4, 8, 12), check_workers=2,
-                 steps=40, warmup=3),
+                 steps=40, warmup=3, stall=8, min_width=8),
 }
+
+# seconds of notebook 03 that no GPU changes: the CPU makes every batch (the lesson is an input stall)
+HOST_S = 43.1
+HOST_SOURCE = ("wall time of notebook 03 in results/h200-2026-11-30-course-timings.tsv (H200, torch 2.11, "
+               "2026-11-30); its GPU steps are sized to under 1/8 of the CPU's batch time, inside it")
 
 
 def config(scale: str | None = None) -> dict:
     """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
     return dict(CONFIG[resolve_scale(scale)])
+
+
+def plan(scale: str | None = None) -> Plan:
+    """What notebook 03 asks of the GPU (gpulab.core.predict): nothing that adds to its time. Each step is
+    sized (`size_model`) to a fraction of the CPU's time per batch, and runs while the CPU makes the next."""
+    return Plan(host_s=HOST_S, work=(), host_source=HOST_SOURCE)
+
+
+def size_model(cfg: dict, device: torch.device, data_ms: float, tries: int = 4) -> tuple[int, float | None]:
+    """SmallCNN's width for this GPU: `cfg["width"]`, narrowed (a multiple of 8, at least `min_width`)
+    until one training step on a batch already on the device takes at most `data_ms / cfg["stall"]`,
+    the CPU time of a batch over the stall wanted. A quick calibration: each try times a few steps
+    (`benchmark`); the next width follows from the step's FLOPs growing about as width squared.
+    Returns (width, ms of a step at that width); the config's width and None on the CPU or without
+    a "stall" (tiny scale), where nothing is resized."""
+    width = cfg["width"]
+    if device.type != "cuda" or "stall" not in cfg:
+        return width, None
+    target = data_ms / cfg["stall"]
+    batch, size = cfg["batch"], cfg["size"]
+    for _ in range(tries):
+        torch.manual_seed(0)
+        step = make_step(SmallCNN(width=width, blocks=cfg["blocks"], device=device))
+        x = torch.randn(batch, 3, size, size, device=device)
+        y = torch.randint(10, (batch,), device=device)
+        ms = benchmark(lambda: step(x, y), budget_s=0.2).median_ms
+        del step, x, y
+        if ms <= target or width <= cfg["min_width"]:
+            break
+        narrower = int(width * (target / ms) ** 0.5) // 8 * 8
+        width = max(cfg["min_width"], min(narrower, width - 8))
+    return width, ms
 
 
 def usable_workers(counts, cores: int | None = None) -> list[int]:
@@ -248,8 +288,11 @@ def headline(scale: str | None = None) -> Measured:
     cores = os.cpu_count() or 1
     size, batch, steps, warmup = cfg["size"], cfg["batch"], cfg["steps"], cfg["warmup"]
     passes = calibrate_passes(size, target_sample_ms=cfg["sample_ms"])
+    sample_ms = benchmark(lambda: SyntheticImages(8, size=size, passes=passes)[7], device=torch.device("cpu"),
+                          budget_s=0.2).median_ms
+    width, _ = size_model(cfg, device, batch * sample_ms)
     torch.manual_seed(0)
-    step = make_step(SmallCNN(width=cfg["width"], blocks=cfg["blocks"], device=device))
+    step = make_step(SmallCNN(width=width, blocks=cfg["blocks"], device=device))
     counts = usable_workers(cfg["workers"], cores)
     check_workers = min(cfg["check_workers"], cores)
     threads = torch.get_num_threads()
@@ -270,4 +313,4 @@ def headline(scale: str | None = None) -> Measured:
     best = min(step_ms, key=step_ms.get)
     return Measured(step_ms[0], step_ms[best], "ms/step", step_ms[0] / step_ms[best], same,
                     f"{n_batches} batches {'identical' if same else 'DIFFERENT'} with 0 and {check_workers} workers",
-                    f"0 workers (batch {batch}, {passes} passes)", f"{best} workers (best of {counts})")
+                    f"0 workers (batch {batch}, {passes} passes, width {width})", f"{best} workers (best of {counts})")

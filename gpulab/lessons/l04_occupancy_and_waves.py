@@ -25,6 +25,7 @@ import torch
 from gpulab.core.device import pick_device, resolve_scale
 from gpulab.core.measured import Measured, Skipped
 from gpulab.core.memory import free_memory
+from gpulab.core.predict import Plan, Work
 from gpulab.core.timing import Timing, benchmark, summarize
 
 
@@ -43,6 +44,39 @@ CONFIG = {
 def config(scale: str | None = None) -> dict:
     """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
     return dict(CONFIG[resolve_scale(scale)])
+
+
+def plan(scale: str | None = None) -> Plan:
+    """What notebook 04 asks of the GPU at `scale` (gpulab.core.predict): the scale kernel's bandwidth
+    sweep over 1 GiB buffers, and the wave kernel's staircase, each a fixed number of launches."""
+    cfg = config(scale)
+    calls = 3 + 1 + 3        # benchmark()'s least: 3 warm-up, 1 probe, 3 timed; the rest of its budget is host time
+    # bandwidth_experiment, once per (BLOCK_SIZE, num_warps) of the sweep and once for the panel's default
+    # run: randn writes x (4 n bytes), the checked launch reads x and writes y (8 n), the check x * 2 (8 n)
+    # and torch.equal (8 n), then `calls` timed launches (8 n each). bandwidth_elements() may lower n on a
+    # GPU with little free memory; the config's n is the most it moves.
+    configs = len(BLOCK_SIZES) + len(NUM_WARPS) - 1 + 1
+    n = cfg["bandwidth_elements"]
+    swept = configs * (4 + 8 + 8 + 8 + 8 * calls) * n
+    # the wave staircase: a launch of p programs costs waves(p, slots) full waves. slots = 132: the H200's
+    # 132 SMs x 1 program each (results/h200-2026-11-30-course.json: 50 % occupancy); a GPU with fewer
+    # SMs runs smaller waves, so there this over-counts.
+    slots = 132
+    per_time = (2 + 10) * 5                        # WaveKernel.time: 2 warm-up + 10 timed calls of 5 launches
+    staircase = sum(waves(p, slots) for p in wave_programs(slots)) * per_time
+    check = (1 + 2) * per_time                     # the self-check (headline): a full wave, and one program more
+    built = 2 * (1 + 4)                            # WaveKernel built twice: launches of 1 program and of 3 waves + 1
+    wave_flops = (staircase + check + built) * slots * 2 * WAVE_BLOCK * cfg["wave_iters"]
+    work = [
+        Work("copy_bandwidth", swept, 0.8, f"scale_kernel bandwidth sweep, {configs} runs over {4 * n // 2**20} MiB buffers"),
+        # a full wave of fused multiply-adds reaches the fp32 matmul ceiling (H200: 51 TFLOP/s both)
+        Work("matmul_fp32", wave_flops, 1.0, f"wave_kernel staircase + self-check, iters={cfg['wave_iters']}"),
+    ]
+    # host_s: see host_source; tiny runs the same formulas, with the full run's host time (tiny runs on
+    # the CPU, where nothing is predicted: its plan is only for completeness)
+    return Plan(host_s=13.5, work=work,
+                host_source="wall time of notebook 04 in results/h200-2026-11-30-course-timings.tsv "
+                            "(H200, torch 2.11, 2026-11-30) minus its GPU work at that run's ceilings")
 
 
 WARP = 32

@@ -16,6 +16,7 @@ import torch
 from gpulab.core.device import pick_device, require_cuda, resolve_scale
 from gpulab.core.measured import Measured, Skipped
 from gpulab.core.memory import MiB
+from gpulab.core.predict import Plan, Work
 from gpulab.core.timing import benchmark
 
 
@@ -37,6 +38,52 @@ CONFIG = {
 def config(scale: str | None = None) -> dict:
     """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
     return dict(CONFIG[resolve_scale(scale)])
+
+
+def plan(scale: str | None = None) -> Plan:
+    """What notebook 05 asks of the GPU at `scale` (gpulab.core.predict): bytes over the link, per kind of
+    copy, each copy a fixed count (what benchmark times beyond its least is its budget: host time)."""
+    cfg = config(scale)
+    calls = 3 + 1 + 3        # benchmark()'s least: 3 warm-up, 1 probe, 3 timed; the rest of its budget is host time
+    moved = dict.fromkeys(("h2d_pageable", "h2d_pinned", "d2h_pageable", "d2h_pinned"), 0)
+    # transfer_bandwidth: one copy, a check that reads the GPU buffer back (gpu.cpu(): d2h pageable), then
+    # `calls` timed copies; device->host first fills the GPU buffer from host.flip(0) (h2d pageable)
+
+    def transfer(nbytes: int, kind: str) -> None:
+        moved[kind] += (1 + calls) * nbytes
+        moved["d2h_pageable"] += nbytes
+        if kind.startswith("d2h"):
+            moved["h2d_pageable"] += nbytes
+
+    sizes = log_sizes(cfg["smallest_bytes"], cfg["largest_bytes"])[::2]     # the notebook's sweep
+    for kind in moved.copy():
+        for nbytes in sizes:
+            transfer(nbytes, kind)
+    transfer(cfg["largest_bytes"], "h2d_pageable")          # the self-check (headline): the largest size
+    transfer(cfg["largest_bytes"], "h2d_pinned")            # from pageable and from pinned memory again
+    transfer(16 * MiB, "h2d_pinned")                        # the panel's default run
+    # nonblocking_return, from pageable and from pinned memory: 1 + 10 calls on the host clock, a check,
+    # 1 + 10 calls timed
+    nb = cfg["nonblocking_bytes"]
+    moved["h2d_pageable"] += 22 * nb
+    moved["h2d_pinned"] += 22 * nb
+    moved["d2h_pageable"] += 2 * nb
+    # pin_then_copy: a checked pinned copy, then `calls` each of the pageable copy, pin_memory() + copy and
+    # the copy pinned once (pinning itself is host work)
+    trap = cfg["pin_trap_bytes"]
+    moved["h2d_pinned"] += (1 + 2 * calls) * trap
+    moved["h2d_pageable"] += calls * trap
+    moved["d2h_pageable"] += trap
+    # pageable copies here reach less than notebook 00's figure (H200, 256 MiB: 6.1 of 8.8 GB/s host->device,
+    # 11.0 of 14.8 device->host, results/h200-2026-11-30-course.json); pinned ones all of it
+    share = {"h2d_pageable": 0.7, "h2d_pinned": 1.0, "d2h_pageable": 0.7, "d2h_pinned": 1.0}
+    work = [Work(kind, nbytes, share[kind], f"{kind.replace('_', ' ')} copies, {nbytes / MiB:,.0f} MiB")
+            for kind, nbytes in moved.items()]
+    # host_s: see host_source; tiny runs the same formulas, with the full run's host time (tiny runs on
+    # the CPU, where nothing is predicted: its plan is only for completeness)
+    return Plan(host_s=15.8, work=work,
+                host_source="wall time of notebook 05 in results/h200-2026-11-30-course-timings.tsv "
+                            "(H200, torch 2.11, 2026-11-30) minus its GPU work at that run's ceilings")
 
 
 DIRECTIONS = ("h2d", "d2h")

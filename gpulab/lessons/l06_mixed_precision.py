@@ -22,6 +22,7 @@ from torch import nn
 from gpulab.core.device import DeviceFacts, device_facts, pick_device, resolve_scale
 from gpulab.core.measured import Measured
 from gpulab.core.memory import GiB, track_peak
+from gpulab.core.predict import Plan, Work
 from gpulab.core.timing import benchmark
 from gpulab.models.cnn import RESNET50, ResNetish, image_batches
 from gpulab.models.gpt import GPT, token_batches
@@ -59,6 +60,81 @@ FIRST_LOSS_TOLERANCE = {"fp32": 0.0, "tf32": 1e-2, "fp16": 1e-2, "bf16": 2e-2}
 def config(scale: str | None = None) -> dict:
     """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
     return copy.deepcopy(CONFIG[resolve_scale(scale)])      # a copy: the notebook may change its own
+
+
+# -- how long notebook 06 takes (gpulab.core.predict) -------------------------------------------------
+# seconds no GPU changes: the reference run below (48.7 s) less its GPU work there (25.2 s); the tiny scale
+# keeps the same figure (its GPU work is a few ms, its start-up and imports are not smaller)
+HOST_S = 23.5
+HOST_SOURCE = ("wall time of notebook 06 in results/h200-2026-11-30-course-timings.tsv (H200, torch 2.11, "
+               "2026-11-30) minus its GPU work at that run's ceilings")
+# Share of each matmul ceiling a training step reached in that run (06's img/s and tokens/s in
+# results/h200-2026-11-30-course.json, times the step FLOPs below), rounded: the CNN's 16-bit steps are
+# mostly BatchNorm and ReLU traffic, the GPT's fp32 products are large.
+SHARE = {"CNN": {"fp32": 0.42, "tf32": 0.15, "fp16": 0.1, "bf16": 0.08},
+         "GPT": {"fp32": 0.8, "tf32": 0.35, "fp16": 0.25, "bf16": 0.3}}
+
+
+def resnet_forward_flops(depths, width: int, classes: int, image: int) -> int:
+    """FLOPs (2 per multiply-add) of one image through `ResNetish(depths, width, classes, image)`'s
+    convolutions and head, as PyTorch's FlopCounterMode counts them: 8.18 G for ResNet-50 at 224 x 224.
+    Pure arithmetic, for the plans of notebooks 06 and 07."""
+    def conv(size: int, c_in: int, c_out: int, k: int, stride: int, pad: int) -> tuple[int, int]:
+        out = (size + 2 * pad - k) // stride + 1
+        return out, 2 * out * out * c_out * c_in * k * k
+
+    size, flops = conv(image, 3, width, 7, 2, 3)          # stem: 7x7, stride 2
+    size = (size + 2 - 3) // 2 + 1                         # 3x3 max-pool, stride 2
+    c_in = width
+    for i, depth in enumerate(depths):
+        planes = width * 2**i
+        for j in range(depth):                             # bottlenecks: 1x1, 3x3 (the stride), 1x1 x4
+            stride = 2 if i > 0 and j == 0 else 1
+            out, f2 = conv(size, planes, planes, 3, stride, 1)
+            flops += conv(size, c_in, planes, 1, 1, 0)[1] + f2 + conv(out, planes, 4 * planes, 1, 1, 0)[1]
+            if stride != 1 or c_in != 4 * planes:          # projection shortcut
+                flops += conv(size, c_in, 4 * planes, 1, stride, 0)[1]
+            size, c_in = out, 4 * planes
+    return flops + 2 * c_in * classes                      # the linear head
+
+
+def gpt_forward_flops_per_token(vocab: int, n_blocks: int, width: int, seq: int, **_) -> int:
+    """FLOPs of one token through `GPT`'s forward, as FlopCounterMode counts them: 2 per weight of the
+    blocks' products (12 width^2 each) and of the head, plus attention's two products (4 seq width per block)."""
+    return 2 * (n_blocks * 12 * width**2 + vocab * width) + 4 * n_blocks * seq * width
+
+
+def plan(scale: str | None = None) -> Plan:
+    """What notebook 06 asks of the GPU at `scale` (gpulab.core.predict): each workload's training steps in
+    every precision (section 7's runs, the headline's, the panel's default run) and its first-loss forwards,
+    at the config's batches (an upper bound: `fit_batch` may halve them on a smaller GPU). A step is 3
+    forwards. It counts all four precisions as on the reference H200; a GPU without TF32 or bf16 skips those
+    runs (and times fp16 in bf16's place)."""
+    cfg = config(scale)
+    cnn, gpt = cfg["cnn"], cfg["gpt"]
+    step_flops = {"CNN": 3 * resnet_forward_flops(cnn["depths"], cnn["width"], cnn["classes"], cnn["image"])
+                  * cnn["batch"],
+                  "GPT": 3 * gpt_forward_flops_per_token(**gpt) * gpt["seq"] * gpt["batch"]}
+    run = cfg["steps"] + 2 + cfg["repeat"]                   # precision_run: loss curve, 2 warm-up, timed steps
+    headline_run = cfg["headline_steps"] + 2 + cfg["repeat"]
+    # training steps per precision at the config's batch; a forward is 1/3 of a step
+    steps = {
+        "CNN": {"fp32": run + headline_run + 3 / 3,          # first losses: 2 in section 6, 1 in the headline
+                "tf32": run + 1 / 3,
+                "fp16": run + headline_run + 2 / 3,
+                "bf16": 2 * run + headline_run + 2 / 3},     # + the panel's default run (best 16-bit)
+        "GPT": {"fp32": run + 2 / 3, "tf32": run + 1 / 3, "fp16": run + 1 / 3, "bf16": run + 1 / 3},
+    }
+    # fit_batch's two fp32 probe steps (batches 4 and 8): each workload's in section 3, the CNN's in the headline
+    steps["CNN"]["fp32"] += 2 * (4 + 8) / cnn["batch"]
+    steps["GPT"]["fp32"] += (4 + 8) / gpt["batch"]
+    # section 8: fp32 gradients once, then 6 loss weights x (fp16, fp16 + scaler, bf16), on a small CNN batch
+    small = cfg["underflow_batch"] / cnn["batch"]
+    for p, count in (("fp32", 1), ("fp16", 2 * 6), ("bf16", 6)):
+        steps["CNN"][p] += count * small
+    return Plan(host_s=HOST_S, host_source=HOST_SOURCE, work=[
+        Work(f"matmul_{p}", n * step_flops[name], SHARE[name][p], f"{name}: {n:.3g} {p} training steps")
+        for name in ("CNN", "GPT") for p, n in steps[name].items()])
 
 
 class LossCurve(tuple):

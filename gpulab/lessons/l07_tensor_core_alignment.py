@@ -22,7 +22,9 @@ import torch
 
 from gpulab.core.device import DeviceFacts, device_facts, pick_device, resolve_scale
 from gpulab.core.measured import Measured
+from gpulab.core.predict import Plan, Work
 from gpulab.core.timing import benchmark, summarize
+from gpulab.lessons.l06_mixed_precision import gpt_forward_flops_per_token, resnet_forward_flops
 from gpulab.models.cnn import RESNET50, ResNetish, image_batches
 from gpulab.models.precision import GEMM_TOLERANCE, check, classification_loss, fp32_math, make_scaler, refusal
 from gpulab.models.step import train_step
@@ -61,6 +63,71 @@ CONFIG = {
 def config(scale: str | None = None) -> dict:
     """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
     return copy.deepcopy(CONFIG[resolve_scale(scale)])      # a copy: the notebook may change its own
+
+
+# -- how long notebook 07 takes (gpulab.core.predict) -------------------------------------------------
+# seconds no GPU changes: the reference run below (80.7 s) less its GPU work there (4.0 s); the tiny scale
+# keeps the same figure (its GPU work is a few ms, its start-up and imports are not smaller)
+HOST_S = 76.7
+HOST_SOURCE = ("wall time of notebook 07 in results/h200-2026-11-30-course-timings.tsv (H200, torch 2.11, "
+               "2026-11-30) minus its GPU work at that run's ceilings")
+
+
+def plan(scale: str | None = None) -> Plan:
+    """What notebook 07 asks of the GPU at `scale` (gpulab.core.predict): the products of section 3's sweep
+    (fp16 and bf16), of the headline and of the panel; the GPT steps of the vocabulary runs; the CNN steps
+    of the layout runs and of the two cudnn.benchmark processes, at the config's batches (an upper bound:
+    the notebook may lower them on a smaller GPU). 16-bit training runs in bf16, as on the reference H200;
+    the products' first precision is fp16 (`gemm_precisions`). A training step is 3 forwards. Shares:
+    what the reference run reached (07's records in results/h200-2026-11-30-course.json): a product with
+    16-byte rows at its 16-bit ceiling, one without at about a fifth; the GPT step about 0.28 of bf16's;
+    the CNN 0.08 (NCHW) and 0.15 (channels_last)."""
+    cfg = config(scale)
+    first, gpt, cnn, cb = "fp16", cfg["lm"], cfg["cnn"], cfg["cudnn"]
+
+    # products: gemm_experiment(n, repeat=r) multiplies 1 (its check) + 3 (warm-up) + r times in 16-bit,
+    # and once in fp32 (the reference); (m, n, k) of each call, by precision
+    a, b, r = cfg["aligned"], cfg["misaligned"], cfg["gemm_repeat"]
+    calls = {p: [(a, a, a, 1)] + [(n, n, n, r) for n in cfg["sizes"]] for p in ("fp16", "bf16")}  # warm-up, sweep
+    calls[first] += [(a, a, a, 1), (a, a, a, r), (b, b, b, r),     # headline: warm-up, aligned, misaligned
+                     (a, a, a, r), (a, a, b, r)]                     # panel: its default, then k = misaligned
+    half = {"aligned": {"fp16": 0.0, "bf16": 0.0}, "misaligned": {"fp16": 0.0, "bf16": 0.0}}
+    fp32_check = 0.0
+    for p, todo in calls.items():
+        for m, n, k, repeat in todo:
+            rows = "aligned" if min(alignment(n), alignment(k)) >= 16 else "misaligned"
+            half[rows][p] += (4 + repeat) * 2 * m * n * k
+            fp32_check += 2 * m * n * k
+
+    # GPT: per padding (1, 2, 8, 64), 2 warm-up + `repeat` timed steps in bf16, and 2 fp32 forwards on 2
+    # sequences (the logits check); once a forward and backward on 1 sequence in fp32 (section 4's FLOP count)
+    def gpt_token(vocab: int) -> int:
+        return gpt_forward_flops_per_token(**(gpt | {"vocab": vocab}))
+    padded = [-(-gpt["vocab"] // m) * m for m in (1, 2, 8, 64)]
+    gpt_steps = sum((2 + cfg["repeat"]) * 3 * gpt_token(v) * gpt["seq"] * gpt["batch"] for v in padded)
+    gpt_fp32 = sum(2 * gpt_token(v) * gpt["seq"] * 2 for v in padded) + 3 * gpt_token(gpt["vocab"]) * gpt["seq"]
+
+    # CNN: each layout 3 warm-up + `repeat` timed steps; each cudnn.benchmark process (off, on) one start-up
+    # step (64 px, conv_step_times's startup_size), the first step, 1 warm-up + `repeat` steady steps and
+    # one step per new size
+    def cnn_image(c: dict, image: int) -> int:
+        return 3 * resnet_forward_flops(c["depths"], c["width"], c["classes"], image)
+    n_layout = 3 + cfg["repeat"]
+    layout_step = cnn_image(cnn, cnn["image"]) * cnn["batch"]
+    n_cudnn = 2 * (3 + cfg["repeat"] + len(cb["varying"]))
+    cudnn = 2 * cb["batch"] * (cnn_image(cb, 64) + (2 + cfg["repeat"]) * cnn_image(cb, cb["fixed"])
+                               + sum(cnn_image(cb, s) for s in cb["varying"]))
+
+    return Plan(host_s=HOST_S, host_source=HOST_SOURCE, work=[
+        *(Work(f"matmul_{p}", half[rows][p], 1.0 if rows == "aligned" else 0.2, f"{p} products, {rows} rows")
+          for rows in half for p in half[rows]),
+        Work("matmul_fp32", fp32_check, 0.9, "fp32 reference of every product"),
+        Work("matmul_bf16", gpt_steps, 0.28, f"GPT: {4 * (2 + cfg['repeat'])} bf16 steps, 4 vocabularies"),
+        Work("matmul_fp32", gpt_fp32, 0.7, "GPT: fp32 logits checks and the FLOP count"),
+        Work("matmul_bf16", n_layout * layout_step, 0.08, f"CNN: {n_layout} bf16 steps, NCHW"),
+        Work("matmul_bf16", n_layout * layout_step, 0.15, f"CNN: {n_layout} bf16 steps, channels_last"),
+        Work("matmul_bf16", cudnn, 0.08, f"CNN: {n_cudnn} bf16 steps of batch {cb['batch']}, cudnn.benchmark off/on"),
+    ])
 
 
 def gemm_precisions(facts: DeviceFacts | None = None) -> list[str]:

@@ -20,6 +20,7 @@ import torch
 
 from gpulab.core.device import require_cuda, resolve_scale
 from gpulab.core.measured import Measured, Skipped
+from gpulab.core.predict import Plan, Work
 from gpulab.core.timing import benchmark
 from gpulab.models.precision import half_dtype
 
@@ -28,9 +29,11 @@ TITLE = "CUDA streams"
 HEADLINE = "copy + matmul, overlapped / serial ms"      # the metric bands.toml judges
 CONFIG = {
     # copy_mib: the pinned host->device copy; matmul_n: the 16-bit n x n matmul it hides under (the headline's
-    # pair); softmax_cols: columns of section 8's softmaxes (8 rows of them, or 4096 rows of the same bytes)
-    "tiny": dict(copy_mib=8, matmul_n=256, softmax_cols=1 << 14),
-    "full": dict(copy_mib=256, matmul_n=8192, softmax_cols=1 << 22),
+    # pair) where this GPU's ceilings are unknown; at full size on a GPU `sized` replaces it with the n whose
+    # product takes as long as the copy (`matmul_n_for`), within [min_n, max_n];
+    # softmax_cols: columns of section 8's softmaxes (8 rows of them, or 4096 rows of the same bytes)
+    "tiny": dict(copy_mib=8, matmul_n=256, min_n=256, max_n=256, softmax_cols=1 << 14),
+    "full": dict(copy_mib=256, matmul_n=8192, min_n=2048, max_n=16384, softmax_cols=1 << 22),
 }
 
 
@@ -38,6 +41,48 @@ def config(scale: str | None = None) -> dict:
     """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
     return dict(CONFIG[resolve_scale(scale)])
 
+
+def matmul_n_for(copy_mib: float, h2d_gbps: float, matmul_tflops: float, lo: int = 256, hi: int = 16384) -> int:
+    """The n (a multiple of 256, within [lo, hi]) whose n x n product, 2 n^3 FLOPs at `matmul_tflops`,
+    takes as long as copying `copy_mib` MiB at `h2d_gbps`: then the overlap has the most to hide."""
+    copy_s = copy_mib * 2**20 / (h2d_gbps * 1e9)
+    n = (copy_s * matmul_tflops * 1e12 / 2) ** (1 / 3)
+    return int(min(max(round(n / 256) * 256, lo), hi))
+
+
+def sized(scale: str | None = None) -> dict:
+    """`config(scale)` with `matmul_n` sized to this GPU: at full size on a GPU whose pinned host->device
+    and 16-bit matmul ceilings notebook 00 measured, the n of `matmul_n_for`, so copy and product take
+    about the same time on a T4 as on an H200 (`sized_from` says which). Notebook 08 and `headline`."""
+    cfg = config(scale)
+    cfg["sized_from"] = "the config (no ceilings here)"
+    if resolve_scale(scale) != "full" or not torch.cuda.is_available():
+        return cfg
+    from gpulab.core.ceilings import ceilings
+    from gpulab.models.precision import best_half
+
+    ceil = ceilings()
+    h2d, mm = ceil.get("h2d_pinned"), ceil.get(f"matmul_{best_half()}")
+    if h2d is not None and mm is not None and h2d.source.startswith("measured"):
+        cfg["matmul_n"] = matmul_n_for(cfg["copy_mib"], h2d.value, mm.value, cfg["min_n"], cfg["max_n"])
+        cfg["sized_from"] = f"this GPU's ceilings: {h2d.value:.1f} GB/s pinned, {mm.value:.0f} TFLOP/s {best_half()}"
+    return cfg
+
+
+def plan(scale: str | None = None) -> Plan:
+    """What notebook 08 asks of the GPU at `scale` (gpulab.core.predict). By construction its product takes
+    as long as its copy, so the copy's bytes stand for both: each timed copy+product pair is about two
+    copies' time. Everything is timed with `benchmark`'s wall-clock budget (host time) except the
+    warm-ups, the check and the timeline: about 20 pairs; the section-8 concurrency runs are budgeted too."""
+    cfg = config(scale)
+    pair_bytes = 2 * cfg["copy_mib"] * 2**20       # copy + a product of the same duration
+    return Plan(host_s=HOST_S, work=[Work("h2d_pinned", 20 * pair_bytes, 1.0, "20 untimed copy+matmul pairs")],
+                host_source=HOST_SOURCE)
+
+
+HOST_S = 18.2    # seconds no GPU changes: the reference run below, less its GPU work
+HOST_SOURCE = ("wall time of notebook 08 in results/h200-2026-11-30-course-timings.tsv (H200, torch 2.11, "
+               "2026-11-30) minus its GPU work at that run's ceilings")
 
 NO_STREAMS = "CUDA streams do not exist on the CPU"
 
@@ -174,13 +219,13 @@ def record_spans(steps: Sequence[Step]) -> list[Span]:
 
 
 def headline(scale: str | None = None) -> Measured:
-    """A host->device copy and a matmul of `config(scale)`'s sizes, serial on one stream and overlapped on
+    """A host->device copy and a matmul of `sized(scale)`'s sizes, serial on one stream and overlapped on
     two (`CopyAndMatmul`, as notebook 08 times it), in bf16 where native, else fp16; checked first."""
     try:
         device = require_cuda(NO_STREAMS)
     except ValueError as err:
         raise Skipped(str(err)) from None
-    cfg = config(scale)
+    cfg = sized(scale)
     mib, n = cfg["copy_mib"], cfg["matmul_n"]
     job = CopyAndMatmul.make(mib, n, half_dtype(), device)
     try:

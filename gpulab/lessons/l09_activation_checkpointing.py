@@ -16,9 +16,10 @@ from torch import nn
 from gpulab.core.device import float32_matmul, pick_device, resolve_scale
 from gpulab.core.measured import Measured, Skipped
 from gpulab.core.memory import GiB, MiB
+from gpulab.core.predict import Plan, Work
 from gpulab.core.timing import benchmark
 from gpulab.models.precision import half_dtype
-from gpulab.models.sizing import predicted_batch, training_peak
+from gpulab.models.sizing import largest_batch, predicted_batch, predicted_memory, training_peak
 from gpulab.models.step import GRAD_TOL, fp32_loss_and_grads, train_step, worst_difference
 from gpulab.models.transformer import STACK, TransformerStack, make_batch
 
@@ -38,6 +39,75 @@ CONFIG = {
 def config(scale: str | None = None) -> dict:
     """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
     return dict(CONFIG[resolve_scale(scale)])
+
+
+# -- how long notebook 09 takes (gpulab.core.predict) -------------------------------------------------
+# seconds no GPU changes: the reference run below (40.9 s) less its GPU work there (17.1 s); the tiny scale
+# keeps the same figure (its GPU work is a few ms, its start-up and imports are not smaller)
+HOST_S = 23.8
+HOST_SOURCE = ("wall time of notebook 09 in results/h200-2026-11-30-course-timings.tsv (H200, torch 2.11, "
+               "2026-11-30) minus its GPU work at that run's ceilings")
+RECOMPUTE = 4 / 3       # a checkpointed step runs each block's forward twice: 4 forwards' work instead of 3
+
+
+def stack_params(n_blocks: int, width: int, **_) -> int:
+    """Parameters of `TransformerStack(n_blocks, width, ...)`: 12 C^2 + 13 C per block, C^2 + 3 C for the
+    final LayerNorm and head (152 M at full size). Pure arithmetic, for the plans of notebooks 09 and 10."""
+    return n_blocks * (12 * width**2 + 13 * width) + width**2 + 3 * width
+
+
+def stack_step_flops(n_blocks: int, width: int, seq: int, **_) -> int:
+    """FLOPs of one sample's training step (forward and backward: 3 forwards) through `TransformerStack`, as
+    FlopCounterMode counts them: per token 2 per weight of the products (12 C^2 per block, C^2 the head)
+    and attention's two products (4 seq C per block). 1.06 T at full size. Notebooks 09 and 10."""
+    return 3 * seq * (2 * (n_blocks * 12 * width**2 + width**2) + 4 * n_blocks * seq * width)
+
+
+def search_plan(cfg: dict, k: int) -> tuple[int, int]:
+    """(largest batch, samples trained in all its trials) of `largest_batch`'s search at the budget
+    `cfg["budget_cap"]`, checkpointing every k blocks, each trial deciding as `predicted_memory` does: an
+    upper bound, as the notebook's budget is min(that cap, half the free memory). The plans of notebooks
+    09 and 10 (cfg: n_blocks, width, seq, budget_cap, search_step)."""
+    params = stack_params(**cfg)
+
+    def fits(b: int) -> tuple[bool, int]:
+        peak = predicted_memory(cfg["n_blocks"], b, cfg["seq"], cfg["width"], params, k)[1]
+        return peak <= cfg["budget_cap"], peak
+
+    best, trials = largest_batch(fits, start=1, limit=1024, resolution=cfg["search_step"])
+    return best, sum(b for b, _, _ in trials)
+
+
+def plan(scale: str | None = None) -> Plan:
+    """What notebook 09 asks of the GPU at `scale` (gpulab.core.predict): its 16-bit (bf16) training steps at
+    the config's batch (an upper bound: `predicted_batch` halves it on a smaller GPU), the fp32 correctness
+    checks, and section 7's largest-batch searches. `benchmark`'s time budget beyond its 2 warm-up, probe
+    and 3 timed calls is host time. Share 0.6: what a step reached on the reference run (09's step_ms in
+    results/h200-2026-11-30-course.json: 35 TFLOP in 83 ms, 0.61 of bf16's 686 TFLOP/s)."""
+    cfg = config(scale)
+    batch, sample = cfg["batch"], stack_step_flops(**cfg)
+    timed = 1 + 2 + 1 + 3       # training_peak's step, then benchmark: 2 warm-up, its probe, 3 timed
+    experiment = 1 + timed      # checkpoint_experiment: + the step that counts what is kept
+    # steps at `batch` in bf16: none / checkpointed (each RECOMPUTE steps' work)
+    plain = (experiment         # section 6: k = 0
+             + timed            # the headline's k = 0
+             + experiment)      # the panel's run(k=0)
+    checkpointed = (6 * experiment          # section 6: k = 1, 2, 3, 4, 6, 12
+                    + experiment            # section 6: the seed's form (every block inside a checkpoint)
+                    + timed                 # the headline's k = 1
+                    + 2 * experiment)       # the panel: its default (k = 1), then run(k=5)
+    bf16 = (plain + RECOMPUTE * checkpointed) * batch * sample
+    # section 7: largest_batch for k = 0 and k = 1, one step per trial
+    search = (search_plan(cfg, 0)[1] + RECOMPUTE * search_plan(cfg, 1)[1]) * sample
+    # fp32 (TF32 off) checks on `check_batch` samples, each a forward and backward: section 4 (none and
+    # k = 1, 2, 5, 12), section 5 (none and the seed's form), the headline's (none and k = 1)
+    fp32 = (3 + (4 + 1 + 1) * RECOMPUTE) * cfg["check_batch"] * sample
+    n_steps = plain + checkpointed
+    return Plan(host_s=HOST_S, host_source=HOST_SOURCE, work=[
+        Work("matmul_bf16", bf16, 0.6, f"{n_steps} bf16 steps of batch {batch} ({checkpointed} checkpointed)"),
+        Work("matmul_bf16", search, 0.6, "bf16 steps of the two largest-batch searches"),
+        Work("matmul_fp32", fp32, 0.7, f"fp32 checks: {3 + 4 + 1 + 1} forward+backward of batch {cfg['check_batch']}"),
+    ])
 
 
 def checkpointing_check(model: nn.Module, x: torch.Tensor, y: torch.Tensor,

@@ -14,8 +14,10 @@ from torch import nn
 from gpulab.core.device import float32_matmul, pick_device, resolve_scale
 from gpulab.core.measured import Measured, Skipped
 from gpulab.core.memory import GiB, MiB, track_peak
+from gpulab.core.predict import Plan, Work
+from gpulab.lessons.l09_activation_checkpointing import RECOMPUTE, search_plan, stack_params, stack_step_flops
 from gpulab.models.precision import half_dtype
-from gpulab.models.sizing import predicted_batch
+from gpulab.models.sizing import predicted_batch, predicted_memory
 from gpulab.models.step import GRAD_TOL, train_step
 from gpulab.models.transformer import STACK, TransformerStack, make_batch, param_bytes
 
@@ -38,6 +40,58 @@ CONFIG = {
 def config(scale: str | None = None) -> dict:
     """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
     return dict(CONFIG[resolve_scale(scale)])
+
+
+# -- how long notebook 10 takes (gpulab.core.predict) -------------------------------------------------
+# seconds no GPU changes: the reference run below (36.5 s) less its GPU work there (17.1 s); the tiny scale
+# keeps the same figure (its GPU work is a few ms, its start-up and imports are not smaller)
+HOST_S = 19.4
+HOST_SOURCE = ("wall time of notebook 10 in results/h200-2026-11-30-course-2-timings.tsv (H200, torch 2.11, "
+               "2026-11-30) minus its GPU work at the ceilings in results/h200-2026-11-30-course.json")
+
+
+def plan(scale: str | None = None) -> Plan:
+    """What notebook 10 asks of the GPU at `scale` (gpulab.core.predict): lesson 09's model trained on
+    samples of `stack_step_flops` each, in bf16, at the config's micro-batch (an upper bound:
+    `predicted_batch` halves it on a smaller GPU); the fp32 checks; the largest-batch searches. Which big
+    batches fit the budget is decided as `predicted_memory` does, at `budget_cap` (an upper bound too).
+    `benchmark`'s time budget beyond its warm-up, probe and 3 timed calls is host time. Shares: lesson 09's
+    0.6 for the big batches and the searches; 0.5 for the micro-batches (notebook 10's reference run:
+    micro-batches of 8 took 1.15x the time per sample of one batch of 32)."""
+    cfg = config(scale)
+    micro, sample = cfg["micro"], stack_step_flops(**cfg)
+    params = stack_params(**cfg)
+
+    def fits(batch: int) -> bool:
+        return predicted_memory(cfg["n_blocks"], batch, cfg["seq"], cfg["width"], params)[1] <= cfg["budget_cap"]
+
+    timed = 1 + 1 + 3          # benchmark(warmup=1): warm-up, its probe, 3 timed calls
+    # micro-batch samples (bf16): section 4's accumulation runs (one with the peak tracked, then timed) over
+    # `sweep_steps`; the panel's default run (4 steps) and run(micro_batch=4 micro, steps=1)
+    accumulated = (1 + timed) * micro * (sum(cfg["sweep_steps"]) + 4 + 4)
+    # one big batch of micro x s, for s in `sweep_steps` until one does not fit: fits_budget's step, then
+    # timed; the headline's one batch of micro x steps, once whole and once accumulated
+    big = 0
+    for s in cfg["sweep_steps"]:
+        fit = fits(micro * s)
+        big += micro * s * (1 + timed if fit else 1)
+        if not fit:
+            break               # as the notebook: twice the batch would not fit either
+    big += 2 * micro * cfg["steps"]
+    # section 5: largest_batch with k = 0 and k = 1 (each trial one step; a checkpointed one RECOMPUTE
+    # steps' work), then 1 warm-up + 3 timed steps at the batch found
+    searched = 0.0
+    for k, work in ((0, 1.0), (1, RECOMPUTE)):
+        best, samples = search_plan(cfg, k)
+        searched += work * (samples + 4 * best)
+    # fp32 (TF32 off): accumulation_check in section 3 and in the headline, each 3 steps of check_micro x steps
+    fp32 = 2 * 3 * cfg["check_micro"] * cfg["steps"]
+    return Plan(host_s=HOST_S, host_source=HOST_SOURCE, work=[
+        Work("matmul_bf16", accumulated * sample, 0.5, f"{accumulated} samples in bf16 micro-batches of {micro}"),
+        Work("matmul_bf16", big * sample, 0.6, f"{big} samples in bf16 big batches"),
+        Work("matmul_bf16", searched * sample, 0.6, "bf16 steps of the two largest-batch searches, then timed"),
+        Work("matmul_fp32", fp32 * sample, 0.7, f"fp32 checks: {fp32} samples"),
+    ])
 
 
 def accumulation_check(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> dict[str, float]:

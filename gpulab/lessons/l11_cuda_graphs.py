@@ -21,6 +21,7 @@ from torch import nn
 from gpulab.core.children import at_once
 from gpulab.core.device import require_cuda, resolve_scale
 from gpulab.core.measured import Measured, Skipped
+from gpulab.core.predict import Plan, Work
 from gpulab.core.timing import benchmark
 
 
@@ -48,6 +49,31 @@ CONFIG = {
 def config(scale: str | None = None) -> dict:
     """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
     return dict(CONFIG[resolve_scale(scale)])
+
+
+def plan(scale: str | None = None) -> Plan:
+    """What notebook 11 asks of the GPU at `scale` (gpulab.core.predict): only section 5's bf16 matmuls
+    are GPU work. The tiny-op chains (sweep, headline, panel) and the small MLP's steps are bound by
+    kernel launches, not by the GPU: host time, as are torch.compile's compilation, the capture-rule
+    child processes and the wall-clock budgets `benchmark` times for."""
+    cfg = config(scale)
+    n = cfg["big_n"]
+    # one `four_matmuls` call: 4 bf16 n x n @ n x n products, 2 n^3 FLOPs each
+    four = 4 * 2 * n**3
+    # a `benchmark` call at its fewest: 3 warm-up calls, 1 probe, 3 timed (more only fill its time budget)
+    bench = 3 + 1 + 3
+    calls = (bench          # eager timing
+             + 3 + 1        # capture(): 3 warm-up calls on the side stream, then one replay to check
+             + 1            # the eager reference the replay is checked against
+             + bench)       # the replay's timing
+    return Plan(
+        # wall time on the H200 minus its GPU work (imports, compile, launch-bound loops, budgets);
+        # the tiny scale keeps the full run's figure (no tiny reference run to calibrate it on)
+        host_s=32.5,
+        work=[Work("matmul_bf16", calls * four, 0.9, f"{calls} x 4 bf16 matmuls n={n} (section 5)")],
+        host_source="wall time of notebook 11 in results/h200-2026-11-30-course-2-timings.tsv (one H200, "
+                    "torch 2.11, 2026-11-30) minus its GPU work at the ceilings in results/h200-2026-11-30-course.json",
+    )
 
 
 NO_GRAPHS = "CUDA graphs record CUDA kernel launches"

@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 from gpulab.core.device import pick_device, resolve_scale, sync
 from gpulab.core.measured import Measured
+from gpulab.core.predict import Plan, Work
 from gpulab.core.timing import benchmark
 
 
@@ -60,6 +61,45 @@ CONFIG = {
 def config(scale: str | None = None) -> dict:
     """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
     return dict(CONFIG[resolve_scale(scale)])
+
+
+def plan(scale: str | None = None) -> Plan:
+    """What notebook 12 asks of the GPU at `scale` (gpulab.core.predict): calls of (x + y).relu().mean(1)
+    on n x n fp32, each moving `bytes_moved(n)` of its plan at the memory bandwidth. Host time: imports,
+    torch.compile's compilations (the notebook's and headline()'s after its reset), TorchScript,
+    the profiler, and the part of each `benchmark` that only fills its wall-clock budget."""
+    n = config(scale)["n"]
+    moved = bytes_moved(n)
+    # a `benchmark` call at its fewest: 3 warm-up calls, 1 probe, 3 timed (more only fill its time budget)
+    bench = 3 + 1 + 3
+    eager = (1              # the reference
+             + 3 + 1        # the first three calls, the check
+             + bench        # the timing table
+             + 1            # the profiled call (kernels_launched)
+             + 1 + bench    # headline(): the reference of its check, its eager timing
+             + 1            # the panel's first run (torch.compile): the reference of its check
+             + 2 + bench)   # panel.run(variant="eager"): the call and the reference, then the timing
+    script = 3 + 1 + bench + 1                  # first calls, check, table, profiled call
+    compiled = (3 + 1 + bench + 1               # the same as TorchScript's
+                + 1 + bench                     # headline(): checked, then timed
+                + 1 + bench)                    # the panel's first run: checked, then timed
+    inputs = 2 + 2 + 2 + 2                      # torch.randn x, y: notebook, headline(), the panel's two runs
+    return Plan(
+        # wall time on the H200 minus its GPU work; the tiny scale keeps the full run's figure (no
+        # tiny reference run to calibrate it on)
+        host_s=22.1,
+        work=[
+            # eager moved 4060 GB/s on the H200 (0.95 of its copy), torch.compile 1.05, TorchScript 0.78
+            Work("copy_bandwidth", eager * moved["unfused"], 0.9, f"{eager} eager calls, n={n} (unfused)"),
+            Work("copy_bandwidth", script * moved["add+relu fused"], 0.8,
+                 f"{script} TorchScript calls (add+relu fused, as on the H200)"),
+            Work("copy_bandwidth", compiled * moved["fully fused"], 0.9,
+                 f"{compiled} torch.compile calls (fully fused)"),
+            Work("copy_bandwidth", inputs * n * n * 4, 0.8, f"{inputs} random n x n fp32 inputs written"),
+        ],
+        host_source="wall time of notebook 12 in results/h200-2026-11-30-course-2-timings.tsv (one H200, "
+                    "torch 2.11, 2026-11-30) minus its GPU work at the ceilings in results/h200-2026-11-30-course.json",
+    )
 
 
 PLANS = {

@@ -59,6 +59,7 @@ from gpulab.models.cnn import ResNetish, image_batches
 from gpulab.models.transformer import TransformerStack
 from gpulab.models.sizing import count_flops, fit_batch, memory_budget
 from gpulab.core.measured import Measured
+from gpulab.core.predict import Plan, Work
 
 
 # -- knobs ------------------------------------------------------------------------------------------
@@ -72,6 +73,7 @@ CONFIG: dict[str, dict[str, Any]] = {
         monitor_budget_s=0.05,      # the same, while GPU busy % is sampled
         max_repeat=5,               # at most this many timed steps per run
         seed_4090_batch=4,          # seed 004's first batch, doubled row by row
+        step_s=None,                # no time cap on the CPU (no ceilings to predict a step with)
     ),
     "full": dict(
         # GPT: 8 blocks of width 2048 (16 heads of 128), sequences of 1024 tokens, GPT-2's vocabulary of 50257.
@@ -86,6 +88,10 @@ CONFIG: dict[str, dict[str, Any]] = {
         monitor_budget_s=0.6,       # NVML averages busy % over windows of up to a second
         max_repeat=15,
         seed_4090_batch=32,         # the seed's own first batch (SEED_4090)
+        # the most an fp32 baseline step may take, predicted from this GPU's fp32 matmul ceiling
+        # (`Runs.fit_batches`): on the course's H200 a GPT step of batch 8 takes about 1 s, so an H200
+        # keeps every batch, and a T4 (fp32 about 8 TFLOP/s on its datasheet) lowers the GPT's to fit
+        step_s=1.5,
     ),
 }
 
@@ -96,7 +102,35 @@ def config(scale: str | None = None) -> dict[str, Any]:
     return {k: dict(v) if isinstance(v, dict) else v for k, v in CONFIG[resolve_scale(scale)].items()}
 
 
+# -- how long notebook 13 takes (gpulab.core.predict) -------------------------------------------------
+RESNET50_FLOPS_PER_IMAGE = 3 * 8.2e9   # forward 4.1 G multiply-adds at 224 x 224 (He et al. 2016, table 1), x 3
+HOST_S = 90.2           # the reference run below, less its GPU work (compiling the GPT, loaders, budgets)
+HOST_SOURCE = ("wall time of notebook 13 in results/h200-2026-11-30-course-2-timings.tsv (one H200, torch 2.11, "
+               "2026-11-30) minus its GPU work at the ceilings in results/h200-2026-11-30-course.json")
+
+
+def plan(scale: str | None = None) -> Plan:
+    """What notebook 13 asks of the GPU at `scale` (gpulab.core.predict), at the config's batches (an upper
+    bound: `Runs.fit_batches` may lower them). A timed run is at least 8 steps (3 loss steps, 1 warm-up,
+    `benchmark`'s probe and 3 timed); its time budget beyond them is host time. Runs by precision, from
+    the notebook's default waterfalls (`ORDERS`), seed tables and memory toggles: per job one fp32 run, one
+    TF32 run, the rest 16-bit; `fit_batches` adds two small untimed fp32 steps (batches 4 and 8)."""
+    cfg = config(scale)
+    gpt, cnn = cfg["gpt"], cfg["cnn"]
+    gpt_step = gpt_flops_per_token(**gpt)["total"] * gpt["seq"] * gpt["batch"]
+    cnn_step = RESNET50_FLOPS_PER_IMAGE * (cnn["image"] / 224) ** 2 * cnn["batch"]
+    steps, share = 8, 0.5
+    work = []
+    for name, flops, half_runs in (("GPT", gpt_step, 8), ("CNN", cnn_step, 8)):
+        probes = 3 * flops * (4 + 8) / (gpt["batch"] if name == "GPT" else cnn["batch"])
+        work += [Work("matmul_fp32", steps * flops + probes, share, f"{name}: fp32 baseline and probes"),
+                 Work("matmul_tf32", steps * flops, share, f"{name}: TF32 run"),
+                 Work("matmul_bf16", half_runs * steps * flops, share, f"{name}: {half_runs} 16-bit runs")]
+    return Plan(host_s=HOST_S, work=work, host_source=HOST_SOURCE)
+
+
 MEMORY_CAP = 64 * 2**30   # the most memory a job's step is sized to take, below half the free GPU memory
+STEP_SHARE = 0.5          # share of the fp32 matmul ceiling an fp32 training step is predicted to reach
 LR = 1e-3              # AdamW's learning rate for both jobs
 
 
@@ -655,6 +689,7 @@ class Runs:
         self.runner, self.run_kw = runner, run_kw
         self.results: dict[tuple, JobResult] = {}
         self.checks: list[tuple[str, Checked]] = []
+        self.lowered: dict[str, str] = {}          # job -> why `fit_batches` lowered its batch
 
     def batch(self, job: str, batch: int | None = None) -> int:
         return batch or self.configs[job]["batch"]
@@ -662,11 +697,30 @@ class Runs:
     def fit_batches(self, jobs: Sequence[str] | None = None, cap: int = MEMORY_CAP) -> int | None:
         """Lower each job's batch until its fp32 baseline step fits min(cap, half the free GPU memory),
         extrapolated from two small untimed steps (`sizing.fit_batch`), so a 16 GB card (or a profile's cap)
-        runs what an H200 runs; returns that budget (None on the CPU, where nothing is lowered)."""
+        runs what an H200 runs; then halve it while that step, its FLOPs (counted on the small steps) over
+        STEP_SHARE of this GPU's fp32 matmul ceiling, would take longer than the scale's `step_s`, so a
+        slow GPU finishes the notebook in about the time a fast one does (`lowered` says what changed).
+        Returns the memory budget (None on the CPU, where nothing is lowered)."""
         budget = memory_budget(cap=cap)
+        step_s = CONFIG[self.scale].get("step_s")
+        fp32 = ceilings().get("matmul_fp32") if budget is not None and step_s else None
         for job in jobs or tuple(self.configs):
-            self.configs[job]["batch"] = fit_batch(lambda b: self(job, Options(), b, timed=False).peak_bytes,
-                                                   self.configs[job]["batch"], budget)
+            wanted = self.configs[job]["batch"]
+            batch = fit_batch(lambda b: self(job, Options(), b, timed=False).peak_bytes, wanted, budget)
+            if batch < wanted:
+                self.lowered[job] = f"batch {wanted} -> {batch}: memory budget {budget / 2**30:.1f} GiB"
+            if fp32 is not None:
+                probe = self(job, Options(), 4, timed=False)          # fit_batch's first probe, memoized
+                per_sample = probe.flops_per_step / probe.batch
+                seconds = lambda b: b * per_sample / (STEP_SHARE * fp32.value * 1e12)
+                before = batch
+                while batch > 1 and seconds(batch) > step_s:
+                    batch //= 2
+                if batch < before:
+                    self.lowered[job] = (f"batch {wanted} -> {batch}: an fp32 step of {before} would take about "
+                                         f"{seconds(before):.1f} s at {STEP_SHARE:.0%} of this GPU's "
+                                         f"{fp32.value:.1f} TFLOP/s fp32 ({fp32.source}), over {step_s} s")
+            self.configs[job]["batch"] = batch
         return budget
 
     def __call__(self, job: str, options: Options = Options(), batch: int | None = None, *, timed: bool = True,

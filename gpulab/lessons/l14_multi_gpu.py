@@ -10,7 +10,7 @@ EXPERIMENT ...` in a child process with a time limit (NVLink multicast off: NCCL
 and returns rank 0's JSON. A failure or a timeout raises `LaunchError` with the failing rank's
 error and the last lines the processes printed; the notebook kernel never joins a process group.
 
-`plan()` says where each part runs here: NCCL on every GPU when there are two or more; otherwise
+`placement()` says where each part runs here: NCCL on every GPU when there are two or more; otherwise
 gloo on 2 CPU processes at the tiny size (DataParallel and DDP on one GPU where there is one).
 
 Every experiment checks its result (gradients against a single-device step, the all-reduced
@@ -37,7 +37,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from gpulab.core.device import float32_matmul, pick_device, scale
+from gpulab.core.predict import Plan, Work
+from gpulab.core.device import float32_matmul, pick_device, resolve_scale, scale
 from gpulab.core.timing import Timing, benchmark, stopwatch, summarize
 from gpulab.models.transformer import TransformerStack, loss_fn
 
@@ -164,7 +165,7 @@ def check_grads(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor], tol: 
 
 # -- where each part runs -------------------------------------------------------------------
 @dataclass(frozen=True)
-class Plan:
+class Placement:
     """Where lesson 14's parts run on this machine."""
 
     gpus: int            # CUDA GPUs the course may use
@@ -197,7 +198,7 @@ class Plan:
         return "\n".join(lines + [f"- {n}" for n in self.notes])
 
 
-def plan(device_count: int | None = None) -> Plan:
+def placement(device_count: int | None = None) -> Placement:
     """Which backend, process count, device and size each part uses here.
 
     Two or more GPUs: NCCL, one process per GPU, the course's scale. One GPU: DataParallel and
@@ -208,17 +209,17 @@ def plan(device_count: int | None = None) -> Plan:
         device_count = torch.cuda.device_count() if pick_device().type == "cuda" else 0
     size = scale()
     if device_count >= 2:
-        return Plan(device_count, "nccl", device_count, "cuda", size, "cuda", device_count, size)
+        return Placement(device_count, "nccl", device_count, "cuda", size, "cuda", device_count, size)
     needs = ("needs 2 or more GPUs, so it runs here with gloo on 2 CPU processes at the tiny size "
              "(the numbers show that the code works, not how fast GPUs are)")
     notes = (f"DDP across GPUs {needs}.",
              f"NCCL all-reduce bandwidth {needs}; the link between GPUs is not measured.",
              f"The two-stage pipeline {needs}.")
     if device_count == 1:
-        return Plan(1, "gloo", 2, "cpu", "tiny", "cuda", 1, size,
+        return Placement(1, "gloo", 2, "cpu", "tiny", "cuda", 1, size,
                     ("DataParallel over 2 GPUs needs a second GPU: here it runs over one, which is the "
                      "plain model.",) + notes)
-    return Plan(0, "gloo", 2, "cpu", "tiny", "cpu", 0, "tiny",
+    return Placement(0, "gloo", 2, "cpu", "tiny", "cpu", 0, "tiny",
                 ("DataParallel needs CUDA GPUs: on the CPU it wraps nothing and is not timed.",) + notes)
 
 
@@ -846,3 +847,32 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def plan(scale: str | None = None) -> Plan:
+    """What notebook 14 asks of the GPU at `scale` on ONE GPU (gpulab.core.predict): the one-process
+    "dp" launch at the course's scale (the plain model, 1-process DDP, DataParallel over that one GPU),
+    each step checked once in fp32 and timed `warmup + repeat` times in TF32. The multi-process parts
+    (DDP, all-reduce sweep, pipeline) run on 2 CPU processes with gloo at the tiny size: host time,
+    as are the launches' start-up (Python, torch, process groups) and model building on the CPU.
+    With 2+ GPUs everything runs with NCCL at the course's scale in one launch: DataParallel over all
+    GPUs (global batch x GPUs), DDP throughput, accumulation with and without no_sync, three bucket
+    caps (DDP step, compute only, all-reduce alone each), the all-reduce sweep to 1 GiB and the
+    two-stage pipeline (8 blocks, batch 32, 4 micro-batch counts); that plan is not counted here."""
+    s = SIZES[resolve_scale(scale)]
+    m = s["model"]
+    L, C, seq = m["n_blocks"], m["width"], m["seq"]
+    params = L * (12 * C * C + 13 * C) + C * C + 3 * C        # blocks, final LayerNorm, head (76.6 M at full)
+    tokens = s["batch"] * seq                                  # one GPU: global batch = per-device batch
+    # forward + backward: 6 FLOPs per parameter per token, plus attention's scores and weighted sums
+    # (4 seq C per token per block forward, twice that backward; causal masking counted in full)
+    step = 6 * params * tokens + 12 * L * seq * C * tokens
+    checked = 3                                   # plain, DDP and DataParallel once each, plain fp32 (ieee)
+    timed = 3 * (s["warmup"] + s["repeat"])       # the same three, warm-up + timed steps, TF32
+    return Plan(
+        host_s=60.6,   # full: wall minus GPU work on the H200; tiny keeps it
+        work=[Work("matmul_fp32", checked * step, 0.45, f"{checked} fp32 training steps checked, {tokens} tokens"),
+              Work("matmul_tf32", timed * step, 0.45, f"{timed} TF32 training steps timed, {tokens} tokens")],
+        host_source="wall time of notebook 14 in results/h200-2026-11-30-course-2-timings.tsv (one H200, "
+                    "torch 2.11, 2026-11-30) minus its GPU work at the ceilings in results/h200-2026-11-30-course.json",
+    )

@@ -22,10 +22,38 @@ _started = False   # start() has run in this process: the notebook's setup cell 
 
 
 def start(lesson: str) -> None:
-    """First output of every notebook: where it runs, at what size, and what the numbers mean."""
+    """First output of every notebook: where it runs, at what size, what the numbers mean and, on a
+    GPU, how long the notebook will take there (`predicted_time`)."""
     global _started
-    display(Markdown(f"**Lesson {lesson}.** {describe()}"))
+    text = f"**Lesson {lesson}.** {describe()}"
+    predicted = predicted_time(lesson)
+    if predicted is not None:
+        text += " " + predicted.line()
+    display(Markdown(text))
     _started = True
+
+
+def lesson_module(lesson: str):
+    """The module of lesson `lesson` ("00".."15") in gpulab.lessons, or None."""
+    import importlib
+    import pkgutil
+    import gpulab.lessons as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name.startswith(f"l{lesson}_"):
+            return importlib.import_module(f"gpulab.lessons.{info.name}")
+    return None
+
+
+def predicted_time(lesson: str, scale: str | None = None):
+    """This notebook's predicted time on this GPU (`gpulab.core.predict`), from its lesson's `plan` and
+    this GPU's ceilings; None on the CPU (no ceilings to divide by) or for a lesson without a plan."""
+    from gpulab.core.predict import predict
+
+    if pick_device().type != "cuda":
+        return None
+    plan = getattr(lesson_module(lesson), "plan", None)
+    return None if plan is None else predict(plan(scale))
 
 
 # -- a setting that is not understood stops the notebook with one message ------------------------

@@ -105,6 +105,15 @@ def doctor_findings(cpu_ok: bool = False) -> list[Finding]:
                 else "the GPU monitor (lessons 00, 03, 05) needs NVML: install the NVIDIA driver, or start the "
                 "container with the 'utility' driver capability (NVIDIA_DRIVER_CAPABILITIES=compute,utility)")
     add("NVIDIA driver / NVML", OK if nvml_ok else gpu_fail, nvml_why, nvml_fix)
+    if gpu:
+        shared = monitor.gpu_sharing(torch.device("cuda", 0))
+        if shared is None:
+            add("GPU shared?", WARN, "NVML cannot tell whether other processes use this GPU",
+                "the course's numbers assume it has the GPU to itself")
+        else:
+            add("GPU shared?", WARN if shared.shared else OK, shared.note,
+                "measurements on a shared GPU are marked 'shared' in the results store; for numbers that "
+                "compare, run when the GPU is free (or on the whole GPU, not a MIG slice)" if shared.shared else "")
     if _version("pynvml"):
         add("pynvml package", WARN, f"the deprecated `pynvml` distribution {_version('pynvml')} "
             "is installed; it is a shim that warns on import",

@@ -7,6 +7,9 @@ of its tests' seconds and its wall time (from the end of the file before it to t
 test: kernel start-up and set-up included), the slowest cells, and the totals. A run stopped by a
 time limit still leaves every line up to the cell it was in. Lines without a clock (older files)
 give sums only.
+
+`--predict RESULTS.json` also prints, per notebook, the time `gpulab.core.predict` predicted from the
+lesson's plan and the ceilings notebook 00 recorded in that store (the same run's), and the error.
 """
 from __future__ import annotations
 
@@ -65,10 +68,49 @@ def per_file(rows: list[Row]) -> dict[str, FileTime]:
     return {k: FileTime(*v) for k, v in out.items()}
 
 
+def store_rates(path: str) -> dict[str, float]:
+    """Ceiling name -> the newest full-size value notebook 00 recorded in the store at `path`."""
+    from gpulab.core.ceilings import CEILING_NAMES
+    from gpulab.core.results import read_records
+
+    rates: dict[str, float] = {}
+    for r in read_records(path):
+        if r.lesson == "00" and r.name in CEILING_NAMES and r.value > 0 and r.scale == "full":
+            rates[r.name] = r.value
+    return rates
+
+
+def print_predictions(files: dict[str, FileTime], results: str, scale: str) -> list[tuple]:
+    """Per notebook: measured wall, predicted (host + GPU work), and the error; returns the rows."""
+    import re
+    from gpulab.core.predict import predict
+    from gpulab.notebook.lesson import lesson_module
+
+    rates = store_rates(results)
+    rows = []
+    print(f"{'notebook':<44}  {'wall s':>7}  {'pred s':>7}  {'gpu s':>6}  {'host s':>6}  error")
+    for name, t in files.items():
+        m = re.search(r"notebooks/(\d\d)_", name)
+        plan = getattr(lesson_module(m.group(1)), "plan", None) if m else None
+        if plan is None or t.wall is None:
+            continue
+        pred = predict(plan(scale), rates)
+        if pred.seconds is None:
+            print(f"{name:<44}  {t.wall:7.1f}  missing ceilings: {', '.join(pred.missing)}")
+            continue
+        err = pred.seconds / t.wall - 1
+        rows.append((name, t.wall, pred.seconds, pred.gpu_s, pred.host_s, err))
+        print(f"{name:<44}  {t.wall:7.1f}  {pred.seconds:7.1f}  {pred.gpu_s:6.1f}  {pred.host_s:6.1f}  {err:+6.0%}")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gpulab.tools.coursetime", description=__doc__.splitlines()[0])
     p.add_argument("timings", help="the file GPULAB_TIMINGS pointed to")
     p.add_argument("--slowest", type=int, default=10, help="how many of the slowest cells to list")
+    p.add_argument("--predict", metavar="RESULTS_JSON",
+                   help="compare each notebook's wall time with its plan's prediction at the ceilings in this store")
+    p.add_argument("--scale", default="full", help="the scale the plans are read at (default: full)")
     a = p.parse_args(argv)
     try:
         rows = read(a.timings)
@@ -92,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     walls = [t.wall for t in files.values()]
     print(f"{'total':<{width}}  {sum(t.seconds for t in files.values()):7.1f}  "
           f"{wall(None if None in walls else sum(walls))}  {len(tests):5d}")
+    if a.predict:
+        print()
+        print_predictions(files, a.predict, a.scale)
     print(f"\nslowest {a.slowest}:")
     for r in sorted(tests, key=lambda r: r.seconds, reverse=True)[:a.slowest]:
         print(f"  {r.seconds:7.1f} s  {r.nodeid}")

@@ -274,3 +274,20 @@ def test_started_at_is_none_before_start_then_the_sampling_clock(fake_pynvml):
     s = mon.sample_once()
     assert mon.started_at is not None
     assert 0 <= s.t_s < 5 and abs((mon.started_at + s.t_s) - time.perf_counter()) < 5
+
+
+def test_other_processes_leaves_this_one_out():
+    from gpulab.core.monitor import other_processes
+    procs = [(10, 5 << 30), (11, 1 << 30)]
+    assert other_processes(procs, own_pid=11, own_context=True) == [(10, 5 << 30)]
+    # in a container NVML lists host ids: with a CUDA context here, the smallest holder is taken as ours
+    assert other_processes(procs, own_pid=99, own_context=True) == [(10, 5 << 30)]
+    assert other_processes([(10, 1)], own_pid=99, own_context=True) == []
+    # no CUDA context here: every listed process is another one
+    assert other_processes(procs, own_pid=99, own_context=False) == procs
+
+
+def test_sharing_mark_is_empty_on_the_cpu():
+    import torch
+    from gpulab.core.monitor import sharing_mark
+    assert sharing_mark(torch.device("cpu")) == {}

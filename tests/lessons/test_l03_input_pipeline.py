@@ -98,3 +98,16 @@ def test_batches_match_and_loader_run_on_the_cpu():
     step = make_step(SmallCNN(width=4, blocks=1, device=torch.device("cpu")))
     r = loader_run(step, 0, batch=4, size=16, passes=1, steps=3, warmup=1, device=torch.device("cpu"))
     assert r.steps == 3 and r.batch_size == 4 and len(r.losses) == 4 and r.step_ms > 0
+
+
+def test_size_model_resizes_nothing_on_the_cpu_or_at_tiny_scale():
+    import torch
+    from gpulab.lessons.l03_input_pipeline import config, size_model
+    assert size_model(config("full"), torch.device("cpu"), data_ms=100.0) == (config("full")["width"], None)
+    assert size_model(config("tiny"), torch.device("cpu"), data_ms=1.0) == (config("tiny")["width"], None)
+
+
+def test_full_config_asks_for_a_stall_and_a_floor_width():
+    from gpulab.lessons.l03_input_pipeline import config
+    cfg = config("full")
+    assert cfg["stall"] > 1 and 8 <= cfg["min_width"] <= cfg["width"]

@@ -73,3 +73,21 @@ def test_config_holds_the_headline_sizes():
     from gpulab.lessons.l08_cuda_streams import config
     assert config("full")["copy_mib"] == 256 and config("full")["matmul_n"] == 8192     # notebook 08's H200 figures
     assert config("tiny")["matmul_n"] < config("full")["matmul_n"]
+
+
+def test_matmul_n_for_makes_the_product_as_long_as_the_copy():
+    from gpulab.lessons.l08_cuda_streams import matmul_n_for
+    n = matmul_n_for(256, h2d_gbps=55.0, matmul_tflops=686.0, lo=256, hi=1 << 20)
+    copy_s = 256 * 2**20 / 55e9
+    assert n % 256 == 0
+    assert 2 * n**3 / 686e12 == pytest.approx(copy_s, rel=0.1)
+    # a slower GPU with a slower link gets a smaller product; the bounds hold
+    assert matmul_n_for(256, 12.0, 30.0) < n
+    assert matmul_n_for(256, 1.0, 1e6, lo=256, hi=4096) == 4096
+    assert matmul_n_for(1, 1e6, 1.0, lo=512, hi=4096) == 512
+
+
+def test_sized_keeps_the_config_off_a_gpu():
+    from gpulab.lessons.l08_cuda_streams import config, sized
+    got = sized("full")
+    assert got["matmul_n"] == config("full")["matmul_n"] and "no ceilings" in got["sized_from"]

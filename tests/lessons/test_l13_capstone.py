@@ -1,4 +1,5 @@
 """gpulab.lessons.l13_capstone: toggles and their refusals, the loss check, the waterfall's shares, MFU, tiny real runs."""
+import dataclasses
 import math
 
 import pytest
@@ -269,3 +270,28 @@ def test_headline_on_the_cpu():
     assert h["optimized_label"] == "bf16 + aligned + fused"
     assert h["ratio"] == pytest.approx(h["optimized"] / h["baseline"])
     assert "losses within" in h["check"] and h["mfu"] is None
+
+
+def test_fit_batches_halves_a_batch_whose_fp32_step_would_outlast_step_s(monkeypatch):
+    """0.1 TFLOP per sample at 50 % of a 1 TFLOP/s fp32 ceiling: 0.2 s per sample, so a 1.5 s step holds 7."""
+    from gpulab.core.ceilings import Ceiling
+
+    def run(job, options, batch, config=None, timed=True, monitor=False, **kw):
+        r = fake_result(job, options, batch, 100, batch * 2**20)
+        return dataclasses.replace(r, flops_per_step=batch * 1e11)
+
+    monkeypatch.setattr(C, "memory_budget", lambda cap: 64 * 2**30)
+    monkeypatch.setattr(C, "ceilings", lambda: {"matmul_fp32": Ceiling("matmul_fp32", 1.0, "TFLOP/s", "measured x")})
+    runs = C.Runs(runner=run, scale="full")
+    runs.fit_batches()
+    assert runs.batch("gpt") == 4 and runs.batch("cnn") == 4
+    assert "would take about 1.6 s" in runs.lowered["gpt"] and "1.5 s" in runs.lowered["gpt"]
+
+
+def test_fit_batches_keeps_the_batch_when_the_step_is_quick(monkeypatch):
+    from gpulab.core.ceilings import Ceiling
+    monkeypatch.setattr(C, "memory_budget", lambda cap: 64 * 2**30)
+    monkeypatch.setattr(C, "ceilings", lambda: {"matmul_fp32": Ceiling("matmul_fp32", 1e6, "TFLOP/s", "measured x")})
+    runs = C.Runs(runner=lambda job, options, batch, **kw: fake_result(job, options, batch, 100, batch), scale="full")
+    runs.fit_batches()
+    assert runs.batch("gpt") == C.config("full")["gpt"]["batch"] and runs.lowered == {}

@@ -1,4 +1,4 @@
-"""gpulab.lessons.l14_multi_gpu: arithmetic, the correctness checks, plan(), and real launches with gloo on
+"""gpulab.lessons.l14_multi_gpu: arithmetic, the correctness checks, placement(), and real launches with gloo on
 2 CPU processes at the tiny size (each launch costs ~3 s of process start-up)."""
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def _gpus(monkeypatch, n):
 
 def test_plan_two_gpus(monkeypatch):
     _gpus(monkeypatch, 2)
-    p = D.plan()
+    p = D.placement()
     assert (p.backend, p.nproc, p.device, p.size) == ("nccl", 2, "cuda", "full")
     assert (p.dp_device, p.dp_gpus, p.dp_backend) == ("cuda", 2, "nccl")
     assert p.notes == () and p.dp_joins_suite
@@ -103,7 +103,7 @@ def test_plan_two_gpus(monkeypatch):
 
 def test_plan_one_gpu(monkeypatch):
     _gpus(monkeypatch, 1)
-    p = D.plan()
+    p = D.placement()
     assert (p.backend, p.nproc, p.device, p.size) == ("gloo", 2, "cpu", "tiny")
     assert (p.dp_device, p.dp_gpus, p.dp_size) == ("cuda", 1, "full")
     assert any("needs 2 or more GPUs" in n for n in p.notes)
@@ -113,12 +113,12 @@ def test_plan_one_gpu(monkeypatch):
 
 def test_plan_no_gpu_and_forced_cpu(monkeypatch):
     _gpus(monkeypatch, 0)
-    p = D.plan()
+    p = D.placement()
     assert (p.backend, p.device, p.dp_device, p.dp_gpus, p.dp_backend) == ("gloo", "cpu", "cpu", 0, "gloo")
     assert p.dp_joins_suite
     _gpus(monkeypatch, 4)
     monkeypatch.setenv("GPULAB_DEVICE", "cpu")          # honoured: the CPU path on a GPU machine
-    p = D.plan()
+    p = D.placement()
     assert (p.gpus, p.backend, p.size) == (0, "gloo", "tiny")
 
 

@@ -1,0 +1,127 @@
+"""How long a notebook takes on this GPU, said before it runs: its GPU work divided by this GPU's
+ceilings (notebook 00's measurements), plus the host work that no GPU changes.
+
+Each lesson module with a `plan(scale)` says what its notebook asks of the GPU at that scale:
+
+- `Work(ceiling, amount, share, what)`: `amount` FLOPs (a matmul ceiling, TFLOP/s) or bytes (a
+  bandwidth ceiling, GB/s) of fixed-count GPU work (warm-up steps, searches, loops of a set length),
+  done at `share` of that ceiling (a plain large GEMM near 1, a training step about half);
+- `host_s`: the seconds no GPU changes: the kernel's start-up and imports, torch.compile's
+  compilation, the wall-clock budgets `benchmark(budget_s=...)` times for, CPU-side data work. It is
+  the notebook's wall time on the reference run minus that run's predicted GPU work, and each plan
+  names the run (`host_source`): a measurement of the host part, not a constant of any GPU.
+
+`predict(plan)` adds them up against `ceilings()` (this GPU's measured figures);
+`gpulab.notebook.lesson.start` prints the result in every notebook's first cell, beside the budget every notebook must keep on
+every GPU the course supports (`BUDGET_S`). `datasheet_ceilings(profile)` gives a profile's rates from
+its datasheet, derated by `DATASHEET_SHARE`, so a unit test can check each plan against the budget on
+every profile before anyone owns that GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+# Every notebook, on every GPU the course supports (tests/core/test_predict.py checks each plan on each
+# profile's derated datasheet): a learner waits at most this long for one notebook to finish.
+BUDGET_S = 600.0
+
+# A measured ceiling is a share of the datasheet's: on the H200 (results/h200-2026-11-30-course.json)
+# bf16 686 of 989 TFLOP/s (69 %), fp32 51 of 67 (76 %), device copy 4251 of 4800 GB/s (89 %); a 70 W
+# T4 holds far less of its 65 TFLOP/s fp16. Half is the cautious figure the budget test derates by.
+DATASHEET_SHARE = 0.5
+
+UNIT_SCALE = {"TFLOP/s": 1e12, "GB/s": 1e9}
+
+# Where a class lacks a precision, the course runs its 16-bit work in fp16 where bf16 is missing (a T4, a
+# V100), and skips its TF32 runs where there is no TF32 (before Ampere: `supported_precisions`, capstone's
+# `refusal`), so that work costs nothing there. Only in `rates` given for a class (`datasheet_ceilings`,
+# which leaves out what the class lacks): this GPU's own ceilings always name every precision it measured.
+FALLBACK = {"matmul_bf16": "matmul_fp16"}
+SKIPPED_WITHOUT = ("matmul_tf32",)
+
+
+@dataclass(frozen=True)
+class Work:
+    """GPU work of a fixed count: `amount` FLOPs or bytes at `share` of the ceiling `ceiling`."""
+
+    ceiling: str            # a name in gpulab.core.ceilings.CEILING_NAMES
+    amount: float           # FLOPs (matmul_*) or bytes (the bandwidths)
+    share: float = 1.0      # of the ceiling the work reaches
+    what: str = ""
+
+    def __post_init__(self):
+        if not 0 < self.share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {self.share}")
+        if self.amount < 0:
+            raise ValueError(f"amount must be >= 0, got {self.amount}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one notebook's run costs at one scale."""
+
+    host_s: float
+    work: Sequence[Work] = field(default_factory=tuple)
+    host_source: str = ""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    seconds: float | None       # host + GPU; None when a ceiling the work needs is unknown
+    host_s: float
+    gpu_s: float | None
+    missing: tuple[str, ...]    # ceilings the work needs that are not known here
+    budget_s: float = BUDGET_S
+
+    def line(self) -> str:
+        if self.seconds is None:
+            return (f"Predicted time: unknown (no ceiling for {', '.join(self.missing)}: run notebook 00 first); "
+                    f"host work alone about {self.host_s:.0f} s.")
+        verdict = "within" if self.seconds <= self.budget_s else "OVER"
+        return (f"Predicted time on this GPU: about {self.seconds:.0f} s (GPU work {self.gpu_s:.0f} s at this GPU's "
+                f"ceilings, host work {self.host_s:.0f} s); {verdict} the course's {self.budget_s:.0f} s per notebook.")
+
+
+def units_per_second(ceiling_name: str, value: float) -> float:
+    """FLOP/s or bytes/s of a ceiling given in its unit (TFLOP/s or GB/s)."""
+    from gpulab.core.ceilings import CEILING_NAMES
+    return value * UNIT_SCALE[CEILING_NAMES[ceiling_name]]
+
+
+def predict(plan: Plan, rates: Mapping[str, float] | None = None) -> Prediction:
+    """Seconds `plan` takes: host_s + each Work's amount / (share x its ceiling). `rates` maps ceiling
+    names to values in their units (TFLOP/s, GB/s); default: this GPU's (`ceilings()`)."""
+    if rates is None:
+        from gpulab.core.ceilings import ceilings
+        rates = {name: c.value for name, c in ceilings().items()}
+    gpu, missing = 0.0, []
+    for w in plan.work:
+        rate = rates.get(w.ceiling)
+        if rate is None and w.ceiling in FALLBACK:
+            rate = rates.get(FALLBACK[w.ceiling])
+        if rate is None and w.ceiling in SKIPPED_WITHOUT and "matmul_fp32" in rates:
+            continue           # a class with fp32 but no TF32 skips that run
+        if rate is None or rate <= 0:
+            if w.ceiling not in missing:
+                missing.append(w.ceiling)
+            continue
+        gpu += w.amount / (w.share * units_per_second(w.ceiling, rate))
+    if missing:
+        return Prediction(None, plan.host_s, None, tuple(missing))
+    return Prediction(plan.host_s + gpu, plan.host_s, gpu, ())
+
+
+def datasheet_ceilings(profile) -> dict[str, float]:
+    """A profile's rates from its datasheet (and PCIe link), times DATASHEET_SHARE: what the budget test
+    predicts with. Precisions the class lacks are absent; a plan needing them on that class would
+    not run that work there, so the plan itself must leave it out."""
+    from gpulab.core.specs import datasheet_for, pcie_peak_gbps
+    sheet = datasheet_for(profile.name)
+    rates = {"matmul_fp32": sheet.fp32, "matmul_tf32": sheet.tf32, "matmul_fp16": sheet.fp16,
+             "matmul_bf16": sheet.bf16, "copy_bandwidth": sheet.mem_gbps}
+    link = pcie_peak_gbps(profile.pcie_generation, 16)
+    rates.update({name: link for name in ("h2d_pinned", "d2h_pinned")})
+    # pageable copies go through a staging buffer at a fraction of the link (H200: 9 of 55 GB/s)
+    rates.update({name: link / 6 for name in ("h2d_pageable", "d2h_pageable")})
+    return {k: v * DATASHEET_SHARE for k, v in rates.items() if v is not None}

@@ -1,0 +1,83 @@
+"""gpulab.core.predict: each notebook's predicted time from its lesson's plan and the ceilings, and the
+budget every notebook keeps on every GPU profile."""
+import re
+from pathlib import Path
+
+import pytest
+
+from gpulab.core.predict import (BUDGET_S, DATASHEET_SHARE, Plan, Prediction, Work, datasheet_ceilings,
+                                 predict)
+from gpulab.core.profiles import PROFILES
+from gpulab.notebook.lesson import lesson_module, predicted_time
+
+ROOT = Path(__file__).resolve().parents[2]
+LESSONS = sorted(p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def test_prediction_is_host_plus_work_over_share_of_ceiling():
+    plan = Plan(host_s=10.0, work=[Work("matmul_bf16", 2e14, 0.5, "products"),
+                                   Work("copy_bandwidth", 1e12, 1.0, "copies")])
+    got = predict(plan, {"matmul_bf16": 100.0, "copy_bandwidth": 1000.0})
+    assert got.gpu_s == pytest.approx(2e14 / (0.5 * 100e12) + 1e12 / 1000e9)   # 4 s + 1 s
+    assert got.seconds == pytest.approx(15.0)
+    assert "about 15 s" in got.line() and "within" in got.line()
+
+
+def test_missing_ceiling_gives_no_figure_and_says_which():
+    got = predict(Plan(5.0, [Work("h2d_pinned", 1e9)]), {"matmul_fp32": 10.0})
+    assert got.seconds is None and got.missing == ("h2d_pinned",)
+    assert "h2d_pinned" in got.line() and "notebook 00" in got.line()
+
+
+def test_a_class_without_bf16_runs_it_in_fp16_and_without_tf32_skips_it():
+    got = predict(Plan(0.0, [Work("matmul_bf16", 1e12), Work("matmul_tf32", 1e12)]),
+                  {"matmul_fp16": 1.0, "matmul_fp32": 0.5})
+    assert got.seconds == pytest.approx(1.0)
+
+
+def test_over_budget_is_said():
+    assert "OVER" in Prediction(BUDGET_S + 1, BUDGET_S, 1.0, ()).line()
+
+
+@pytest.mark.parametrize("bad", [dict(share=0), dict(share=1.5), dict(amount=-1)])
+def test_work_refuses_nonsense(bad):
+    with pytest.raises(ValueError):
+        Work(**{"ceiling": "matmul_fp32", "amount": 1.0, **bad})
+
+
+def test_datasheet_ceilings_are_derated_and_leave_out_what_a_class_lacks():
+    t4 = datasheet_ceilings(PROFILES["t4"])
+    assert "matmul_bf16" not in t4 and "matmul_tf32" not in t4
+    assert t4["matmul_fp16"] == pytest.approx(65 * DATASHEET_SHARE)
+    assert t4["h2d_pinned"] < datasheet_ceilings(PROFILES["h200"])["h2d_pinned"]     # PCIe gen 3 < gen 5
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_every_notebook_has_a_plan_whose_host_part_names_a_committed_run(lesson):
+    module = lesson_module(lesson)
+    assert module is not None and callable(getattr(module, "plan", None)), f"lesson {lesson} has no plan()"
+    for scale in ("tiny", "full"):
+        plan = module.plan(scale)
+        assert isinstance(plan, Plan) and plan.host_s >= 0
+    files = re.findall(r"results/[\w.\-]+", module.plan("full").host_source)
+    assert files, f"lesson {lesson}: host_source names no committed run: {module.plan('full').host_source!r}"
+    for f in files:
+        assert (ROOT / f).exists(), f"lesson {lesson}: {f} is not committed"
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_every_notebook_keeps_the_budget_on_every_profile(profile):
+    """At full size, on the profile's datasheet rates derated to DATASHEET_SHARE: a plan over the budget
+    means that notebook must size its work from the ceilings (as 03, 08 and 13 do)."""
+    rates = datasheet_ceilings(PROFILES[profile])
+    over = {}
+    for lesson in LESSONS:
+        got = predict(lesson_module(lesson).plan("full"), rates)
+        assert got.seconds is not None, f"lesson {lesson} on {profile}: missing {got.missing}"
+        if got.seconds > BUDGET_S:
+            over[lesson] = round(got.seconds)
+    assert not over, f"over the {BUDGET_S:.0f} s budget on {profile}: {over}"
+
+
+def test_no_prediction_on_the_cpu():
+    assert predicted_time("00") is None
