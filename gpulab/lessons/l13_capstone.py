@@ -131,6 +131,7 @@ def plan(scale: str | None = None) -> Plan:
 
 MEMORY_CAP = 64 * 2**30   # the most memory a job's step is sized to take, below half the free GPU memory
 STEP_SHARE = 0.5          # share of the fp32 matmul ceiling an fp32 training step is predicted to reach
+STATE_SHARE = 0.5         # share of the memory budget the fp32 training state (16 bytes a parameter) may take
 LR = 1e-3              # AdamW's learning rate for both jobs
 
 
@@ -667,6 +668,32 @@ class Checked:
         return self.status in ("baseline", "ok")
 
 
+def state_bytes(job: str, cfg: dict) -> int:
+    """Bytes of `job`'s fp32 training state at sizes `cfg`: weights, gradients and AdamW's two moments,
+    16 bytes a parameter (counted on the meta device: no memory)."""
+    shapes = JOBS[job].build(cfg, torch.device("meta"))
+    return 16 * sum(p.numel() for p in shapes.parameters())
+
+
+def fit_model(job: str, cfg: dict, limit: int) -> tuple[dict, str]:
+    """`cfg`, narrowed until `state_bytes` fits `limit` bytes: width (with heads) halved down to 1024,
+    then blocks down to 2; jobs without those knobs (the CNN) are left as they are. Returns the sizes
+    and what changed ("" if nothing)."""
+    out, before = dict(cfg), state_bytes(job, cfg)
+    while state_bytes(job, out) > limit:
+        if "width" in out and "heads" in out and out["width"] > 1024:
+            out["width"], out["heads"] = out["width"] // 2, max(1, out["heads"] // 2)
+        elif "n_blocks" in out and out["n_blocks"] > 2:
+            out["n_blocks"] //= 2
+        else:
+            break
+    if out == cfg:
+        return out, ""
+    changed = ", ".join(f"{k} {cfg[k]} -> {out[k]}" for k in cfg if out[k] != cfg[k])
+    return out, (f"{changed}: the fp32 training state {before / 1e9:.1f} GB -> {state_bytes(job, out) / 1e9:.1f} GB, "
+                 f"at most {STATE_SHARE:.0%} of the budget ({limit / STATE_SHARE / 2**30:.1f} GiB)")
+
+
 class Runs:
     """Every run of a notebook, memoized by (job, options, batch): a configuration runs once.
 
@@ -695,32 +722,49 @@ class Runs:
         return batch or self.configs[job]["batch"]
 
     def fit_batches(self, jobs: Sequence[str] | None = None, cap: int = MEMORY_CAP) -> int | None:
-        """Lower each job's batch until its fp32 baseline step fits min(cap, half the free GPU memory),
-        extrapolated from two small untimed steps (`sizing.fit_batch`), so a 16 GB card (or a profile's cap)
-        runs what an H200 runs; then halve it while that step, its FLOPs (counted on the small steps) over
-        STEP_SHARE of this GPU's fp32 matmul ceiling, would take longer than the scale's `step_s`, so a
-        slow GPU finishes the notebook in about the time a fast one does (`lowered` says what changed).
-        Returns the memory budget (None on the CPU, where nothing is lowered)."""
+        """Fit each job to this GPU, on a GPU (None on the CPU, where nothing changes; else the memory
+        budget, min(cap, half the free GPU memory)), saying in `lowered` what changed and why:
+
+        1. the model: while its fp32 training state (weights, gradients and AdamW's two moments: 16
+           bytes a parameter) would take over STATE_SHARE of the budget, halve its width (and heads,
+           so a head stays 128 wide) down to 1024, then its blocks down to 2 (`fit_model`): the
+           full GPT's 0.6 G parameters need 9.8 GB before any activation, more than half a T4's;
+        2. the batch: halved until the fp32 baseline step fits the budget, extrapolated from two small
+           untimed steps (`sizing.fit_batch`, at 1/8 and 1/4 of the batch);
+        3. the time: halved while that step, its FLOPs (counted on the small steps) over STEP_SHARE of
+           this GPU's fp32 matmul ceiling, would take longer than the scale's `step_s`, so a slow
+           GPU finishes the notebook in about the time a fast one does.
+        """
         budget = memory_budget(cap=cap)
+        if budget is None:
+            return None
         step_s = CONFIG[self.scale].get("step_s")
-        fp32 = ceilings().get("matmul_fp32") if budget is not None and step_s else None
+        fp32 = ceilings().get("matmul_fp32") if step_s else None
         for job in jobs or tuple(self.configs):
+            why = []
+            fitted, said = fit_model(job, self.configs[job], int(STATE_SHARE * budget))
+            if said:
+                self.configs[job] = fitted
+                why.append(said)
             wanted = self.configs[job]["batch"]
-            batch = fit_batch(lambda b: self(job, Options(), b, timed=False).peak_bytes, wanted, budget)
+            probe = max(1, wanted // 8)
+            batch = fit_batch(lambda b: self(job, Options(), b, timed=False).peak_bytes, wanted, budget, probe=probe)
             if batch < wanted:
-                self.lowered[job] = f"batch {wanted} -> {batch}: memory budget {budget / 2**30:.1f} GiB"
+                why.append(f"batch {wanted} -> {batch}: memory budget {budget / 2**30:.1f} GiB")
             if fp32 is not None:
-                probe = self(job, Options(), 4, timed=False)          # fit_batch's first probe, memoized
-                per_sample = probe.flops_per_step / probe.batch
+                small = self(job, Options(), probe, timed=False)          # fit_batch's first probe, memoized
+                per_sample = small.flops_per_step / small.batch
                 seconds = lambda b: b * per_sample / (STEP_SHARE * fp32.value * 1e12)
                 before = batch
                 while batch > 1 and seconds(batch) > step_s:
                     batch //= 2
                 if batch < before:
-                    self.lowered[job] = (f"batch {wanted} -> {batch}: an fp32 step of {before} would take about "
-                                         f"{seconds(before):.1f} s at {STEP_SHARE:.0%} of this GPU's "
-                                         f"{fp32.value:.1f} TFLOP/s fp32 ({fp32.source}), over {step_s} s")
+                    why.append(f"batch {before} -> {batch}: an fp32 step of {before} would take about "
+                               f"{seconds(before):.1f} s at {STEP_SHARE:.0%} of this GPU's {fp32.value:.1f} "
+                               f"TFLOP/s fp32 ({fp32.source}), over {step_s} s")
             self.configs[job]["batch"] = batch
+            if why:
+                self.lowered[job] = "; ".join(why)
         return budget
 
     def __call__(self, job: str, options: Options = Options(), batch: int | None = None, *, timed: bool = True,

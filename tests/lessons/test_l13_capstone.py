@@ -295,3 +295,15 @@ def test_fit_batches_keeps_the_batch_when_the_step_is_quick(monkeypatch):
     runs = C.Runs(runner=lambda job, options, batch, **kw: fake_result(job, options, batch, 100, batch), scale="full")
     runs.fit_batches()
     assert runs.batch("gpt") == C.config("full")["gpt"]["batch"] and runs.lowered == {}
+
+
+def test_fit_model_narrows_the_gpt_until_its_training_state_fits():
+    full = C.job_config("gpt", "full")
+    assert C.state_bytes("gpt", full) == pytest.approx(9.77e9, rel=0.01)      # 0.61 G parameters x 16 bytes
+    fitted, why = C.fit_model("gpt", full, 4 * 2**30)                         # half of a T4's 7.5 GiB budget
+    assert (fitted["width"], fitted["heads"], fitted["n_blocks"]) == (1024, 8, 8)
+    assert C.state_bytes("gpt", fitted) <= 4 * 2**30 and "width 2048 -> 1024" in why
+    fitted, _ = C.fit_model("gpt", full, 1 * 2**30)                            # then blocks, down to 2
+    assert fitted["width"] == 1024 and fitted["n_blocks"] == 2
+    assert C.fit_model("gpt", full, 64 * 2**30) == (full, "")                  # an H200 keeps it
+    assert C.fit_model("cnn", C.job_config("cnn", "full"), 1 * 2**30)[1] == ""   # the CNN has no such knobs
