@@ -1,6 +1,6 @@
 """This device's ceilings, as notebook 00 recorded them, read back for later lessons.
 
-`ceilings()` returns the newest measurement of each ceiling (`CEILING_NAMES`: matmul TFLOP/s per
+`ceilings()` returns the newest measurement of each ceiling (made under the same GPU profile, or none) (`CEILING_NAMES`: matmul TFLOP/s per
 precision, device-copy and host<->device GB/s) from the results store, full-size runs first, and a
 datasheet figure (`core.specs`) only where nothing was measured. The measurements themselves are
 lesson 00's (`gpulab.lessons.l00_gpu_ceilings`). A ceiling is a rate, so a zero or negative
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from gpulab.core.device import device_facts
-from gpulab.core.results import Record, ResultsStore, current_gpu_name, results_store
+from gpulab.core.profiles import active_profile
+from gpulab.core.results import Record, ResultsStore, current_gpu_name, record_profile, results_store
 
 
 @dataclass(frozen=True)
@@ -34,9 +35,13 @@ def ceilings(store: ResultsStore | None = None) -> dict[str, Ceiling]:
     GPU profile, whose datasheet is not this GPU's)."""
     store = store or results_store()
     gpu = current_gpu_name()
+    profile = active_profile()
+    key = profile.key if profile else None
 
     def newest(name: str, scale: str | None) -> Record | None:
-        usable = [r for r in store.records(lesson="00", name=name, gpu=gpu, scale=scale) if r.value > 0]
+        # only records made the same way: under this profile (its precisions), or without one
+        usable = [r for r in store.records(lesson="00", name=name, gpu=gpu, scale=scale)
+                  if r.value > 0 and record_profile(r) == key]
         return usable[-1] if usable else None
 
     out: dict[str, Ceiling] = {}

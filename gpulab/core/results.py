@@ -303,7 +303,8 @@ class ResultsStore:
     def record(self, lesson: str, name: str, value: float, unit: str, *, scale: str | None = None,
                **extra: Any) -> Record:
         """Append one measurement, stamped with GPU, torch version, scale, host and time (and, measured
-        on a shared GPU, `extra["shared"]`: a MIG slice or other processes on it, `monitor.sharing_mark`).
+        on a shared GPU, `extra["shared"]`: a MIG slice or other processes on it, `monitor.sharing_mark`;
+        under a GPU profile, `extra["profile"]`: its timings are this GPU's, its code paths the profile's).
 
         `value` must be a finite real number (ValueError otherwise). `scale` is the scale the
         measurement ran at (default: the course's, `GPULAB_SCALE`). Where the store cannot be
@@ -311,6 +312,7 @@ class ResultsStore:
         """
         from gpulab.core.device import pick_device, resolve_scale
         from gpulab.core.monitor import sharing_mark
+        from gpulab.core.profiles import active_profile
         checked = finite_value(value)
         if checked is None:
             raise ValueError(f"{name}: a recorded value must be a finite real number, got {value!r}.")
@@ -318,7 +320,7 @@ class ResultsStore:
             lesson=str(lesson), name=name, value=checked, unit=unit,
             gpu=current_gpu_name(), device=pick_device().type, torch=torch.__version__,
             scale=resolve_scale(scale), time=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            host=socket.gethostname(), extra={**extra, **sharing_mark()},
+            host=socket.gethostname(), extra={**extra, **sharing_mark(), **profile_mark(active_profile())},
         )
         try:
             problem = _location_problem(self.path)
@@ -351,6 +353,17 @@ class ResultsStore:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
+
+
+def profile_mark(profile) -> dict:
+    """{"profile": its key} for a record made under a GPU profile, else {}."""
+    return {"profile": profile.key} if profile is not None else {}
+
+
+def record_profile(record: Record) -> str | None:
+    """The GPU profile a record was made under (None: this GPU as it is)."""
+    value = record.extra.get("profile")
+    return value if isinstance(value, str) and value else None
 
 
 def current_gpu_name() -> str:

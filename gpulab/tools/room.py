@@ -13,7 +13,8 @@ versions are read as far as they go; a file that is not JSON, is cut off, or has
 is reported in `room.bad` and skipped, never crashing the merge and never moved or changed; so
 is anything else named *.json that is not a readable file (a folder, a broken symbolic link).
 A ratio that no real run can produce (not finite, not positive, or outside MIN_RATIO..MAX_RATIO)
-is skipped and listed in `room.refused` with the reason.
+is skipped and listed in `room.refused` with the reason. Records made under a GPU profile (marked
+`profile`) are left out: their timings are the GPU that emulated it, filed under neither.
 `measured_on_block` turns the committed `results/` folder into the README's "measured on" table.
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any, Iterable
 from matplotlib.figure import Figure
 from gpulab.tools.bench import BENCH_KIND, ERROR, REGISTRY, WRONG, Experiment
 from gpulab.core.bands import load_bands
-from gpulab.core.results import Record, ResultsFileError, read_records
+from gpulab.core.results import Record, ResultsFileError, read_records, record_profile
 
 
 README_START = "<!-- measured-on:start -->"
@@ -158,7 +159,8 @@ def read_store(records: list[Record], source: str,
     registry = REGISTRY if registry is None else tuple(registry)
     groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
     for r in records:
-        groups[(r.gpu, r.scale)].append(r)
+        if record_profile(r) is None:     # under a GPU profile the timings are another GPU's: not compared
+            groups[(r.gpu, r.scale)].append(r)
     out = []
     for (gpu, size), recs in sorted(groups.items()):
         column = _column(gpu, size)

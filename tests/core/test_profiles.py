@@ -1,4 +1,5 @@
 """GPU profiles (GPULAB_PROFILE): the course behaves as on a class of GPU learners bring."""
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -82,3 +83,21 @@ def test_fp16_gradients_alone_need_no_scaler_but_an_update_does():
     assert all(p.grad is not None for p in model.parameters())
     with pytest.raises(ValueError, match="GradScaler"):
         train_step(model, x, y, precision=torch.float16, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_records_made_under_a_profile_are_marked_and_kept_apart(monkeypatch, on_cpu, results_path, tmp_path):
+    """A record made under GPULAB_PROFILE says so; ceilings() reads only records made the same way, and
+    gpulab room leaves profile runs out (their timings are the emulating GPU's)."""
+    from gpulab.core.ceilings import ceilings
+    from gpulab.core.results import ResultsStore, record_profile
+    from gpulab.tools.room import read_store
+    store = ResultsStore(results_path)
+    plain = store.record("00", "matmul_fp32", 10.0, "TFLOP/s")
+    monkeypatch.setenv("GPULAB_PROFILE", "t4")
+    marked = store.record("00", "matmul_fp32", 3.0, "TFLOP/s")
+    assert record_profile(plain) is None and record_profile(marked) == "t4"
+    assert ceilings(store)["matmul_fp32"].value == 3.0             # under t4: the t4 run's record
+    monkeypatch.delenv("GPULAB_PROFILE")
+    assert ceilings(store)["matmul_fp32"].value == 10.0            # without: never the profile's
+    fake = [dataclasses.replace(r, name="bench_ratio", extra={**r.extra, "metric": "m"}) for r in store.records()]
+    assert [m.value for m in read_store(fake, "x", registry=())] == [10.0]
