@@ -52,3 +52,30 @@ def test_the_root_conftest_writes_one_line_per_test(tmp_path):
     assert [r.outcome for r in rows] == ["start", "passed"]
     assert rows[1].nodeid.endswith("test_missing_or_empty_file_is_a_clear_error")
     assert rows[1].clock >= rows[0].clock > 0
+
+
+def test_the_predictor_is_within_30_percent_on_the_committed_h200_run(capsys):
+    """The README quotes this check (every notebook within 30 %, 01 and 05 the furthest): it holds as long
+    as the lessons' plans and the committed run agree."""
+    import re
+    from pathlib import Path
+    from gpulab.tools.coursetime import per_file, print_predictions, read
+    root = Path(__file__).resolve().parents[2] / "results"
+    rows = []
+    for timings in ("h200-2026-11-30-s3-course-timings.tsv", "h200-2026-11-30-s3-course-2-timings.tsv"):
+        rows += print_predictions(per_file(read(root / timings)), str(root / "h200-2026-11-30-s3-course.json"), "full")
+    assert len(rows) == 15
+    errors = {re.search(r"/(\d\d)_", name).group(1): err for name, *_, err in rows}
+    assert all(abs(e) <= 0.30 for e in errors.values()), errors
+    readme = (root.parent / "README.md").read_text()
+    for lesson in ("01", "05"):
+        assert f"{lesson}: {errors[lesson]:+.0%}".replace("%", " %") in readme
+
+
+def test_the_readmes_course_times_are_the_committed_runs():
+    from pathlib import Path
+    from gpulab.tools.coursetime import per_file, read
+    root = Path(__file__).resolve().parents[2]
+    walls = [round(sum(t.wall for t in per_file(read(root / "results" / f)).values()))
+             for f in ("h200-2026-11-30-s3-course-timings.tsv", "h200-2026-11-30-s3-course-2-timings.tsv")]
+    assert f"00-09 took {walls[0]} s and 10-14 {walls[1]} s" in (root / "README.md").read_text()
