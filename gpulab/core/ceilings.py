@@ -24,7 +24,7 @@ class Ceiling:
 
 CEILING_NAMES = {
     **{f"matmul_{p}": "TFLOP/s" for p in ("fp32", "tf32", "fp16", "bf16")},
-    "copy_bandwidth": "GB/s",
+    "copy_bandwidth": "GB/s", "read_bandwidth": "GB/s", "write_bandwidth": "GB/s",
     "h2d_pageable": "GB/s", "h2d_pinned": "GB/s", "d2h_pageable": "GB/s", "d2h_pinned": "GB/s",
 }
 

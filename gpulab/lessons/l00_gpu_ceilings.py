@@ -2,6 +2,8 @@
 
 - `CONFIG`, `config(scale)`: the lesson's sizes, shared by the notebook and `gpulab bench`.
 - `matmul_experiment`: TFLOP/s of an n x n x n matrix product per precision.
+- `peak_sweep`, `sustained`: the peak is the best of a sweep over shapes (the ceiling later lessons and
+  MFU divide by), and what the best shape holds when it runs for seconds (clock and power from NVML).
 - `copy_experiment`: device memory bandwidth of a device-to-device copy.
 - `transfer_experiment`: host<->device bandwidth, pageable or pinned host memory.
 - `measure_ceilings`: all of them, recorded in the results store.
@@ -40,9 +42,19 @@ CONFIG = {
         panel_n=128,                    # the matmul panel's default n
         monitor_n=128,                  # bf16 products the GPU monitor watches
         monitor_seconds=0.5,            # how long the monitor's load runs
+        # the peak: (m, n, k) shapes `peak_sweep` times in each precision, seconds of timed calls per
+        # shape, and how long `sustained` keeps the fastest 16-bit shape running back to back
+        sweep_shapes=[(64, 64, 64), (128, 128, 128), (256, 256, 256), (256, 128, 256)],
+        sweep_budget_s=0.02,
+        sustain_seconds=0.2,
     ),
     "full": dict(matmul_n=8192, small_n=256, copy_mib=1024, copy_sweep_mib=[1, 4, 16, 64, 256, 1024, 2048],
-                 transfer_mib=256, fallback_copy_mib=1024, panel_n=4096, monitor_n=8192, monitor_seconds=3.0),
+                 transfer_mib=256, fallback_copy_mib=1024, panel_n=4096, monitor_n=8192, monitor_seconds=3.0,
+                 # squares from 2048 to 16384, and the large rectangles (one side long) where cuBLAS's
+                 # tiles fill the GPU best; each timed in every precision
+                 sweep_shapes=[(n, n, n) for n in (2048, 3072, 4096, 6144, 8192, 12288, 16384)]
+                 + [(16384, 16384, 4096), (16384, 4096, 16384), (4096, 16384, 16384), (8192, 8192, 16384)],
+                 sweep_budget_s=0.15, sustain_seconds=3.0),
 }
 
 
@@ -89,9 +101,17 @@ def plan(scale: str | None = None) -> Plan:
     ]
     # host_s: see host_source; tiny runs the same formulas, with the full run's host time (tiny runs on
     # the CPU, where nothing is predicted: its plan is only for completeness)
-    return Plan(host_s=19.5, work=work,
+    # the peak sweep (added after the reference run): every shape, in each of the 4 precisions, at least
+    # `calls` products; its time budgets, the sustained run and the read/write streams' budgets are host time
+    sweep = sum(2 * m * n * k for m, n, k in cfg["sweep_shapes"]) * calls
+    work += [Work(f"matmul_{p}", sweep, 0.9, f"{p} peak sweep, {len(cfg['sweep_shapes'])} shapes")
+             for p in ("fp32", "tf32", "fp16", "bf16")]
+    work.append(Work("copy_bandwidth", 2 * 2 * calls * cfg["copy_mib"] * 2**20, 0.9, "read and write streams"))
+    sweep_host = 4 * len(cfg["sweep_shapes"]) * cfg["sweep_budget_s"] + cfg["sustain_seconds"] + 4 * 0.5
+    return Plan(host_s=19.5 + sweep_host, work=work,
                 host_source="wall time of notebook 00 in results/h200-2026-11-30-course-timings.tsv "
-                            "(H200, torch 2.11, 2026-11-30) minus its GPU work at that run's ceilings")
+                            "(H200, torch 2.11, 2026-11-30) minus its GPU work at that run's ceilings, plus the "
+                            "peak sweep's and streams' timing budgets and the sustained run (added since)")
 
 
 # precision -> (dtype, fp32 matmul mode or None)
@@ -168,6 +188,57 @@ def matmul_experiment(precision: str = "bf16", n: int = 4096) -> dict:
     return {"TFLOP/s": t.per_second(flops) / 1e12, "ms": t, "rel. error": err}
 
 
+def shape_tflops(precision: str, m: int, n: int, k: int, budget_s: float = 0.15) -> float:
+    """TFLOP/s of one (m x k) @ (k x n) product in `precision` (2 m n k FLOPs over its median time;
+    random inputs, the output written in place so no allocation is timed)."""
+    device = pick_device()
+    with _precision(precision) as dtype:
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        c = torch.empty(m, n, device=device, dtype=dtype)
+        t = benchmark(lambda: torch.mm(a, b, out=c), budget_s=budget_s)
+        del a, b, c
+    return t.per_second(2 * m * n * k) / 1e12
+
+
+def peak_sweep(precision: str, shapes, budget_s: float = 0.15) -> dict:
+    """The most this GPU's matrix products reach in `precision`: each (m, n, k) of `shapes` timed
+    (`shape_tflops`), checked against float64 first. Returns {"best": TFLOP/s, "shape": (m, n, k),
+    "rows": [((m, n, k), TFLOP/s), ...]}. One n x n x n product is not the peak: tile and wave
+    quantization make some shapes faster than others, so the sweep keeps the best."""
+    err = matmul_error(precision, n=512)
+    if not err <= TOLERANCE[precision]:
+        raise AssertionError(f"{precision} matmul is wrong: relative error {err:.2e} > {TOLERANCE[precision]:.0e}")
+    rows = [(tuple(s), shape_tflops(precision, *s, budget_s=budget_s)) for s in shapes]
+    shape, best = max(rows, key=lambda r: r[1])
+    return {"best": best, "shape": shape, "rows": rows, "rel. error": err}
+
+
+def sustained(precision: str, shape, seconds: float = 3.0) -> dict:
+    """The same product run back to back for about `seconds`, in batches of ~50 ms timed with CUDA
+    events (`benchmark`, no gap between batches), while NVML samples the SM clock and board power:
+    {"TFLOP/s": median over the batches, "first": the first batch's, "sm_clock_mhz", "power_w" (means
+    over the run; None without NVML)}. A short burst runs at boost clock; held for seconds, the power
+    limit lowers the clock, and with it the rate."""
+    from gpulab.core.monitor import GpuMonitor
+    m, n, k = shape
+    device = pick_device()
+    with _precision(precision) as dtype:
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        c = torch.empty(m, n, device=device, dtype=dtype)
+        one = benchmark(lambda: torch.mm(a, b, out=c), repeat=3, warmup=1).median_ms
+        calls = max(1, int(50 / max(one, 1e-3)))
+        batch = lambda: [torch.mm(a, b, out=c) for _ in range(calls)]  # noqa: E731
+        with GpuMonitor(interval_s=0.1, pcie=False, device=device) as mon:
+            t = benchmark(batch, warmup=0, repeat=max(3, int(seconds * 1e3 / (calls * one))))
+        del a, b, c
+    flops = 2 * m * n * k * calls
+    return {"TFLOP/s": t.per_second(flops) / 1e12, "first": flops / (t.samples_ms[0] / 1e3) / 1e12,
+            "sm_clock_mhz": mon.mean("sm_clock_mhz") if mon.available else None,
+            "power_w": mon.mean("power_w") if mon.available else None, "seconds": sum(t.samples_ms) / 1e3}
+
+
 def copy_experiment(mib: int = 1024) -> dict:
     """Device memory bandwidth from dst.copy_(src) of `mib` MiB: bytes read + written per second."""
     if mib < 1:
@@ -182,6 +253,51 @@ def copy_experiment(mib: int = 1024) -> dict:
     t = benchmark(lambda: dst.copy_(src))
     del src, dst
     return {"GB/s": t.per_second(2 * n * 4) / 1e9, "ms": t}
+
+
+def stream_experiment(kind: str = "read", mib: int = 1024) -> dict:
+    """Device memory bandwidth of a one-way stream of `mib` MiB: "read" (a full reduction, the faster of
+    sum and amax, reads every byte once and writes one number) or "write" (the faster of fill_ and
+    zero_, writes every byte once and reads none): {"GB/s", "ms", "kernel"}. A copy mixes both; a
+    kernel that mostly reads (lesson 12's fused reduction) can beat the copy's rate, never the read's."""
+    if kind not in ("read", "write"):
+        raise ValueError(f"kind must be 'read' or 'write' (got {kind!r}).")
+    if mib < 1:
+        raise ValueError(f"mib must be >= 1 (got {mib}).")
+    device = pick_device()
+    n = mib * 2**20 // 4
+    x = torch.randn(n, device=device)
+    if kind == "read":
+        if not torch.isclose(x.sum(), x.double().sum().float(), rtol=1e-3, atol=1.0):
+            raise AssertionError("the reduction disagrees with a float64 sum")
+        kernels = {"sum": lambda: x.sum(), "amax": lambda: x.amax()}
+    else:
+        x.fill_(1.0)
+        if not bool((x == 1.0).all()):
+            raise AssertionError("fill_ left other values behind")
+        kernels = {"fill_": lambda: x.fill_(1.0), "zero_": lambda: x.zero_()}
+    times = {name: benchmark(fn) for name, fn in kernels.items()}
+    best = min(times, key=lambda k: times[k].median_ms)
+    del x
+    return {"GB/s": times[best].per_second(n * 4) / 1e9, "ms": times[best], "kernel": best}
+
+
+def memory_floor_ms(read_bytes: float, write_bytes: float, rates: dict[str, float]) -> tuple[float, str]:
+    """The least time any kernel can take to read `read_bytes` and write `write_bytes` of device memory,
+    from notebook 00's measured streams (`rates`: GB/s by ceiling name): the largest of reading at the read
+    rate, writing at the write rate, and all the bytes at the fastest rate measured (reads and writes share
+    the memory bus). Without read and write measurements, the copy rate alone (then not a strict floor:
+    a kernel that mostly reads can beat a copy). Returns (ms, how it was derived). Notebook 12."""
+    read, write, copy = (rates.get(k) for k in ("read_bandwidth", "write_bandwidth", "copy_bandwidth"))
+    if read and write:
+        fastest = max(v for v in (read, write, copy) if v)
+        ms = max(read_bytes / read, write_bytes / write, (read_bytes + write_bytes) / fastest) / 1e9 * 1e3
+        return ms, (f"measured streams: read {read:,.0f} GB/s, write {write:,.0f} GB/s, "
+                    f"all bytes at the fastest {fastest:,.0f} GB/s")
+    if copy:
+        return ((read_bytes + write_bytes) / copy / 1e9 * 1e3,
+                f"copy bandwidth {copy:,.0f} GB/s only (no read/write streams measured): not a strict floor")
+    raise ValueError("no bandwidth measured or known: run notebook 00")
 
 
 def transfer_experiment(direction: str = "h2d", pinned: bool = True, mib: int = 256) -> dict:
@@ -226,16 +342,28 @@ def measure_ceilings(store: ResultsStore | None = None, sizes: dict | None = Non
     copy_mib = sizes.get("copy_mib", cfg["copy_mib"])
     transfer_mib = sizes.get("transfer_mib", cfg["transfer_mib"])
     found: dict[str, float] = {}
+    shapes = sizes.get("sweep_shapes", cfg["sweep_shapes"])
     for p in supported_precisions():
         r = matmul_experiment(p, n)
-        found[f"matmul_{p}"] = r["TFLOP/s"]
-        store.record("00", f"matmul_{p}", r["TFLOP/s"], "TFLOP/s", n=n,
+        found[f"matmul_{p}_n{n}"] = r["TFLOP/s"]
+        store.record("00", f"matmul_{p}_n{n}", r["TFLOP/s"], "TFLOP/s", n=n,
                      median_ms=r["ms"].median_ms, rel_error=r["rel. error"])
-        progress(f"matmul {p:>4} n={n}: {r['TFLOP/s']:8.2f} TFLOP/s  ({r['ms']})")
+        sweep = peak_sweep(p, shapes, cfg["sweep_budget_s"])
+        found[f"matmul_{p}"] = max(sweep["best"], r["TFLOP/s"])
+        store.record("00", f"matmul_{p}", found[f"matmul_{p}"], "TFLOP/s", shape=list(sweep["shape"]),
+                     shapes=len(shapes), rel_error=sweep["rel. error"])
+        progress(f"matmul {p:>4} n={n}: {r['TFLOP/s']:8.2f} TFLOP/s; best of {len(shapes)} shapes: "
+                 f"{sweep['best']:8.2f} TFLOP/s at {sweep['shape']}")
     r = copy_experiment(copy_mib)
     found["copy_bandwidth"] = r["GB/s"]
     store.record("00", "copy_bandwidth", r["GB/s"], "GB/s", mib=copy_mib, median_ms=r["ms"].median_ms)
     progress(f"device copy {copy_mib} MiB: {r['GB/s']:8.1f} GB/s  ({r['ms']})")
+    for kind in ("read", "write"):
+        r = stream_experiment(kind, copy_mib)
+        found[f"{kind}_bandwidth"] = r["GB/s"]
+        store.record("00", f"{kind}_bandwidth", r["GB/s"], "GB/s", mib=copy_mib, kernel=r["kernel"],
+                     median_ms=r["ms"].median_ms)
+        progress(f"device {kind} {copy_mib} MiB: {r['GB/s']:8.1f} GB/s  ({r['kernel']}: {r['ms']})")
     if pick_device().type == "cuda":
         for direction in ("h2d", "d2h"):
             for pinned in (False, True):

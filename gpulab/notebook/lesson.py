@@ -135,24 +135,35 @@ class Check:
 
 def expect(name: str, measured: float | None, low: float | None = None,
            high: float | None = None, applies: bool = True, why_not: str = "",
-           why: str = "") -> Check:
+           why: str = "", why_fail: str = "") -> Check:
     """Check a measured ratio against a band, or say why the check does not apply here.
 
-    On the CPU (or a GPU that cannot show the effect) pass `applies=False` and a
-    reason: the check is reported as skipped, never as passed.
+    Three outcomes, three texts, never mixed up:
+    - skipped (`applies=False`, or nothing measured): `why_not`, why the check cannot run here (the CPU,
+      a tiny size, a GPU without the feature); never reported as passed;
+    - pass: `why`, what the result shows;
+    - FAIL: `why_fail`, what most likely went wrong on this GPU when the effect did not appear, after
+      the band the value missed. A failure never prints the skip reason.
     """
     if not applies or measured is None:
         check = Check(name, measured, low, high, "skipped", why_not or "not measurable here")
     else:
         ok = (low is None or measured >= low) and (high is None or measured <= high)
         check = Check(name, measured, low, high, "pass" if ok else "FAIL",
-                      why if ok else (why_not or "this GPU does not show the expected effect"))
+                      why if ok else fail_text(measured, low, high, why_fail))
     print(check)
     return check
 
 
+def fail_text(measured: float, low: float | None, high: float | None, why_fail: str) -> str:
+    """What a FAIL says: which side of the band the value fell, then the check's own explanation."""
+    side = (f"below the band's low end {low:.3g}" if low is not None and measured < low
+            else f"above the band's high end {high:.3g}")
+    return f"{measured:.3g} is {side}: " + (why_fail or "this GPU did not show the expected effect")
+
+
 def expect_band(lesson: str, measured: float | None, applies: bool = True, why_not: str = "",
-                why: str = "", name: str | None = None) -> Check:
+                why: str = "", name: str | None = None, why_fail: str = "") -> Check:
     """`expect` with the band of lesson `lesson`'s headline for this GPU's class, read from
     `gpulab/core/bands.toml`: the one place a band is written (gpulab bench judges with the same).
 
@@ -175,7 +186,7 @@ def expect_band(lesson: str, measured: float | None, applies: bool = True, why_n
                               "GPU's, so it is not judged")
     low = None if math.isinf(band.low) else band.low
     high = None if math.isinf(band.high) else band.high
-    return expect(label, measured, low, high, applies=applies, why_not=why_not, why=why)
+    return expect(label, measured, low, high, applies=applies, why_not=why_not, why=why, why_fail=why_fail)
 
 
 def show_table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None,

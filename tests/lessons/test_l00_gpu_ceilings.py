@@ -122,18 +122,22 @@ def test_transfer_experiment_refuses_bad_direction():
 
 
 # -- measure_ceilings and ceilings() ----------------------------------------------------------
-def test_measure_ceilings_on_cpu_records_three_ceilings(store):
+def test_measure_ceilings_on_cpu_records_its_ceilings(store):
+    """Per precision the n x n product and the sweep's best (the ceiling, never below the n x n one);
+    the copy, read and write streams. Every record is read back by ceilings() as it was found."""
     lines = []
-    found = measure_ceilings(store, sizes={"n": 64, "copy_mib": 1}, progress=lines.append)
-    assert list(found) == ["matmul_fp32", "matmul_bf16", "copy_bandwidth"]
+    found = measure_ceilings(store, sizes={"n": 64, "copy_mib": 1, "sweep_shapes": [(32, 32, 32), (64, 64, 64)]},
+                             progress=lines.append)
+    assert list(found) == ["matmul_fp32_n64", "matmul_fp32", "matmul_bf16_n64", "matmul_bf16", "copy_bandwidth",
+                           "read_bandwidth", "write_bandwidth"]
     assert all(v > 0 for v in found.values())
+    assert found["matmul_fp32"] >= found["matmul_fp32_n64"] and found["matmul_bf16"] >= found["matmul_bf16_n64"]
     recs = store.records()
-    assert [(r.lesson, r.name, r.unit) for r in recs] == [
-        ("00", "matmul_fp32", "TFLOP/s"), ("00", "matmul_bf16", "TFLOP/s"),
-        ("00", "copy_bandwidth", "GB/s")]
-    assert recs[0].extra["n"] == 64 and recs[2].extra["mib"] == 1
+    assert [(r.lesson, r.name, r.unit) for r in recs] == [("00", k, "GB/s" if "band" in k else "TFLOP/s") for k in found]
+    assert recs[0].extra["n"] == 64 and recs[1].extra["shapes"] == 2 and recs[4].extra["mib"] == 1
     assert [r.value for r in recs] == list(found.values())
-    assert len(lines) == 3 and lines[0].startswith("matmul fp32 n=64:")
+    assert len(lines) == 5 and lines[0].startswith("matmul fp32 n=64:") and "best of 2 shapes" in lines[0]
+    found = {k: v for k, v in found.items() if "_n64" not in k}          # ceilings() names only the ceilings
 
     back = ceilings.ceilings(store)
     assert set(back) == set(found)
@@ -195,3 +199,40 @@ def test_pinned_transfers_beat_pageable(monkeypatch):
     pageable = transfer_experiment("h2d", pinned=False, mib=256)["GB/s"]
     pinned = transfer_experiment("h2d", pinned=True, mib=256)["GB/s"]
     assert pinned > pageable > 0
+
+
+def test_peak_sweep_keeps_the_best_shape_and_checks_first():
+    from gpulab.lessons.l00_gpu_ceilings import peak_sweep
+    shapes = [(32, 32, 32), (64, 64, 64), (64, 32, 64)]
+    got = peak_sweep("fp32", shapes, budget_s=0.01)
+    assert [s for s, _ in got["rows"]] == shapes
+    assert got["best"] == max(v for _, v in got["rows"]) and got["shape"] in shapes
+    assert got["rel. error"] < 1e-5
+
+
+def test_sustained_reports_a_rate_and_says_when_nvml_is_absent():
+    from gpulab.lessons.l00_gpu_ceilings import sustained
+    got = sustained("fp32", (64, 64, 64), seconds=0.05)
+    assert got["TFLOP/s"] > 0 and got["first"] > 0 and got["seconds"] > 0
+    assert got["sm_clock_mhz"] is None and got["power_w"] is None        # the CPU: no NVML
+
+
+@pytest.mark.parametrize("kind", ["read", "write"])
+def test_stream_experiment_measures_one_way_traffic(kind):
+    from gpulab.lessons.l00_gpu_ceilings import stream_experiment
+    got = stream_experiment(kind, 4)
+    assert got["GB/s"] > 0 and got["kernel"] in ("sum", "amax", "fill_", "zero_")
+    with pytest.raises(ValueError):
+        stream_experiment("sideways", 4)
+
+
+def test_memory_floor_divides_by_the_fastest_stream():
+    from gpulab.lessons.l00_gpu_ceilings import memory_floor_ms
+    ms, how = memory_floor_ms(4e9, 0.0, {"read_bandwidth": 4000.0, "write_bandwidth": 3000.0, "copy_bandwidth": 3500.0})
+    assert ms == pytest.approx(1.0) and "read 4,000" in how            # 4 GB at 4,000 GB/s
+    ms, _ = memory_floor_ms(1e9, 1e9, {"read_bandwidth": 4000.0, "write_bandwidth": 1000.0, "copy_bandwidth": 2000.0})
+    assert ms == pytest.approx(1.0)                                    # the writes at 1,000 GB/s set it
+    ms, how = memory_floor_ms(2e9, 0.0, {"copy_bandwidth": 2000.0})
+    assert ms == pytest.approx(1.0) and "not a strict floor" in how
+    with pytest.raises(ValueError):
+        memory_floor_ms(1.0, 1.0, {})

@@ -29,13 +29,24 @@ def test_expect_pass(capsys):
 def test_expect_fail_below_the_band(capsys):
     check = expect("pinned speed-up", 1.2, low=2, high=4)
     assert check.status == "FAIL"
-    assert check.why == "this GPU does not show the expected effect"
+    assert check.why == "1.2 is below the band's low end 2: this GPU did not show the expected effect"
     assert capsys.readouterr().out.startswith("   FAIL  pinned speed-up: 1.2 (expected [2, 4])")
 
 
 def test_expect_fail_above_the_band_gives_the_reason():
-    check = expect("overhead", 9.0, high=5, why_not="another process shares the GPU")
-    assert (check.status, check.why) == ("FAIL", "another process shares the GPU")
+    check = expect("overhead", 9.0, high=5, why_fail="another process shares the GPU")
+    assert (check.status, check.why) == ("FAIL", "9 is above the band's high end 5: another process shares the GPU")
+
+
+def test_a_failure_never_prints_the_skip_reason(capsys):
+    """Issue 15: at full size a real failure printed "tiny scale: ..."; the skip text is for skips only."""
+    check = expect("speed-up", 1.0, low=2, applies=True, why_not="tiny scale: too small to show it",
+                   why_fail="the products were launch-bound")
+    out = capsys.readouterr().out
+    assert check.status == "FAIL" and "tiny scale" not in out and "launch-bound" in out
+    skipped = expect("speed-up", 1.0, low=2, applies=False, why_not="tiny scale: too small to show it",
+                     why_fail="the products were launch-bound")
+    assert skipped.status == "skipped" and skipped.why == "tiny scale: too small to show it"
 
 
 def test_expect_one_sided_band(capsys):

@@ -54,22 +54,27 @@ def test_the_root_conftest_writes_one_line_per_test(tmp_path):
     assert rows[1].clock >= rows[0].clock > 0
 
 
-def test_the_predictor_is_within_30_percent_on_the_committed_h200_run(capsys):
-    """The README quotes this check (every notebook within 30 %, 01 and 05 the furthest): it holds as long
-    as the lessons' plans and the committed run agree."""
+# The committed H200 runs the predictor is held to, oldest first: (GPULAB_TIMINGS file, the results store
+# whose notebook-00 records were that run's ceilings). Each notebook is checked on the newest run that has it,
+# so a run of a few changed notebooks supersedes the whole-course run for those notebooks only.
+PREDICTOR_RUNS = [
+    ("h200-2026-11-30-s3-course-timings.tsv", "h200-2026-11-30-s3-course.json"),
+    ("h200-2026-11-30-s3-course-2-timings.tsv", "h200-2026-11-30-s3-course.json"),
+]
+
+
+def test_the_predictor_is_within_30_percent_on_the_committed_h200_runs(capsys):
+    """The README says every notebook's predicted time came within 30 % of its newest committed H200 run."""
     import re
     from pathlib import Path
     from gpulab.tools.coursetime import per_file, print_predictions, read
     root = Path(__file__).resolve().parents[2] / "results"
-    rows = []
-    for timings in ("h200-2026-11-30-s3-course-timings.tsv", "h200-2026-11-30-s3-course-2-timings.tsv"):
-        rows += print_predictions(per_file(read(root / timings)), str(root / "h200-2026-11-30-s3-course.json"), "full")
-    assert len(rows) == 15
-    errors = {re.search(r"/(\d\d)_", name).group(1): err for name, *_, err in rows}
-    assert all(abs(e) <= 0.30 for e in errors.values()), errors
-    readme = (root.parent / "README.md").read_text()
-    for lesson in ("01", "05"):
-        assert f"{lesson}: {errors[lesson]:+.0%}".replace("%", " %") in readme
+    errors = {}
+    for timings, store in PREDICTOR_RUNS:
+        for name, *_, err in print_predictions(per_file(read(root / timings)), str(root / store), "full"):
+            errors[re.search(r"/(\d\d)_", name).group(1)] = (err, timings)
+    assert len(errors) == 15
+    assert all(abs(e) <= 0.30 for e, _ in errors.values()), errors
 
 
 def test_the_readmes_course_times_are_the_committed_runs():
