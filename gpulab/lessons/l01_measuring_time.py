@@ -1,11 +1,18 @@
 """Lesson 01, measuring GPU time right: its knobs and its headline measurement.
 
-The notebook shows the timing code itself (`gpulab.core.timing.benchmark`, `host_time_no_sync`);
-this module holds what the notebook and `gpulab bench` share: the sizes, and `headline`, the
-largest product of the notebook's sweep timed the wrong way (host clock, no synchronize) and
-the right way (CUDA events after a synchronize).
+The notebook shows the timing code itself (`gpulab.core.timing`: `host_time_no_sync`, the CUDA-event
+timer behind `benchmark`); this module holds what the notebook and `gpulab bench` share: the sizes,
+and `headline`, the largest product of the notebook's sweep timed the wrong way (host clock, no
+synchronize) and the right way (CUDA events after a synchronize). Section 6's measurements of where
+events mislead are here too, shown in the notebook: `events_vs_kernel` (a launch-bound product, timed
+with events and by the profiler's kernel time), `l2_warm_vs_flushed` (a warm-cache repeat against one
+after an L2 flush), `kernel_ms_per_call` (the profiler reading both use) and `torch_timer`
+(torch.utils.benchmark.Timer).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -19,9 +26,11 @@ TITLE = "measuring time"
 HEADLINE = "CUDA events / host clock without sync, ms"      # the metric bands.toml judges
 CONFIG = {
     # sizes of the notebook's sweep (n x n fp32 matrix products); the headline times the largest
-    "tiny": dict(sizes=[64, 128, 256, 512], first_call_n=256, spread_n=32, profile_width=128, profile_batch=32),
+    # section 6: launch_n, a product too small to keep the GPU busy between launches; profiled_calls of it
+    "tiny": dict(sizes=[64, 128, 256, 512], first_call_n=256, spread_n=32, profile_width=128, profile_batch=32,
+                 launch_n=32, profiled_calls=20),
     "full": dict(sizes=[256, 512, 1024, 2048, 4096, 8192], first_call_n=4096, spread_n=256, profile_width=4096,
-                 profile_batch=1024),
+                 profile_batch=1024, launch_n=256, profiled_calls=200),
 }
 
 
@@ -80,3 +89,105 @@ def headline(scale: str | None = None) -> Measured:
     return Measured(wrong, right, "ms", right / wrong, True,
                     "nothing to compare: both columns time the same x @ x",
                     f"host clock, no sync (fp32 n={n})", "CUDA events + sync")
+
+
+# -- section 6: when CUDA events mislead --------------------------------------------------------------
+def kernel_ms_per_call(fn: Callable[[], object], op: str, calls: int,
+                       before: Callable[[], object] | None = None) -> float | None:
+    """The GPU time of the kernels that the aten operator `op` (e.g. "aten::mm") launched, per call of
+    `fn`, as torch.profiler reads it on the GPU (CUPTI: each kernel's own start and end), so the host's
+    launch gaps are not in it. `before` runs ahead of each call, outside `op` (an L2 flush, say).
+    None on the CPU: there are no kernels to read."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = pick_device()
+    if device.type != "cuda":
+        return None
+    if before is not None:
+        before()
+    fn()                                           # warm-up outside the profile
+    sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            if before is not None:
+                before()
+            fn()
+        sync(device)
+    times_us = [e.device_time_total for e in prof.events() if e.name == op]
+    return sum(times_us) / len(times_us) / 1e3 if times_us else None
+
+
+@dataclass(frozen=True)
+class EventsVsKernel:
+    """One n x n fp32 product: CUDA events around each call against the kernel's own time."""
+    n: int
+    events_ms: float            # benchmark(): median of CUDA events around each call (host clock on the CPU)
+    kernel_ms: float | None     # torch.profiler: GPU time of the product's kernels per call (None on the CPU)
+
+    @property
+    def ratio(self) -> float | None:
+        """events / kernel: 1 when the GPU is the bottleneck, above it when the launches are."""
+        return self.events_ms / self.kernel_ms if self.kernel_ms else None
+
+
+def events_vs_kernel(n: int, calls: int) -> EventsVsKernel:
+    """A small product timed as `benchmark` times it (events around each call, all queued back to back)
+    and by its kernel time in the profiler. Where the host needs longer to launch a product than the GPU
+    needs to run it, the GPU waits between the start event and the kernel: the events hold that wait."""
+    device = pick_device()
+    x = torch.randn(n, n, device=device)
+    events = benchmark(lambda: x @ x, repeat=calls).median_ms
+    kernel = kernel_ms_per_call(lambda: x @ x, "aten::mm", calls)
+    del x
+    return EventsVsKernel(n, events, kernel)
+
+
+def l2_bytes(device: torch.device | None = None) -> int | None:
+    """This GPU's L2 cache in bytes (None on the CPU)."""
+    device = device or pick_device()
+    if device.type != "cuda":
+        return None
+    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)) or None
+
+
+@dataclass(frozen=True)
+class WarmVsFlushed:
+    """One read of `nbytes` (a sum), repeated: kernel time with the data left in L2 from the call
+    before, and with L2 flushed before each call."""
+    nbytes: int
+    l2_bytes: int
+    warm_ms: float | None
+    flushed_ms: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        """flushed / warm: how much the warm repeat flatters the kernel."""
+        return self.flushed_ms / self.warm_ms if self.warm_ms and self.flushed_ms else None
+
+
+def l2_warm_vs_flushed(calls: int, share: float = 0.5) -> WarmVsFlushed | None:
+    """Sum a tensor of `share` x L2's size `calls` times in a row (after the first call it is in L2),
+    then the same with an L2 flush (writing a buffer twice the size of L2) before each call. Both read
+    by the profiler's kernel time, so launch gaps are in neither. None on the CPU."""
+    device = pick_device()
+    l2 = l2_bytes(device)
+    if l2 is None:
+        return None
+    x = torch.randn(int(l2 * share) // 4, device=device)          # fp32: 4 bytes an element
+    flush = torch.empty(2 * l2 // 4, device=device)
+    warm = kernel_ms_per_call(x.sum, "aten::sum", calls)
+    flushed = kernel_ms_per_call(x.sum, "aten::sum", calls, before=flush.zero_)
+    nbytes = x.numel() * x.element_size()
+    del x, flush
+    return WarmVsFlushed(nbytes, l2, warm, flushed)
+
+
+def torch_timer(stmt: str, env: dict, min_run_time: float = 0.2):
+    """torch.utils.benchmark.Timer(stmt).blocked_autorange(), whose Measurement has `.median` and `.iqr`
+    in seconds. PyTorch handles the warm-up (its block-size estimate runs the statement first) and the
+    synchronize (its clock synchronizes the GPU when read); it times *blocks* of back-to-back calls on
+    the host clock and divides. It runs with this process's CPU threads: the Timer's default is one."""
+    from torch.utils.benchmark import Timer
+
+    return Timer(stmt=stmt, globals=env, num_threads=torch.get_num_threads()).blocked_autorange(
+        min_run_time=min_run_time)

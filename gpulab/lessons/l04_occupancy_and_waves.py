@@ -7,6 +7,8 @@
 - `triton_status()`: whether this machine can run the lesson's Triton kernels, and if not, why.
 - `scale_kernel`, `wave_kernel`: the lesson's two Triton kernels, written as plain functions and
   compiled with `triton.jit` on first use (Triton is imported only where a CUDA GPU is present).
+- `scale_kernel_resources`: what `scale_kernel` compiled for this GPU uses (registers...) for one
+  BLOCK_SIZE / num_warps, read at run time: the numbers notebook 04 predicts occupancy from.
 - `bandwidth_experiment`: achieved GB/s of `scale_kernel` for one BLOCK_SIZE / num_warps.
 - `WaveKernel`, `waves`: fixed work per program; run time against the number of programs.
 - `CONFIG`, `config(scale)`: the lesson's sizes, shared by the notebook and `gpulab bench`.
@@ -410,6 +412,24 @@ def bandwidth_elements(scale: str | None = None) -> int:
     while free is not None and n > 2**20 and 3 * 4 * n > free[0] // 4:
         n //= 2
     return n
+
+
+def scale_kernel_resources(block_size: int, num_warps: int) -> KernelResources:
+    """What `scale_kernel` compiled for this GPU uses at one BLOCK_SIZE and num_warps. Notebook 04.
+
+    Compiles it by launching it once on a 4 MiB buffer: a launch gives Triton the specialization the
+    bandwidth experiment's launches get too (16-byte-aligned pointers, a length divisible by 16), so
+    this is the same compiled kernel, cached for them. ValueError where Triton cannot run."""
+    if block_size not in BLOCK_SIZES:
+        raise ValueError(f"block_size must be one of {', '.join(map(str, BLOCK_SIZES))} (got {block_size!r}).")
+    if num_warps not in NUM_WARPS:
+        raise ValueError(f"num_warps must be one of {', '.join(map(str, NUM_WARPS))} (got {num_warps!r}).")
+    kernel = _jitted("scale")
+    n = 2**20
+    x = torch.zeros(n, device=pick_device())
+    y = torch.empty_like(x)
+    compiled = kernel[(triton.cdiv(n, block_size),)](x, y, n, BLOCK_SIZE=block_size, num_warps=num_warps)
+    return kernel_resources(compiled)
 
 
 def bandwidth_experiment(block_size: int = 1024, num_warps: int = 4, n: int | None = None) -> dict:

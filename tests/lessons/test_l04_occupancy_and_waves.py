@@ -233,6 +233,15 @@ def test_bandwidth_experiment_refuses_without_a_gpu(on_cpu):
         bandwidth_experiment(num_warps=3)
 
 
+def test_scale_kernel_resources_refuse_without_a_gpu(on_cpu):
+    with pytest.raises(ValueError, match="needs a CUDA GPU with Triton: no CUDA GPU"):
+        occ_mod.scale_kernel_resources(1024, 4)
+    with pytest.raises(ValueError, match="block_size must be one of"):
+        occ_mod.scale_kernel_resources(100, 4)
+    with pytest.raises(ValueError, match="num_warps must be one of"):
+        occ_mod.scale_kernel_resources(1024, 3)
+
+
 def test_the_panel_shows_the_refusal_on_the_cpu(on_cpu, capsys):
     panel = Panel(bandwidth_experiment, {"block_size": Choice(BLOCK_SIZES), "num_warps": Choice(NUM_WARPS)},
                   metric="GB/s")
@@ -261,6 +270,8 @@ def test_the_triton_kernels_run_and_are_checked():
         pytest.skip(why)
     r = bandwidth_experiment(1024, 4, n=2**22)
     assert r["GB/s"] > 0 and r["registers"] > 0 and 0 < r["occupancy %"] <= 100
+    res = occ_mod.scale_kernel_resources(1024, 4)           # the same compiled kernel, read without timing it
+    assert res.registers_per_thread == r["registers"] and res.num_warps == 4
     wave = occ_mod.WaveKernel(iters=4, waves_shown=1)
     assert isinstance(wave.occupancy, Occupancy) and wave.occupancy.active_blocks >= 1
     assert wave.slots == torch.cuda.get_device_properties(0).multi_processor_count * wave.occupancy.active_blocks
