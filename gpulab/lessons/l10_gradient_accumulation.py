@@ -3,10 +3,14 @@
 The accumulation itself is `gpulab.models.step.train_step(..., accumulation=steps)`, on lesson 09's
 model (`gpulab.models.transformer.TransformerStack`, `STACK`). This module holds what notebook 10 and
 `gpulab bench` share: the sizes (`CONFIG`, `config`), `accumulation_check` (accumulated gradients equal
-the big batch's, in fp32, and what not dividing does) and `headline`, the peak memory of one big batch
-against the same batch in accumulated micro-batches.
+the big batch's, in fp32, and what not dividing does), `update_ratio` (what not dividing does to one
+SGD or AdamW update) and `headline`, the peak memory of one big batch against the same batch in
+accumulated micro-batches.
 """
 from __future__ import annotations
+
+import copy
+import math
 
 import torch
 from torch import nn
@@ -84,8 +88,9 @@ def plan(scale: str | None = None) -> Plan:
     for k, work in ((0, 1.0), (1, RECOMPUTE)):
         best, samples = search_plan(cfg, k)
         searched += work * (samples + 4 * best)
-    # fp32 (TF32 off): accumulation_check in section 3 and in the headline, each 3 steps of check_micro x steps
-    fp32 = 2 * 3 * cfg["check_micro"] * cfg["steps"]
+    # fp32 (TF32 off): accumulation_check in section 3 and in the headline, each 3 steps of check_micro x steps;
+    # update_ratio for SGD and AdamW in section 3, each 2 steps of the same batch
+    fp32 = (2 * 3 + 2 * 2) * cfg["check_micro"] * cfg["steps"]
     return Plan(host_s=HOST_S, host_source=HOST_SOURCE, work=[
         Work("matmul_bf16", accumulated * sample, 0.5, f"{accumulated} samples in bf16 micro-batches of {micro}"),
         Work("matmul_bf16", big * sample, 0.6, f"{big} samples in bf16 big batches"),
@@ -123,6 +128,43 @@ def accumulation_check(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps
     big_norm = norm(big)
     return {"divided": max((a - b).abs().max().item() for a, b in zip(accumulated, big)) / big_norm,
             "undivided": norm(undivided) / big_norm}
+
+
+OPTIMIZERS = {"SGD": torch.optim.SGD, "AdamW": torch.optim.AdamW}
+
+
+def update_ratio(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, optimizer: str,
+                 lr: float = 1e-3) -> float:
+    """Plain fp32 (TF32 off): the size (norm over every weight) of one `optimizer` update made from the
+    undivided accumulated gradients (the classic mistake, `steps` times too large), over the size of
+    the update from the correctly divided ones. Both start from the same weights with a fresh optimizer
+    (its defaults, learning rate `lr`); the model's weights are put back and left without gradients.
+    Notebook 10.
+
+    SGD moves each weight by lr x gradient: the ratio is `steps`, as if lr were `steps` times larger.
+    AdamW's first update is lr x m / (sqrt(v) + eps), with m and v running means of the gradient and
+    of its square: a gradient `steps` times larger cancels out, and the ratio is 1 up to eps (its
+    decoupled weight decay does not see the gradient at all).
+    """
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)} (got {optimizer!r})")
+    params = list(model.parameters())
+    start = copy.deepcopy(model.state_dict())
+    sizes = []
+    try:
+        with float32_matmul("ieee"):
+            for divide in (True, False):
+                model.load_state_dict(start)
+                before = [p.detach().clone() for p in params]
+                opt = OPTIMIZERS[optimizer](params, lr=lr)
+                train_step(model, x, y, optimizer=opt, accumulation=steps, divide=divide)
+                sizes.append(math.sqrt(sum(float(((p.detach() - b).double() ** 2).sum())
+                                           for p, b in zip(params, before))))
+                del opt, before
+    finally:
+        model.load_state_dict(start)
+        model.zero_grad(set_to_none=True)
+    return sizes[1] / sizes[0]
 
 
 def headline(scale: str | None = None) -> Measured:

@@ -11,10 +11,15 @@ CUDA graph replay, each checked before it is timed.
 - `MLP` / `make_mlp_step`: a small MLP's forward + backward, the model-sized launch-bound case.
 - `capture_violation(kind)`: breaks a capture rule in a fresh process (a failed capture can leave
   the CUDA context unusable) and returns what PyTorch said.
+- `cudagraph_skips()`: how often torch.compile declined to record CUDA graphs in this process;
+  `step_profile(fn)`: where a step's time goes, host against GPU (host clock, profiler kernels);
+  `gpu_memory()`: allocated and reserved bytes, to see what a graph's private pool holds.
 """
 from __future__ import annotations
 
+import gc
 import sys
+import time
 from typing import Callable
 import torch
 from torch import nn
@@ -164,6 +169,76 @@ def max_difference(a, b) -> float:
     if len(a) != len(b):
         raise ValueError(f"{len(a)} tensors vs {len(b)}")
     return max(float((x.double() - y.double()).abs().max()) for x, y in zip(a, b))
+
+
+def cudagraph_skips() -> int:
+    """How often torch.compile has declined to record CUDA graphs in this process (inductor's counter,
+    `torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]`): read it before and after a
+    `mode="reduce-overhead"` run; a difference means that run used compiled kernels without graphs
+    (its log, `TORCH_LOGS="perf_hints"`, says why)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:                      # pragma: no cover - a torch without dynamo
+        return 0
+    return int(counters["inductor"]["cudagraph_skips"])
+
+
+def merge_intervals(intervals) -> list[tuple[float, float]]:
+    """The union of (start, end) intervals as sorted, disjoint intervals. Lesson 14 uses it too."""
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def merged_ms(intervals) -> float:
+    """Total length of the union of (start, end) intervals, in their unit / 1e3 (profiler us -> ms):
+    the time at least one of them was running."""
+    return sum(b - a for a, b in merge_intervals(intervals)) / 1e3
+
+
+def step_profile(fn: Callable[[], object], steps: int = 20) -> dict[str, float]:
+    """Where one step's time goes, per step, after one warm call:
+    - `host ms`: host clock while `steps` calls are issued, before any synchronize (the CPU's own work;
+      it includes waiting only if the GPU's launch queue fills);
+    - `wall ms`: host clock until the GPU has finished them too;
+    - `GPU busy ms`: time at least one kernel (or copy) ran, from `torch.profiler` device events, over
+      a second run of `steps` calls; `kernels`: how many ran per step.
+    A step whose host ms is close to its wall ms while the GPU is busy a fraction of it is host-bound:
+    the CPU, not the GPU, sets its pace. CUDA only."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    require_cuda(NO_GRAPHS)
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    host = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    spans = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return {"host ms": host * 1e3 / steps, "wall ms": wall * 1e3 / steps,
+            "GPU busy ms": merged_ms(spans) / steps, "kernels": len(spans) / steps}
+
+
+def gpu_memory() -> tuple[int, int]:
+    """(allocated, reserved) bytes on the current CUDA device, after a garbage collection and a
+    synchronize; (0, 0) without CUDA. Reserved holds what the caching allocator keeps, a CUDA graph's
+    private pool included, until the graph is freed and `torch.cuda.empty_cache()` runs."""
+    gc.collect()
+    if not torch.cuda.is_available():
+        return 0, 0
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
 
 
 _VIOLATION = r'''

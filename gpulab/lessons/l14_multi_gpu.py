@@ -1,5 +1,6 @@
 """Lesson 14's multi-process experiments: DataParallel against DistributedDataParallel, NCCL
-all-reduce bandwidth, DDP's gradient buckets and `no_sync()`, and a two-stage pipeline.
+all-reduce bandwidth, DDP's gradient buckets (their overlap with backward, and a profile of what the
+GPU ran) and `no_sync()`, and a two-stage pipeline.
 
 Everything a worker process runs lives here (importable), so the notebook only starts it:
 
@@ -54,16 +55,21 @@ FIXED_ENV = {"NCCL_NVLS_ENABLE": "0"}
 
 
 # Problem sizes. "tiny" runs on 2 CPU processes (gloo) in seconds; "full" is for 2+ GPUs.
+# buckets_mb: section 4's bucket caps (None: one bucket for the whole model; the middle one is the default
+# cap's place); panel_buckets_mb: the caps the notebook's bucket panel offers (the largest holds the whole
+# model); profile_steps: DDP steps profiled (CUDA kernels) at the middle cap, on GPUs only.
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": dict(
         model=dict(n_blocks=2, width=32, heads=2, seq=16), batch=4, warmup=2, repeat=5,
-        buckets_mb=(0.01, 0.025, None), accum_steps=4, accum_micro=1,
+        buckets_mb=(0.01, 0.025, None), panel_buckets_mb=(0.01, 0.025, 0.05, 1.0), profile_steps=3,
+        accum_steps=4, accum_micro=1,
         allreduce_bytes=(2**12, 2**16, 2**20), allreduce_warmup=2, allreduce_repeat=5,
         pipe_model=dict(n_blocks=4, width=32, heads=2, seq=16), pipe_batch=8,
         pipe_micro=(1, 2, 4, 8), pipe_warmup=1, pipe_repeat=3, timeout_s=120),
     "full": dict(
         model=dict(n_blocks=6, width=1024, heads=16, seq=512), batch=8, warmup=3, repeat=15,
-        buckets_mb=(1, 25, None), accum_steps=4, accum_micro=2,
+        buckets_mb=(1, 25, None), panel_buckets_mb=(1, 5, 25, 100, 400), profile_steps=5,
+        accum_steps=4, accum_micro=2,
         allreduce_bytes=tuple(2**k for k in range(13, 31, 2)) + (2**30,),   # 8 KiB .. 1 GiB
         allreduce_warmup=5, allreduce_repeat=20,
         pipe_model=dict(n_blocks=8, width=1024, heads=16, seq=512), pipe_batch=32,
@@ -101,11 +107,18 @@ def ring_bytes_per_gpu(nbytes: float, n: int) -> float:
 
 
 def dp_bytes_gpu0(param_bytes: float, n: int) -> float:
-    """Bytes through GPU 0 per DataParallel step: the weights broadcast to n-1 replicas, and
-    their n-1 gradients reduced back onto GPU 0 (inputs and outputs not counted)."""
+    """Bytes GPU 0 sends, and receives, per DataParallel step over n GPUs (inputs and outputs not counted).
+
+    `nn.DataParallel` replicates the module every step with `torch.nn.parallel.comm.broadcast_coalesced`
+    and sums the replicas' gradients onto GPU 0 with `comm.reduce_add_coalesced`: an NCCL broadcast and
+    an NCCL reduce (in chunks of up to 10 MiB) when NCCL is available, as in every CUDA build of PyTorch.
+    NCCL runs both along a ring, so GPU 0 sends the weights once and receives the summed gradients once,
+    whatever n: `param_bytes` each way (0 on one GPU, where nothing is replicated). Without NCCL the
+    fallback copies from GPU 0 to each other GPU and back: n - 1 times as much.
+    """
     if n < 1:
         raise ValueError(f"need at least one GPU (got {n})")
-    return 2 * (n - 1) * param_bytes
+    return float(param_bytes) if n > 1 else 0.0
 
 
 def bubble_fraction(stages: int, micro_batches: int) -> float:
@@ -131,6 +144,47 @@ def overlap_fraction(compute_ms: float, comm_ms: float, step_ms: float) -> float
     if comm_ms <= 0:
         return None
     return min(1.0, max(0.0, (compute_ms + comm_ms - step_ms) / comm_ms))
+
+
+def kernel_kind(name: str) -> str:
+    """What a GPU kernel of a DDP step is: "nccl" (a collective), "copy" (memcpy, memset, copy and fill
+    kernels: DDP's gradient copies into its buckets among them) or "compute" (everything else)."""
+    low = name.lower()
+    if "nccl" in low:
+        return "nccl"
+    if low.startswith(("memcpy", "memset")) or "copy" in low or "fill" in low:
+        return "copy"
+    return "compute"
+
+
+def kernel_breakdown(kernels: Sequence[tuple[str, float, float]], steps: int = 1) -> dict[str, float]:
+    """From a profile's GPU kernels, (name, start us, end us), over `steps` steps: per step, the time (ms)
+    kernels of each kind ran (`kernel_kind`; the union of their intervals, so concurrent ones count once),
+    the time any kernel ran (`busy_ms`), `nccl_beside_compute_ms`, how long NCCL kernels ran while a
+    compute or copy kernel ran too, and the number of kernels."""
+    from gpulab.lessons.l11_cuda_graphs import merge_intervals
+
+    def length(spans) -> float:
+        return sum(b - a for a, b in spans) / 1e3 / steps
+
+    by_kind: dict[str, list] = {"nccl": [], "copy": [], "compute": []}
+    for name, a, b in kernels:
+        by_kind[kernel_kind(name)].append((a, b))
+    nccl = merge_intervals(by_kind["nccl"])
+    other = merge_intervals(by_kind["copy"] + by_kind["compute"])
+    both, i, j = [], 0, 0
+    while i < len(nccl) and j < len(other):           # intersection of two sorted disjoint lists
+        a, b = max(nccl[i][0], other[j][0]), min(nccl[i][1], other[j][1])
+        if a < b:
+            both.append((a, b))
+        if nccl[i][1] < other[j][1]:
+            i += 1
+        else:
+            j += 1
+    out = {f"{kind}_ms": length(merge_intervals(spans)) for kind, spans in by_kind.items()}
+    out.update(busy_ms=length(merge_intervals([(a, b) for _, a, b in kernels])),
+               nccl_beside_compute_ms=length(both), kernels=len(kernels) / steps)
+    return out
 
 
 def check_micro_batches(batch: int, micro_batches: int) -> None:
@@ -488,8 +542,11 @@ def bucket_buffers(sizes: Sequence[int], device: torch.device) -> list[torch.Ten
 
 
 def exp_ddp(ctx: Ctx, model: dict, batch: int, warmup: int, repeat: int, buckets_mb: Sequence[float | None],
-            accum_steps: int, accum_micro: int, tol: float = GRAD_TOL, corrupt: bool = False) -> dict:
-    """DDP: gradients checked, throughput, bucket sizes against overlap, `no_sync()` accumulation.
+            accum_steps: int, accum_micro: int, tol: float = GRAD_TOL, corrupt: bool = False,
+            gradient_as_bucket_view: bool = False, profile_steps: int = 0) -> dict:
+    """DDP: gradients checked, throughput, `no_sync()` accumulation, and each bucket cap of `buckets_mb`
+    (`bucket_run`: checked, then DDP step, compute only and communication only; the middle cap
+    profiled over `profile_steps` steps on GPUs).
 
     `corrupt=True` skips the all-reduce of the checked step (each rank keeps its own gradient):
     the check must then fail. It exists to show that the check can fail.
@@ -497,8 +554,7 @@ def exp_ddp(ctx: Ctx, model: dict, batch: int, warmup: int, repeat: int, buckets
     dev, r, n = ctx.device, ctx.rank, ctx.world
     ids = [dev.index] if dev.type == "cuda" else None
     base = build_model(model, dev)
-    sizes_of_params = [p.numel() * p.element_size() for p in base.parameters()]
-    params_bytes = sum(sizes_of_params)
+    params_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
     ref_net = copy.deepcopy(base)
     net = copy.deepcopy(base)
     ddp = nn.parallel.DistributedDataParallel(net, device_ids=ids)
@@ -522,7 +578,7 @@ def exp_ddp(ctx: Ctx, model: dict, batch: int, warmup: int, repeat: int, buckets
         with ddp.no_sync() if corrupt else contextlib.nullcontext():
             _step(ddp, xs, ys)
         got = _grads(list(net.parameters()))
-        ref = ref_acc = None
+        ref = ref_acc = None      # rank 0: the single-device step on every process's samples
         if r == 0:
             _step(ref_net, xg, yg)
             ref = _grads(list(ref_net.parameters()))
@@ -537,17 +593,12 @@ def exp_ddp(ctx: Ctx, model: dict, batch: int, warmup: int, repeat: int, buckets
                     ref_acc = _grads(list(ref_net.parameters()))
                 name = f"{k} micro-steps " + ("with no_sync" if use else "without no_sync")
                 checks[name] = check_grads(got, ref_acc, tol, name)
-        del ref, ref_acc
+        del ref_acc                # ref stays: each bucket cap below is checked against it
     ref_net.zero_grad(set_to_none=True)
 
     def ddp_step(d, x=xs, y=ys):
         d.zero_grad(set_to_none=True)
         _step(d, x, y)
-
-    def compute_only(d):
-        d.zero_grad(set_to_none=True)
-        with d.no_sync():
-            _step(d, xs, ys)
 
     def bench(fn):
         return benchmark(fn, warmup=warmup, repeat=repeat, device=dev)
@@ -563,30 +614,124 @@ def exp_ddp(ctx: Ctx, model: dict, batch: int, warmup: int, repeat: int, buckets
         out["accumulation"] = {"without no_sync": _timing_dict(t_sync, k * mb * n),
                                "with no_sync": _timing_dict(t_nosync, k * mb * n)}
         del ddp, net
-        buckets = []
-        for cap in buckets_mb:
-            cap_mb = cap if cap is not None else params_bytes / MiB * 1.01 + 1   # one bucket: the whole model
-            m = copy.deepcopy(base)
-            d = nn.parallel.DistributedDataParallel(m, device_ids=ids, bucket_cap_mb=cap_mb)
-            t_ddp = bench(lambda: ddp_step(d))            # its first steps also rebuild the buckets
-            t_comp = bench(lambda: compute_only(d))
-            bufs = bucket_buffers(bucket_layout(sizes_of_params, int(cap_mb * MiB)), dev)
-
-            def comm():
-                works = [dist.all_reduce(b, async_op=True) for b in bufs]   # as DDP issues them
-                for w in works:
-                    w.wait()
-
-            t_comm = bench(comm)
-            buckets.append({
-                "cap_mb": cap_mb, "label": "whole model" if cap is None else f"{cap:g} MiB",
-                "n_buckets": len(bufs),
-                "ddp_ms": t_ddp.median_ms, "compute_ms": t_comp.median_ms, "comm_ms": t_comm.median_ms,
-                "overlap": overlap_fraction(t_comp.median_ms, t_comm.median_ms, t_ddp.median_ms),
-                "ddp_ms_by_rank": ctx.gather(t_ddp.median_ms)})
-            del d, m, bufs
-        out["buckets"] = buckets
+        middle = buckets_mb[len(buckets_mb) // 2]
+        out["buckets"] = [bucket_run(ctx, base, xs, ys, ref, cap, gradient_as_bucket_view, warmup, repeat, tol,
+                                     profile_steps if cap == middle else 0) for cap in buckets_mb]
     return out
+
+
+def bucket_run(ctx: Ctx, base: nn.Module, xs: torch.Tensor, ys: torch.Tensor, ref: Sequence[torch.Tensor] | None,
+               cap: float | None, gradient_as_bucket_view: bool, warmup: int, repeat: int, tol: float = GRAD_TOL,
+               profile_steps: int = 0) -> dict:
+    """DDP on a copy of `base` with gradient buckets of `cap` MiB (None: one bucket for the whole model):
+    its gradients checked against `ref` (rank 0's single-device step on every process's samples), then
+    three timings on the same batch: the DDP step; compute only (the same step under `no_sync()`); the
+    communication alone (one all-reduce per bucket, laid out as DDP lays them out, started back to back
+    as DDP starts them). With `profile_steps`, on GPUs, also a profile of both steps (`profile_steps_of`).
+
+    `gradient_as_bucket_view=True` makes each `.grad` a view into its bucket, so backward writes the
+    gradients where the all-reduce reads them instead of being copied there; the views survive only
+    if the gradients are zeroed in place (`zero_grad(set_to_none=False)`), which is what the steps do then.
+    """
+    dev = ctx.device
+    ids = [dev.index] if dev.type == "cuda" else None
+    sizes_of_params = [p.numel() * p.element_size() for p in base.parameters()]
+    params_bytes = sum(sizes_of_params)
+    cap_mb = cap if cap is not None else params_bytes / MiB * 1.01 + 1     # one bucket: the whole model
+    label = "whole model" if cap is None else f"{cap:g} MiB"
+    m = copy.deepcopy(base)
+    d = nn.parallel.DistributedDataParallel(m, device_ids=ids, bucket_cap_mb=cap_mb,
+                                            gradient_as_bucket_view=gradient_as_bucket_view)
+
+    def ddp_step():
+        d.zero_grad(set_to_none=not gradient_as_bucket_view)
+        _step(d, xs, ys)
+
+    def compute_only():
+        d.zero_grad(set_to_none=not gradient_as_bucket_view)
+        with d.no_sync():
+            _step(d, xs, ys)
+
+    with float32_matmul("ieee"):
+        for _ in range(2):                 # the second step runs in the rebuilt buckets (and, as views, in them)
+            ddp_step()
+        diff = check_grads(_grads(list(m.parameters())), ref, tol, f"DDP, {label} buckets") if ref is not None else None
+    bufs = bucket_buffers(bucket_layout(sizes_of_params, int(cap_mb * MiB)), dev)
+
+    def comm():
+        works = [dist.all_reduce(b, async_op=True) for b in bufs]   # as DDP issues them
+        for w in works:
+            w.wait()
+
+    with _speed_mode(dev):
+        t_ddp = benchmark(ddp_step, warmup=warmup, repeat=repeat, device=dev)
+        t_comp = benchmark(compute_only, warmup=warmup, repeat=repeat, device=dev)
+        t_comm = benchmark(comm, warmup=warmup, repeat=repeat, device=dev)
+        if profile_steps and dev.type == "cuda":
+            profile = profile_steps_of({"DDP step": ddp_step, "compute only": compute_only}, profile_steps, dev)
+        else:
+            profile = None if profile_steps == 0 else {
+                "skipped": "the profile reads CUDA kernels: with gloo on CPU processes the all-reduce runs on the host"}
+    row = {"cap_mb": cap_mb, "label": label, "n_buckets": len(bufs), "gradient_as_bucket_view": gradient_as_bucket_view,
+           "grad_diff": diff, "ddp_ms": t_ddp.median_ms, "compute_ms": t_comp.median_ms, "comm_ms": t_comm.median_ms,
+           "overlap": overlap_fraction(t_comp.median_ms, t_comm.median_ms, t_ddp.median_ms),
+           "ddp_ms_by_rank": ctx.gather(t_ddp.median_ms), "profile": profile}
+    return row                  # d, m and the buffers go with this frame
+
+
+def profile_steps_of(fns: dict[str, Callable[[], None]], steps: int, device: torch.device) -> dict:
+    """`steps` calls of each fn under `torch.profiler` (CUDA activity), their kernels sorted by
+    `kernel_breakdown`, and the wall time per step (host clock, synchronized; the profiler adds a little).
+    Every rank runs it (the steps' collectives need all of them) and runs the steps even if the profiler
+    fails, so the ranks stay in step; the failure is reported as {"error": ...}."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    out: dict[str, Any] = {}
+    errors = []
+    for label, fn in fns.items():
+        fn()
+        torch.cuda.synchronize(device)
+        prof, error = None, None
+        try:
+            prof = profile(activities=[ProfilerActivity.CUDA])
+            prof.start()
+        except Exception as err:            # noqa: BLE001 - the steps must run on every rank regardless
+            prof, error = None, f"{type(err).__name__}: {err}"
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize(device)
+        wall = time.perf_counter() - t0
+        try:
+            if prof is not None:
+                prof.stop()
+                kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+                           if e.device_type == DeviceType.CUDA]
+                out[label] = dict(kernel_breakdown(kernels, steps), wall_ms=wall * 1e3 / steps)
+        except Exception as err:            # noqa: BLE001
+            error = f"{type(err).__name__}: {err}"
+        if error:
+            errors.append(f"{label}: {error}")
+    return {"error": "; ".join(errors)} if errors else out
+
+
+def exp_buckets(ctx: Ctx, model: dict, batch: int, warmup: int, repeat: int, bucket_cap_mb: float,
+                gradient_as_bucket_view: bool = False, profile_steps: int = 0, tol: float = GRAD_TOL) -> dict:
+    """One bucket cap, with or without `gradient_as_bucket_view` (`bucket_run`): the notebook's bucket panel."""
+    dev, r, n = ctx.device, ctx.rank, ctx.world
+    base = build_model(model, dev)
+    xg, yg = (t.to(dev) for t in global_batch(model, batch * n))
+    ref = None
+    if r == 0:
+        ref_net = copy.deepcopy(base)
+        with float32_matmul("ieee"):
+            _step(ref_net, xg, yg)
+        ref = _grads(list(ref_net.parameters()))
+        del ref_net
+    row = bucket_run(ctx, base, xg[r * batch:(r + 1) * batch], yg[r * batch:(r + 1) * batch], ref,
+                     bucket_cap_mb, gradient_as_bucket_view, warmup, repeat, tol, profile_steps)
+    return {"world": n, "tol": tol, "bucket": row}
 
 
 def link_info(devices: Sequence[int]) -> dict[str, Any]:
@@ -786,8 +931,8 @@ def exp_suite(ctx: Ctx, ddp: dict, allreduce: dict, pipeline: dict | None = None
 
 
 EXPERIMENTS: dict[str, Callable[..., dict]] = {
-    "hello": exp_hello, "dp": exp_dp, "ddp": exp_ddp, "allreduce": exp_allreduce, "pipeline": exp_pipeline,
-    "suite": exp_suite,
+    "hello": exp_hello, "dp": exp_dp, "ddp": exp_ddp, "buckets": exp_buckets, "allreduce": exp_allreduce,
+    "pipeline": exp_pipeline, "suite": exp_suite,
 }
 
 

@@ -88,3 +88,35 @@ def test_capture_violations_each_raise_in_their_own_process():
     said = capture_violations()
     assert set(said) == {"item", "synchronize"}
     assert all(text.startswith("raised ") for text in said.values()), said
+
+
+def test_merged_ms_counts_overlapping_kernels_once():
+    from gpulab.lessons.l11_cuda_graphs import merged_ms
+    assert merged_ms([(0.0, 10.0), (5.0, 20.0), (30.0, 40.0)]) == pytest.approx(0.030)    # us -> ms
+    assert merged_ms([(30.0, 40.0), (0.0, 10.0)]) == pytest.approx(0.020)                # any order
+    assert merged_ms([(0.0, 10.0), (2.0, 3.0)]) == pytest.approx(0.010)                  # nested
+    assert merged_ms([]) == 0.0
+
+
+def test_cudagraph_skips_and_gpu_memory_on_the_cpu(on_cpu):
+    from gpulab.lessons.l11_cuda_graphs import cudagraph_skips, gpu_memory, step_profile
+    assert isinstance(cudagraph_skips(), int) and cudagraph_skips() >= 0
+    if not torch.cuda.is_available():
+        assert gpu_memory() == (0, 0)
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        step_profile(lambda: None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_step_profile_and_graph_pool_on_a_gpu():
+    from gpulab.lessons.l11_cuda_graphs import capture, gpu_memory, step_profile
+    x = torch.randn(1024, device="cuda")
+    g, out = capture(lambda v: tiny_ops(v, 50), x)
+    p = step_profile(g.replay, steps=5)
+    assert p["kernels"] == pytest.approx(50) and 0 < p["GPU busy ms"] <= p["wall ms"]
+    torch.cuda.empty_cache()
+    held = gpu_memory()[1]
+    del g, out
+    torch.cuda.empty_cache()
+    assert gpu_memory()[1] < held           # the graph's private pool went back with the graph

@@ -20,7 +20,8 @@ def test_bus_bandwidth_follows_nccl_tests():
     assert D.busbw_gbps(100.0, 8) == pytest.approx(175.0)        # 2 * 7 / 8
     assert D.busbw_gbps(100.0, 1) == 0.0                          # nothing to move
     assert D.ring_bytes_per_gpu(1000, 4) == pytest.approx(1500)
-    assert D.dp_bytes_gpu0(1000, 4) == 6000
+    assert D.dp_bytes_gpu0(1000, 4) == 1000            # NCCL broadcast and reduce: once each way through GPU 0
+    assert D.dp_bytes_gpu0(1000, 8) == 1000 and D.dp_bytes_gpu0(1000, 1) == 0
     with pytest.raises(ValueError):
         D.busbw_gbps(1.0, 0)
     with pytest.raises(ValueError):
@@ -58,6 +59,36 @@ def test_bucket_layout_matches_ddp():
     assert D.bucket_layout([10, 500, 10], 100) == [510, 10]   # a parameter larger than the cap stays whole
     bufs = D.bucket_buffers([400, 8], torch.device("cpu"))
     assert [b.numel() for b in bufs] == [100, 2]
+
+
+def test_kernel_kinds_and_breakdown():
+    assert D.kernel_kind("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "nccl"
+    assert D.kernel_kind("Memcpy DtoD (Device -> Device)") == "copy"
+    assert D.kernel_kind("void at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)") == "copy"
+    assert D.kernel_kind("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>") == "copy"
+    assert D.kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "compute"
+    # two steps (us): compute 0-100 and 150-200, a copy 100-110, NCCL 50-130 and 190-260
+    kernels = [("gemm", 0, 100), ("gemm", 150, 200), ("copy_kernel", 100, 110),
+               ("ncclDevKernel_AllReduce", 50, 130), ("ncclDevKernel_AllReduce", 190, 260)]
+    b = D.kernel_breakdown(kernels, steps=2)
+    assert b["compute_ms"] == pytest.approx(0.150 / 2) and b["copy_ms"] == pytest.approx(0.010 / 2)
+    assert b["nccl_ms"] == pytest.approx(0.150 / 2)
+    assert b["nccl_beside_compute_ms"] == pytest.approx((60 + 10) / 1e3 / 2)     # 50-110 and 190-200
+    assert b["busy_ms"] == pytest.approx((130 + 110) / 1e3 / 2) and b["kernels"] == 2.5       # 0-130, 150-260
+    assert D.kernel_breakdown([], 1)["nccl_beside_compute_ms"] == 0.0
+
+
+@pytest.mark.filterwarnings("ignore:CUDA is not available")
+def test_profile_of_ddp_steps_runs_every_step_even_when_the_profiler_fails(monkeypatch):
+    # Without CUDA the profiler refuses a CUDA-only activity list; the steps (collectives, in DDP) must
+    # still run on this rank as on the others, and the failure comes back as a message.
+    if torch.cuda.is_available():
+        pytest.skip("exercises the path where CUDA profiling is unavailable")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    calls = {"a": 0, "b": 0}
+    res = D.profile_steps_of({"a": lambda: calls.__setitem__("a", calls["a"] + 1),
+                              "b": lambda: calls.__setitem__("b", calls["b"] + 1)}, 3, torch.device("cpu"))
+    assert calls == {"a": 4, "b": 4} and "error" in res
 
 
 def test_micro_batch_check():
@@ -174,6 +205,15 @@ def test_ddp_experiment_on_two_cpu_processes():
     assert len(res["step_ms_by_rank"]) == 2 and D.samples_per_s(res["throughput"]) > 0
 
 
+def test_bucket_panel_experiment_checks_gradients_with_bucket_views():
+    res = D.launch("buckets", 2, "gloo", timeout_s=90, model=TINY["model"], batch=TINY["batch"], warmup=1,
+                   repeat=2, bucket_cap_mb=0.025, gradient_as_bucket_view=True, profile_steps=2)
+    b = res["bucket"]
+    assert b["gradient_as_bucket_view"] and b["grad_diff"] <= res["tol"] and b["n_buckets"] > 1
+    assert b["ddp_ms"] > 0 and b["comm_ms"] > 0
+    assert "CUDA kernels" in b["profile"]["skipped"]          # gloo on CPU processes: nothing to profile
+
+
 def test_pipeline_matches_the_unsplit_model():
     res = D.launch("pipeline", 2, "gloo", timeout_s=90, model=TINY["pipe_model"], batch=TINY["pipe_batch"],
                    micro_batches=[1, 4], warmup=1, repeat=1)
@@ -220,6 +260,17 @@ def test_nccl_allreduce_on_two_gpus():
     assert [r["bytes"] for r in res["rows"]] == [2**20, 2**26]
     assert all(r["busbw_gbps"] == pytest.approx(r["algbw_gbps"]) for r in res["rows"])   # n = 2
     assert res["link"]["peer_access"] is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_ddp_profile_on_two_gpus():
+    res = D.launch("buckets", 2, "nccl", timeout_s=180, model=TINY["model"], batch=4, warmup=1, repeat=2,
+                   bucket_cap_mb=0.025, gradient_as_bucket_view=False, profile_steps=2)
+    prof = res["bucket"]["profile"]
+    assert "error" not in prof, prof
+    assert prof["DDP step"]["nccl_ms"] > 0 and prof["compute only"]["nccl_ms"] == 0
+    assert 0 <= prof["DDP step"]["nccl_beside_compute_ms"] <= prof["DDP step"]["nccl_ms"]
 
 
 @pytest.mark.gpu
