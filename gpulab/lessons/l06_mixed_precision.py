@@ -39,7 +39,8 @@ CONFIG = {
         cnn=dict(RESNET50["tiny"], batch=32),   # a tiny ResNetish (1 block per stage, width 8, 32 px), batch 32
         gpt=dict(vocab=256, n_blocks=2, width=64, heads=4, seq=32, batch=8),   # 2 blocks of width 64
         steps=24,             # training steps per precision for the notebook's loss curves
-        repeat=5,             # timed steps after them (the notebook and the headline)
+        repeat=5,             # timed CNN steps after them (the notebook and the headline)
+        gpt_repeat=8,         # timed GPT steps (its 16-bit steps are short and vary: more of them)
         headline_steps=1,     # the headline's untimed steps before its timed ones (no loss curve needed)
         underflow_batch=4,    # images in the batch whose gradients section 8 counts
     ),
@@ -47,6 +48,9 @@ CONFIG = {
         cnn=dict(RESNET50["full"]),             # ResNet-50's layer shapes on 224 x 224 images, batch 128
         gpt=dict(vocab=8192, n_blocks=6, width=768, heads=12, seq=512, batch=16),  # six blocks of lesson 09
         steps=32, repeat=10, headline_steps=2, underflow_batch=16,
+        # the GPT's 16-bit steps take ~10-20 ms on an H200 and their throughput varied from run to run
+        # (results/*.json, lesson 06, gpt_tokens_per_s_fp16 / _bf16): 30 timed steps, median and spread
+        gpt_repeat=30,
     ),
 }
 MEMORY_CAP = 64 * GiB   # a batch is halved until an fp32 step fits min(this, half the free GPU memory)
@@ -116,6 +120,7 @@ def plan(scale: str | None = None) -> Plan:
                   * cnn["batch"],
                   "GPT": 3 * gpt_forward_flops_per_token(**gpt) * gpt["seq"] * gpt["batch"]}
     run = cfg["steps"] + 2 + cfg["repeat"]                   # precision_run: loss curve, 2 warm-up, timed steps
+    gpt_run = cfg["steps"] + 2 + cfg["gpt_repeat"]
     headline_run = cfg["headline_steps"] + 2 + cfg["repeat"]
     # training steps per precision at the config's batch; a forward is 1/3 of a step
     steps = {
@@ -123,7 +128,7 @@ def plan(scale: str | None = None) -> Plan:
                 "tf32": run + 1 / 3,
                 "fp16": run + headline_run + 2 / 3,
                 "bf16": 2 * run + headline_run + 2 / 3},     # + the panel's default run (best 16-bit)
-        "GPT": {"fp32": run + 2 / 3, "tf32": run + 1 / 3, "fp16": run + 1 / 3, "bf16": run + 1 / 3},
+        "GPT": {"fp32": gpt_run + 2 / 3, "tf32": gpt_run + 1 / 3, "fp16": gpt_run + 1 / 3, "bf16": gpt_run + 1 / 3},
     }
     # fit_batch's two fp32 probe steps (batches 4 and 8): each workload's in section 3, the CNN's in the headline
     steps["CNN"]["fp32"] += 2 * (4 + 8) / cnn["batch"]
@@ -199,6 +204,22 @@ def gpt_workload(cfg: dict, device: torch.device | None = None) -> Workload:
     model = GPT(*(cfg[k] for k in ("vocab", "n_blocks", "width", "heads", "seq")), device=device or pick_device())
     return Workload("GPT", model, lambda b: token_batches(model, b, count=BATCHES, seed=1), language_model_loss,
                     lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), unit="tokens/s", items=cfg["seq"])
+
+
+# What decides PyTorch's default fp32 math for each workload: the CNN's arithmetic is convolutions (its one
+# matrix product, the classifier head, is a rounding error of its FLOPs), the GPT's is matrix products.
+DEFAULT_SWITCH = {"CNN": "conv", "GPT": "matmul"}
+
+
+def pytorch_default(workload: str, conv_mode: str, matmul_mode: str, timed: list[str]) -> str:
+    """Which timed precision is PyTorch's default for `workload` ("CNN" or "GPT"): given how cuDNN runs fp32
+    convolutions (`conv_mode`, PyTorch's default "tf32") and how fp32 matrix products run (`matmul_mode`,
+    default "ieee") when the notebook starts, "tf32" if the switch that governs the workload's arithmetic
+    is on TF32 and TF32 is timed here, else "fp32". Notebook 06's "vs PyTorch default" column."""
+    if workload not in DEFAULT_SWITCH:
+        raise ValueError(f"workload must be one of {', '.join(DEFAULT_SWITCH)} (got {workload!r}).")
+    mode = conv_mode if DEFAULT_SWITCH[workload] == "conv" else matmul_mode
+    return "tf32" if mode == "tf32" and "tf32" in timed else "fp32"
 
 
 def timed_precisions(facts: DeviceFacts | None = None) -> list[str]:

@@ -5,23 +5,30 @@ is the switch) and the memory arithmetic (`gpulab.models.sizing`); this module h
 and `gpulab bench` share: the sizes (`CONFIG`, `config`), `checkpointing_check` (the same loss and
 gradients with checkpointing as without, in fp32) and `headline`, the peak memory of a training step
 checkpointing every block against none.
+
+For the notebook alone: `CheckpointedStack`, the stack with *selective* checkpointing as a second switch
+(`save_matmuls`, its policy: keep the outputs of matrix products and attention, recompute the rest), and
+the memory of a step with the optimizer's update (`step_peak`; AdamW keeps `ADAMW_BYTES` per parameter)
+and of what a step keeps for backward as the allocator sees it (`kept_bytes`).
 """
 from __future__ import annotations
 
-from typing import Sequence
+import functools
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from gpulab.core.device import float32_matmul, pick_device, resolve_scale
 from gpulab.core.measured import Measured, Skipped
-from gpulab.core.memory import GiB, MiB
+from gpulab.core.memory import GiB, MiB, track_peak
 from gpulab.core.predict import Plan, Work
 from gpulab.core.timing import benchmark
 from gpulab.models.precision import half_dtype
 from gpulab.models.sizing import largest_batch, predicted_batch, predicted_memory, training_peak
-from gpulab.models.step import GRAD_TOL, fp32_loss_and_grads, train_step, worst_difference
-from gpulab.models.transformer import STACK, TransformerStack, make_batch
+from gpulab.models.step import GRAD_TOL, autocast, fp32_loss_and_grads, mse_loss, train_step, worst_difference
+from gpulab.models.transformer import STACK, TransformerStack, make_batch, param_bytes
 
 # -- knobs ------------------------------------------------------------------------------------------
 TITLE = "activation checkpointing"
@@ -96,12 +103,16 @@ def plan(scale: str | None = None) -> Plan:
                     + experiment            # section 6: the seed's form (every block inside a checkpoint)
                     + timed                 # the headline's k = 1
                     + 2 * experiment)       # the panel: its default (k = 1), then run(k=5)
+    # issue 15: section 6's selective row (k = 1; recomputes only the cheap operations: counted as plain) and
+    # the two AdamW rows (none, every block), each with one more step that creates the optimizer's state
+    plain += experiment + (experiment + 1)
+    checkpointed += experiment + 1
     bf16 = (plain + RECOMPUTE * checkpointed) * batch * sample
     # section 7: largest_batch for k = 0 and k = 1, one step per trial
     search = (search_plan(cfg, 0)[1] + RECOMPUTE * search_plan(cfg, 1)[1]) * sample
     # fp32 (TF32 off) checks on `check_batch` samples, each a forward and backward: section 4 (none and
     # k = 1, 2, 5, 12), section 5 (none and the seed's form), the headline's (none and k = 1)
-    fp32 = (3 + (4 + 1 + 1) * RECOMPUTE) * cfg["check_batch"] * sample
+    fp32 = (3 + (4 + 1 + 1) * RECOMPUTE + 1) * cfg["check_batch"] * sample     # + the selective check
     n_steps = plain + checkpointed
     return Plan(host_s=HOST_S, host_source=HOST_SOURCE, work=[
         Work("matmul_bf16", bf16, 0.6, f"{n_steps} bf16 steps of batch {batch} ({checkpointed} checkpointed)"),
@@ -111,27 +122,155 @@ def plan(scale: str | None = None) -> Plan:
 
 
 def checkpointing_check(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                        ks: Sequence[int] = (1, 2, 5, 12)) -> tuple[float, dict[int, tuple[float, float]]]:
+                        ks: Sequence[int] = (1, 2, 5, 12),
+                        selective: bool = False) -> tuple[float, dict[int, tuple[float, float]]]:
     """Same weights, same batch, plain fp32 (TF32 off): the loss and gradients of `model` checkpointing
     every k blocks, for each k in `ks`, against none. Notebook 09.
 
+    With `selective` (a `CheckpointedStack`) the segments are checkpointed selectively (`save_matmuls`).
     Returns (the loss without checkpointing, {k: (loss, worst gradient difference)}), the difference
     being the largest |g_k - g| of a parameter relative to that parameter's largest |g|. The model is
     left without checkpointing and without gradients.
     """
+    if selective and not hasattr(model, "selective"):
+        raise ValueError("selective checkpointing needs a CheckpointedStack.")
     out = {}
     try:
         with float32_matmul("ieee"):
             model.checkpoint_every = 0
+            if hasattr(model, "selective"):
+                model.selective = False
             ref_loss, ref = fp32_loss_and_grads(model, x, y)
             for k in ks:
                 model.checkpoint_every = k
+                if selective:
+                    model.selective = True
                 loss, grads = fp32_loss_and_grads(model, x, y)
                 out[k] = (loss, worst_difference(grads, ref))
     finally:
         model.checkpoint_every = 0
+        if hasattr(model, "selective"):
+            model.selective = False
         model.zero_grad(set_to_none=True)
     return ref_loss, out
+
+
+# -- selective activation checkpointing (notebook 09) --------------------------------------------------
+def _aten_ops(*names: str) -> frozenset:
+    """The default overloads of these aten operators that this build of PyTorch has."""
+    ops = []
+    for name in names:
+        packet = getattr(torch.ops.aten, name, None)
+        if packet is not None and hasattr(packet, "default"):
+            ops.append(packet.default)
+    return frozenset(ops)
+
+
+# What selective checkpointing keeps: the outputs of matrix products (nn.Linear runs as addmm or mm) and of
+# attention (scaled_dot_product_attention runs as one of these kernels, by device and dtype). Everything
+# else inside a segment (LayerNorms, GELU, autocast's casts, additions, views) is recomputed in backward.
+SAVE_OPS = _aten_ops("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention",
+                     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+                     "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def save_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """Selective checkpointing's policy: keep what is expensive to recompute (`SAVE_OPS`), recompute the rest."""
+    return CheckpointPolicy.MUST_SAVE if op in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class CheckpointedStack(TransformerStack):
+    """`TransformerStack` with a second switch, `selective`: each checkpointed segment (`checkpoint_every = k`)
+    keeps the outputs of its matrix products and attention and recomputes only the cheap operations in
+    backward (PyTorch's selective activation checkpointing: `create_selective_checkpoint_contexts` with the
+    policy `save_matmuls`). Same weights, same results; `selective = False` is the plain stack. Notebook 09."""
+
+    def __init__(self, *args, selective: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.selective = selective
+
+    def run_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """The blocks on x, as `TransformerStack.run_blocks`; with `selective`, each segment of k blocks is
+        checkpointed with the policy `save_matmuls`."""
+        if not self.selective:
+            return super().run_blocks(x)
+        k = self.checkpoint_every
+        if k < 1:
+            raise ValueError(f"selective checkpointing works on checkpointed segments: set checkpoint_every "
+                             f"to 1 or more blocks (got {k}).")
+        context = functools.partial(create_selective_checkpoint_contexts, save_matmuls)
+        for start in range(0, len(self.blocks), k):
+            x = checkpoint(self.blocks[start:start + k], x, use_reentrant=False, context_fn=context)
+        return x
+
+
+# -- the optimizer's share of a step's memory (notebook 09) ---------------------------------------------
+ADAMW_BYTES = 8       # AdamW keeps two fp32 moments (exp_avg, exp_avg_sq) per parameter, from its first step on
+
+
+def adamw_for_measuring(model: nn.Module) -> torch.optim.AdamW:
+    """AdamW with lr = 0: its state, its kernels and their memory, without changing the weights that the
+    notebook's other runs share. Notebook 09."""
+    return torch.optim.AdamW(model.parameters(), lr=0.0)
+
+
+def scaler_for(dtype: torch.dtype | None, device: torch.device) -> torch.amp.GradScaler | None:
+    """The GradScaler an update under `dtype` autocast needs: one for fp16, None otherwise. Notebook 09."""
+    return torch.amp.GradScaler(device.type) if dtype is torch.float16 else None
+
+
+def kept_bytes(model: nn.Module, batch: int, dtype: torch.dtype | None = None) -> int | None:
+    """Bytes allocated between the forward (with the loss) and the backward of one step at `batch`, read from
+    CUDA's allocator: all that the step keeps for backward, including what a selective checkpoint caches
+    itself (which `sizing.saved_for_backward`'s hooks do not see). None on the CPU. Notebook 09."""
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return None
+    x, y = make_batch(model, batch)
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    with autocast(device, dtype):
+        loss = mse_loss(model, x, y)
+    torch.cuda.synchronize(device)
+    kept = torch.cuda.memory_allocated(device) - before
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    del x, y, loss
+    return kept
+
+
+def step_peak(model: nn.Module, batch: int, dtype: torch.dtype | None = None,
+              make_optimizer: Callable[[nn.Module], torch.optim.Optimizer] | None = None) -> int | None:
+    """Peak bytes of one training step at `batch` on the GPU (None on the CPU). Notebook 09.
+
+    Without `make_optimizer`: forward and backward, the update left out (`sizing.training_peak`: weights,
+    batch, activations, gradients). With it, a whole training step: one step runs first, untracked, so the
+    optimizer's state exists as in every step after the first; the peak counts the weights, that state and
+    all the step allocates on top (under fp16 through a GradScaler)."""
+    if make_optimizer is None:
+        return training_peak(model, batch, dtype)
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return None
+    optimizer = make_optimizer(model)
+    scaler = scaler_for(dtype, device)
+    try:
+        x, y = make_batch(model, batch)
+        train_step(model, x, y, precision=dtype, optimizer=optimizer, scaler=scaler)   # creates the state
+        del x, y
+        model.zero_grad(set_to_none=True)
+        state = sum(t.numel() * t.element_size() for st in optimizer.state.values() for t in st.values()
+                    if torch.is_tensor(t) and t.device.type == "cuda")
+        with track_peak(device) as mem:
+            x, y = make_batch(model, batch)
+            train_step(model, x, y, precision=dtype, optimizer=optimizer, scaler=scaler)
+            del x, y
+            model.zero_grad(set_to_none=True)
+    finally:
+        model.zero_grad(set_to_none=True)
+        del optimizer
+    return param_bytes(model) + state + mem.peak_above_start
 
 
 def headline(scale: str | None = None) -> Measured:

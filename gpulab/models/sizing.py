@@ -53,14 +53,22 @@ def saved_for_backward(model: nn.Module) -> Iterator[Saved]:
 
 
 def predicted_memory(n_blocks: int, batch: int, seq: int, width: int, params: int, k: int = 0,
-                     half: bool = True) -> tuple[int, int]:
+                     half: bool = True, optimizer_bytes: int = 0) -> tuple[int, int]:
     """Back-of-envelope bytes (kept for backward, peak of a step) when checkpointing every k blocks. Notebook 09.
 
     Per element of (batch, seq, width): a block keeps 36 bytes under 16-bit autocast (64 in fp32);
     a checkpointed segment keeps only its fp32 input (4); final LayerNorm, head and loss keep 10 (12).
     The peak adds one segment rebuilt during backward, and per parameter the fp32 weight,
     its gradient and, under autocast, its 16-bit copy: 10 bytes (8 in fp32).
+
+    `optimizer_bytes`: the optimizer's state per parameter, held between steps and so through the
+    backward of every step after the first: 8 for Adam and AdamW (two fp32 moments), 4 for SGD with
+    momentum, 0 (the default) for a step without the update, which is what notebooks 09 and 10 and
+    `gpulab bench` measure and size their batches by (lessons 09 and 10 and gpulab bench call this
+    function; with the default their figures do not change).
     """
+    if optimizer_bytes < 0:
+        raise ValueError(f"optimizer_bytes must be >= 0 (got {optimizer_bytes}).")
     per_block, head, per_param = (36, 10, 10) if half else (64, 12, 8)
     elements = batch * seq * width
     if k == 0:
@@ -68,7 +76,7 @@ def predicted_memory(n_blocks: int, batch: int, seq: int, width: int, params: in
     else:
         kept, rebuilt = -(-n_blocks // k) * 4 * elements, min(k, n_blocks) * per_block * elements
     kept += head * elements
-    return kept, kept + rebuilt + per_param * params
+    return kept, kept + rebuilt + (per_param + optimizer_bytes) * params
 
 
 def predicted_batch(n_blocks: int, batch: int, seq: int, width: int, params: int, half: bool = True,

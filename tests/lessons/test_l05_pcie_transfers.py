@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from gpulab.lessons.l05_pcie_transfers import log_sizes, nonblocking_return, pin_then_copy, predicted_gbps, transfer_bandwidth
+from gpulab.lessons.l05_pcie_transfers import (config, cpu_threads, host_clock, log_sizes, nonblocking_return, pin_then_copy,
+                                               plan, predicted_gbps, random_bytes, transfer_bandwidth, zero_page_copy)
 
 CPU = torch.device("cpu")
 
@@ -31,6 +32,7 @@ def test_predicted_gbps():
     lambda: transfer_bandwidth(4096, "d2h", False, device=CPU),
     lambda: nonblocking_return(4096, pinned=True, device=CPU),
     lambda: pin_then_copy(4096, device=CPU),
+    lambda: zero_page_copy(4096, device=CPU),
 ])
 def test_cpu_is_refused(fn):
     with pytest.raises(ValueError, match="needs a CUDA GPU"):
@@ -42,6 +44,39 @@ def test_bad_arguments_are_refused_before_the_device():
         transfer_bandwidth(4096, "up", device=CPU)
     with pytest.raises(ValueError, match="nbytes"):
         transfer_bandwidth(0, device=CPU)
+    with pytest.raises(ValueError, match="nbytes"):
+        zero_page_copy(0, device=CPU)
+
+
+def test_host_clock_times_each_call_on_the_host_clock():
+    calls = []
+    t = host_clock(lambda: calls.append(1), CPU, budget_s=0.0, warmup=2)
+    assert t.method == "host clock, synchronized" and t.n == 3 and len(calls) == 5   # 2 warm-up, at least 3 timed
+    assert t.min_ms >= 0
+    t = host_clock(lambda: None, CPU, budget_s=10.0, max_repeat=7)
+    assert t.n == 7
+
+
+def test_cpu_threads_restores_the_thread_count():
+    before = torch.get_num_threads()
+    with cpu_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with cpu_threads(None):
+        assert torch.get_num_threads() == before
+
+
+def test_random_bytes_write_every_page_and_repeat_with_the_seed():
+    b = random_bytes(3 * 4096 + 5)
+    assert b.dtype == torch.uint8 and b.numel() == 3 * 4096 + 5
+    assert torch.equal(b, random_bytes(3 * 4096 + 5))
+    pages = b[: 3 * 4096].view(3, 4096)
+    assert bool((pages != 0).any(dim=1).all())      # no page left as zeros
+
+
+def test_plan_counts_the_zero_page_copies():
+    full = {w.ceiling: w.amount for w in plan("full").work}
+    assert full["h2d_pageable"] > 2 * config("full")["zero_page_bytes"]
 
 
 @pytest.mark.gpu
@@ -53,3 +88,9 @@ def test_gpu_transfer_runs():
             assert transfer_bandwidth(1 << 20, direction, pinned, device=dev)["GB/s"] > 0
     r = nonblocking_return(1 << 20, pinned=True, device=dev)
     assert r["host_ms"] >= 0 and r["device_ms"] > 0
+    trap = pin_then_copy(1 << 20, device=dev, budget_s=0.01)
+    assert trap["timings"]["pageable copy"].method == "host clock, synchronized"
+    assert trap["timings"]["pin_memory() + copy, CUDA events"].method == "cuda events"
+    assert trap["threads"] == torch.get_num_threads()
+    zero = zero_page_copy(1 << 20, device=dev, budget_s=0.01)
+    assert zero["untouched"] > 0 and zero["random"] > 0

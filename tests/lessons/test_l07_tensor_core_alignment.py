@@ -1,0 +1,65 @@
+"""gpulab.lessons.l07_tensor_core_alignment, issue 15: the cudnn.benchmark runner's steady steps come after
+untimed warm-up steps, it runs either memory layout (the CNN panel's channels_last toggle), it can leave out
+the new sizes, and the plan counts the panels' default runs."""
+import subprocess
+
+import torch
+
+from gpulab.lessons.l07_tensor_core_alignment import (STEADY_WARMUP, config, conv_benchmark_in_fresh_process,
+                                                      conv_step_times, plan)
+
+TINY = dict(fixed=32, batch=2, precision="fp32", depths=(1,), width=4, classes=3)
+
+
+def test_steady_steps_follow_the_warm_up_and_new_sizes_are_optional(on_cpu, monkeypatch):
+    calls = []
+    import gpulab.lessons.l07_tensor_core_alignment as L07
+    real = L07.benchmark
+
+    def counting(fn, **kw):
+        calls.append(kw)
+        return real(fn, **kw)
+
+    monkeypatch.setattr(L07, "benchmark", counting)
+    r = conv_step_times(False, varying=(), repeat=2, **TINY)
+    assert set(r["samples_ms"]) == {"start-up", "first step", "steady"}
+    assert len(r["samples_ms"]["steady"]) == 2
+    steady = [kw for kw in calls if kw.get("repeat") == 2]
+    assert steady and steady[0]["warmup"] == STEADY_WARMUP >= 3
+
+
+def test_channels_last_runs_the_model_and_images_in_nhwc(on_cpu, monkeypatch):
+    import gpulab.lessons.l07_tensor_core_alignment as L07
+    seen = []
+    real = L07.train_step
+
+    def watching(model, x, y, **kw):
+        seen.append((x.is_contiguous(memory_format=torch.channels_last),
+                     model.blocks[0].conv2.weight.is_contiguous(memory_format=torch.channels_last)))
+        return real(model, x, y, **kw)
+
+    monkeypatch.setattr(L07, "train_step", watching)
+    r = conv_step_times(False, varying=(40,), repeat=1, channels_last=True, **TINY)
+    assert r["channels_last"] is True and seen and all(a and b for a, b in seen)
+
+
+def test_the_child_process_gets_the_layout_and_no_new_sizes(monkeypatch):
+    sent = []
+
+    def fake(cmd, **kw):
+        sent.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "stop here\n")
+
+    monkeypatch.setattr(subprocess, "run", fake)
+    try:
+        conv_benchmark_in_fresh_process(False, fixed=32, varying=(), channels_last=True)
+    except RuntimeError:
+        pass
+    cmd = sent[0]
+    assert "--channels-last" in cmd and cmd[cmd.index("--varying") + 1] == ""
+
+
+def test_cudnn_steady_steps_at_full_size():
+    assert config("full")["cudnn_repeat"] >= 30
+    whats = [w.what for w in plan("full").work]
+    assert any(w.startswith("GPT panel") for w in whats) and any(w.startswith("CNN panel") for w in whats)
