@@ -18,6 +18,7 @@ CUDA graph replay, each checked before it is timed.
 from __future__ import annotations
 
 import gc
+import json
 import sys
 import time
 from typing import Callable
@@ -239,6 +240,44 @@ def gpu_memory() -> tuple[int, int]:
         return 0, 0
     torch.cuda.synchronize()
     return torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+
+
+POOL_SCRIPT = r'''
+import gc, json, torch
+from gpulab.core.device import float32_matmul
+from gpulab.lessons.l11_cuda_graphs import MLP, capture, make_mlp_step
+def memory():
+    gc.collect(); torch.cuda.synchronize(); torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+torch.manual_seed(0)
+model = MLP({width}, {depth}).cuda()
+x, t = torch.randn({batch}, {width}, device="cuda"), torch.randn({batch}, {width}, device="cuda")
+step = make_mlp_step(model)
+rows = [("before capture", memory())]
+with float32_matmul("tf32"):
+    graph, out = capture(step, x, t)
+rows.append(("graph captured", memory()))
+del out
+rows.append(("static outputs deleted, graph alive", memory()))
+del graph
+rows.append(("graph deleted, empty_cache()", memory()))
+print(json.dumps(rows))
+'''
+
+
+def graph_pool_memory(width: int, depth: int, batch: int, timeout_s: float = 120.0) -> list[tuple[str, int, int]]:
+    """A CUDA graph's private memory pool, measured in a fresh Python process (so this kernel's own
+    graphs, compiled steps and caches do not blur it, and a failed capture cannot leave this kernel's CUDA
+    context unusable): (moment, allocated bytes, reserved bytes) before capturing notebook 11's MLP step,
+    after, once its static outputs are deleted, and once the graph is deleted. Raises RuntimeError with
+    the child's last error line if it fails."""
+    require_cuda(NO_GRAPHS)
+    code = POOL_SCRIPT.format(width=int(width), depth=int(depth), batch=int(batch))
+    proc = at_once({"pool": [sys.executable, "-c", code]}, timeout_s)["pool"]
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise RuntimeError(f"the graph-pool process failed (exit {proc.returncode}): {last}")
+    return [(what, a, r) for what, (a, r) in json.loads(proc.stdout.strip().splitlines()[-1])]
 
 
 _VIOLATION = r'''

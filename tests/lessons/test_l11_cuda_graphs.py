@@ -120,3 +120,17 @@ def test_step_profile_and_graph_pool_on_a_gpu():
     del g, out
     torch.cuda.empty_cache()
     assert gpu_memory()[1] < held           # the graph's private pool went back with the graph
+
+
+def test_graph_pool_memory_refuses_the_cpu_with_the_lessons_reason():
+    import gpulab.lessons.l11_cuda_graphs as L
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU it measures; this checks the CPU's refusal")
+    with pytest.raises(ValueError, match="CUDA"):
+        L.graph_pool_memory(64, 2, 8)
+
+
+def test_the_graph_pool_script_is_valid_python_for_any_sizes():
+    import ast
+    import gpulab.lessons.l11_cuda_graphs as L
+    ast.parse(L.POOL_SCRIPT.format(width=512, depth=8, batch=64))

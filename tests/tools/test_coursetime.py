@@ -60,6 +60,7 @@ def test_the_root_conftest_writes_one_line_per_test(tmp_path):
 PREDICTOR_RUNS = [
     ("h200-2026-11-30-s3-course-timings.tsv", "h200-2026-11-30-s3-course.json"),
     ("h200-2026-11-30-s3-course-2-timings.tsv", "h200-2026-11-30-s3-course.json"),
+    ("h200-2026-11-30-s4-timings.tsv", "h200-2026-11-30-s4.json"),       # 00, 01, 02, 08, 10, 11, 12, 13
 ]
 
 
@@ -71,8 +72,10 @@ def test_the_predictor_is_within_30_percent_on_the_committed_h200_runs(capsys):
     root = Path(__file__).resolve().parents[2] / "results"
     errors = {}
     for timings, store in PREDICTOR_RUNS:
-        for name, *_, err in print_predictions(per_file(read(root / timings)), str(root / store), "full"):
-            errors[re.search(r"/(\d\d)_", name).group(1)] = (err, timings)
+        files = per_file(read(root / timings))
+        for name, *_, err in print_predictions(files, str(root / store), "full"):
+            if files[name].failed == 0:          # a run with failed cells stopped early: not a fair time
+                errors[re.search(r"/(\d\d)_", name).group(1)] = (err, timings)
     assert len(errors) == 15
     assert all(abs(e) <= 0.30 for e, _ in errors.values()), errors
 
