@@ -60,6 +60,7 @@ from gpulab.models.transformer import TransformerStack
 from gpulab.models.sizing import count_flops, fit_batch, memory_budget
 from gpulab.core.measured import Measured
 from gpulab.core.predict import Plan, Work
+from gpulab.lessons.l11_cuda_graphs import cudagraph_skips
 
 
 # -- knobs ------------------------------------------------------------------------------------------
@@ -543,7 +544,7 @@ def _train(job: str, options: Options, batch: int, cfg: dict, loss_steps: int, t
            seed: int) -> dict:
     spec = JOBS[job]
     notes: list[str] = []
-    skips = _cudagraph_skips()
+    skips = cudagraph_skips()
     allocated = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
     with P.fp32_math("tf32" if options.tf32 else "ieee"), track_peak(device) as mem:
         torch.manual_seed(seed)
@@ -595,21 +596,12 @@ def _train(job: str, options: Options, batch: int, cfg: dict, loss_steps: int, t
                         mon.stop()
                         busy, monitor_status = mon.mean("busy_pct"), mon.status
         model.zero_grad(set_to_none=True)
-    if options.cuda_graphs and _cudagraph_skips() > skips:
-        notes.append(f"CUDA graphs NOT applied: torch.compile skipped them {_cudagraph_skips() - skips} time(s) "
+    if options.cuda_graphs and cudagraph_skips() > skips:
+        notes.append(f"CUDA graphs NOT applied: torch.compile skipped them {cudagraph_skips() - skips} time(s) "
                      "(its log above says why); this row ran compiled code without graphs.")
     peak = None if mem.peak is None else mem.peak - allocated
     return {"losses": tuple(losses), "time": t, "peak_bytes": peak, "first_step_ms": first.ms,
             "busy_pct": busy, "monitor_status": monitor_status, "notes": notes}
-
-
-def _cudagraph_skips() -> int:
-    """How often torch.compile has declined to use CUDA graphs in this process (inductor's counter)."""
-    try:
-        from torch._dynamo.utils import counters
-    except ImportError:                      # pragma: no cover - very old torch
-        return 0
-    return int(counters["inductor"]["cudagraph_skips"])
 
 
 # -- correct before fast -----------------------------------------------------------------------------
