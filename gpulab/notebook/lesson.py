@@ -156,9 +156,14 @@ def expect(name: str, measured: float | None, low: float | None = None,
 
 
 def fail_text(measured: float, low: float | None, high: float | None, why_fail: str) -> str:
-    """What a FAIL says: which side of the band the value fell, then the check's own explanation."""
-    side = (f"below the band's low end {low:.3g}" if low is not None and measured < low
-            else f"above the band's high end {high:.3g}")
+    """What a FAIL says: which side of the band the value fell (or that it is not a number), then the
+    check's own explanation."""
+    if not math.isfinite(measured):
+        side = "not a finite number (a division by zero or a failed timing upstream)"
+    elif low is not None and measured < low:
+        side = f"below the band's low end {low:.3g}"
+    else:
+        side = f"above the band's high end {high:.3g}"
     return f"{measured:.3g} is {side}: " + (why_fail or "this GPU did not show the expected effect")
 
 

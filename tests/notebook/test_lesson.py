@@ -141,3 +141,8 @@ def test_expect_band_skips_under_a_profile_and_where_no_band_applies(monkeypatch
     _facts_for(monkeypatch, facts_for_capability("Tesla P100", 6, 0))
     check = lesson.expect_band("00", 2.0)
     assert check.status == "skipped" and "no Tensor Cores" in check.why
+
+
+def test_a_value_that_is_not_a_number_fails_and_says_so():
+    check = expect("busy %", float("nan"), low=1.5, why_fail="the monitor read nothing")
+    assert check.status == "FAIL" and "not a finite number" in check.why and "the monitor read nothing" in check.why
