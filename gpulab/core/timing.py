@@ -130,6 +130,11 @@ def _host_times(fn: Callable[[], object], repeat: int, device: torch.device) -> 
     return out
 
 
+# The fewest calls `benchmark(fn)` makes with its defaults: 3 warm-up, 1 probe, 3 timed. A call slower than
+# the budget costs this many on any GPU; lessons' plans (gpulab.core.predict) count GPU work with it.
+MIN_CALLS = 3 + 1 + 3
+
+
 def benchmark(
     fn: Callable[[], object],
     *,
@@ -139,16 +144,22 @@ def benchmark(
     max_repeat: int = 200,
     sync: bool = True,
     device: torch.device | None = None,
+    clock: str = "auto",
 ) -> Timing:
     """Time `fn()`: `warmup` untimed calls, then `repeat` timed ones; median and spread.
 
     - On a CUDA device each call is bracketed by CUDA events and the device is
       synchronized before the times are read ("cuda events").
+    - `clock="host"` times each call on the host clock between two synchronizations instead
+      ("host clock, synchronized"): for work the CPU takes part in (a pageable copy's staging,
+      `pin_memory()`), which CUDA events on the GPU's stream do not see whole (lesson 05).
     - On the CPU each call is timed with `time.perf_counter` ("perf_counter").
     - `repeat=None` picks a count that fits about `budget_s` seconds (3 to `max_repeat`).
     - `sync=False` is lesson 01's counter-example: host clock without synchronize
       ("host clock, no sync"). Its numbers are wrong on a GPU; never use it otherwise.
     """
+    if clock not in ("auto", "host"):
+        raise ValueError(f"clock must be 'auto' or 'host', got {clock!r}")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     if repeat is not None and repeat < 1:
@@ -159,10 +170,37 @@ def benchmark(
     if not sync:
         samples = host_time_no_sync(fn, repeat or 10)
         return summarize(samples, str(device), "host clock, no sync")
+    events = device.type == "cuda" and clock == "auto"
     if repeat is None:
-        probe = (_cuda_event_times(fn, 1) if device.type == "cuda"
-                 else _host_times(fn, 1, device))[0]
+        probe = (_cuda_event_times(fn, 1) if events else _host_times(fn, 1, device))[0]
         repeat = int(min(max_repeat, max(3, budget_s * 1e3 / max(probe, 1e-3))))
-    if device.type == "cuda":
+    if clock == "host":
+        return summarize(_host_times(fn, repeat, device), str(device), "host clock, synchronized")
+    if events:
         return summarize(_cuda_event_times(fn, repeat), str(device), "cuda events")
     return summarize(_host_times(fn, repeat, device), str(device), "perf_counter")
+
+
+# -- GPU busy time from a torch.profiler trace (lessons 11, 12, 14) --------------------------------
+def gpu_kernels(prof) -> list[tuple[str, float, float]]:
+    """(name, start us, end us) of every GPU kernel, copy or memset a finished `torch.profiler.profile`
+    recorded (CUPTI's own timestamps, so the host's launch gaps are not in them)."""
+    from torch.autograd import DeviceType
+    return [(e.name, e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+
+
+def merge_intervals(intervals) -> list[tuple[float, float]]:
+    """The union of (start, end) intervals as sorted, disjoint intervals."""
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def merged_ms(intervals) -> float:
+    """Total length of the union of (start, end) intervals, in their unit / 1e3 (profiler us -> ms):
+    the time at least one of them was running (a GPU's busy time, concurrent kernels counted once)."""
+    return sum(b - a for a, b in merge_intervals(intervals)) / 1e3

@@ -25,7 +25,7 @@ from gpulab.core.device import DeviceFacts, device_facts, float32_matmul, pick_d
 from gpulab.core.measured import Measured
 from gpulab.core.predict import Plan, Work
 from gpulab.core.results import ResultsStore, results_store
-from gpulab.core.timing import benchmark
+from gpulab.core.timing import MIN_CALLS, benchmark
 
 
 # -- knobs ------------------------------------------------------------------------------------------
@@ -67,7 +67,7 @@ def plan(scale: str | None = None) -> Plan:
     """What notebook 00 asks of the GPU at `scale` (gpulab.core.predict): its n x n products in every
     precision, the device copies and the four host<->device copies, each a fixed number of calls."""
     cfg = config(scale)
-    calls = 3 + 1 + 3        # benchmark()'s least: 3 warm-up, 1 probe, 3 timed; the rest of its budget is host time
+    calls = MIN_CALLS       # benchmark()'s least; the rest of its budget is host time
     big = 2 * cfg["matmul_n"] ** 3                 # FLOPs of one product at matmul_n
     # measure_ceilings times every precision once; the self-check (headline) fp32 and the 16-bit ones again
     fp32 = 2 * calls * big

@@ -19,7 +19,7 @@ import torch
 from gpulab.core.device import pick_device, resolve_scale, sync
 from gpulab.core.measured import Measured
 from gpulab.core.predict import Plan, Work
-from gpulab.core.timing import benchmark
+from gpulab.core.timing import MIN_CALLS, benchmark
 
 # -- knobs ------------------------------------------------------------------------------------------
 TITLE = "measuring time"
@@ -43,7 +43,7 @@ def plan(scale: str | None = None) -> Plan:
     """What notebook 01 asks of the GPU at `scale` (gpulab.core.predict): fp32 products timed the wrong
     way and the right way, a fixed 100-call spread, and five profiled MLP steps."""
     cfg = config(scale)
-    calls = 3 + 1 + 3        # benchmark()'s least: 3 warm-up, 1 probe, 3 timed; the rest of its budget is host time
+    calls = MIN_CALLS       # benchmark()'s least; the rest of its budget is host time
     no_sync = 3 + 10         # benchmark(sync=False): 3 warm-up + 10 calls on the host clock, all run by the GPU
     both = no_sync + calls   # sync_vs_no_sync: the wrong way, then the right way
     n = cfg["first_call_n"]

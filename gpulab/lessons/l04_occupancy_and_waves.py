@@ -28,7 +28,7 @@ from gpulab.core.device import pick_device, resolve_scale
 from gpulab.core.measured import Measured, Skipped
 from gpulab.core.memory import free_memory
 from gpulab.core.predict import Plan, Work
-from gpulab.core.timing import Timing, benchmark, summarize
+from gpulab.core.timing import MIN_CALLS, Timing, benchmark, summarize
 
 
 # -- knobs ------------------------------------------------------------------------------------------
@@ -52,7 +52,7 @@ def plan(scale: str | None = None) -> Plan:
     """What notebook 04 asks of the GPU at `scale` (gpulab.core.predict): the scale kernel's bandwidth
     sweep over 1 GiB buffers, and the wave kernel's staircase, each a fixed number of launches."""
     cfg = config(scale)
-    calls = 3 + 1 + 3        # benchmark()'s least: 3 warm-up, 1 probe, 3 timed; the rest of its budget is host time
+    calls = MIN_CALLS       # benchmark()'s least; the rest of its budget is host time
     # bandwidth_experiment, once per (BLOCK_SIZE, num_warps) of the sweep and once for the panel's default
     # run: randn writes x (4 n bytes), the checked launch reads x and writes y (8 n), the check x * 2 (8 n)
     # and torch.equal (8 n), then `calls` timed launches (8 n each). bandwidth_elements() may lower n on a

@@ -9,7 +9,7 @@ Which clock: a copy from pinned memory is GPU work alone (the copy engine reads 
 events time it (`gpulab.core.timing.benchmark`). Where the CPU takes part (the driver's staging copy
 of a pageable buffer, `pin_memory()`'s copy into page-locked memory), the events see only the part
 that reached the GPU's stream: those are timed on the host clock around a synchronized call
-(`host_clock`), the rule of notebook 01.
+(`benchmark(..., clock="host")`), the rule of notebook 01.
 
 `CONFIG` / `config(scale)` hold the copy sizes, written once for the notebook and `gpulab bench`;
 `headline(scale)` is the host->device copy of the sweep's largest size from pinned against pageable
@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 import torch
 from gpulab.core.device import pick_device, require_cuda, resolve_scale
 from gpulab.core.measured import Measured, Skipped
 from gpulab.core.memory import MiB
 from gpulab.core.predict import Plan, Work
-from gpulab.core.timing import Timing, benchmark, stopwatch, summarize
+from gpulab.core.timing import MIN_CALLS, benchmark
 
 
 # -- knobs ------------------------------------------------------------------------------------------
@@ -53,7 +52,7 @@ def plan(scale: str | None = None) -> Plan:
     """What notebook 05 asks of the GPU at `scale` (gpulab.core.predict): bytes over the link, per kind of
     copy, each copy a fixed count (what benchmark times beyond its least is its budget: host time)."""
     cfg = config(scale)
-    calls = 3 + 1 + 3        # benchmark()'s least: 3 warm-up, 1 probe, 3 timed; the rest of its budget is host time
+    calls = MIN_CALLS       # benchmark()'s least; the rest of its budget is host time
     moved = dict.fromkeys(("h2d_pageable", "h2d_pinned", "d2h_pageable", "d2h_pinned"), 0)
     # transfer_bandwidth: one copy, a check that reads the GPU buffer back (gpu.cpu(): d2h pageable), then
     # `calls` timed copies; device->host first fills the GPU buffer from host.flip(0) (h2d pageable)
@@ -83,7 +82,7 @@ def plan(scale: str | None = None) -> Plan:
     moved["h2d_pinned"] += (1 + 4 * calls) * trap
     moved["h2d_pageable"] += calls * trap
     moved["d2h_pageable"] += trap
-    # zero_page_copy: from an untouched and from a filled buffer, a checked copy and host_clock's 3 warm-up ones
+    # zero_page_copy: from an untouched and from a filled buffer, a checked copy and benchmark's 3 warm-up ones
     # (its timed copies fill a budget of host time: in host_s)
     zero = cfg["zero_page_bytes"]
     moved["h2d_pageable"] += 2 * 4 * zero
@@ -144,29 +143,13 @@ def _buffers(nbytes: int, direction: str, pinned: bool, device: torch.device):
     return host, gpu
 
 
-def host_clock(fn, device: torch.device, budget_s: float = 0.2, warmup: int = 3,
-               max_repeat: int = 200) -> Timing:
-    """Time `fn()` on the host clock, each call between two synchronizations (`stopwatch`): for work
-    the CPU takes part in (a pageable copy's staging, `pin_memory()`), which CUDA events do not see
-    whole. Warm-up, then as many calls as fit `budget_s` (3 to `max_repeat`); median and spread."""
-    for _ in range(warmup):
-        fn()
-    samples: list[float] = []
-    t_end = time.perf_counter() + budget_s
-    while len(samples) < max_repeat and (len(samples) < 3 or time.perf_counter() < t_end):
-        with stopwatch(device=device) as call:
-            fn()
-        samples.append(call.ms)
-    return summarize(samples, str(device), "host clock, synchronized")
-
-
 def transfer_bandwidth(nbytes: int, direction: str = "h2d", pinned: bool = True,
                        device: torch.device | None = None, budget_s: float = 0.2) -> dict:
     """GB/s (1e9 bytes/s) and the Timing of one copy of `nbytes` bytes between host and GPU.
 
     The copy is checked byte for byte before it is timed. A pinned copy is the copy engine's work
     alone: `non_blocking=True`, timed by `benchmark`'s CUDA events. A pageable copy keeps the CPU
-    busy staging the data: timed on the host clock around a synchronized call (`host_clock`).
+    busy staging the data: timed on the host clock around a synchronized call (`benchmark(..., clock="host")`).
     """
     device = device or pick_device()
     host, gpu = _buffers(nbytes, direction, pinned, device)
@@ -183,7 +166,7 @@ def transfer_bandwidth(nbytes: int, direction: str = "h2d", pinned: bool = True,
     if not ok:
         raise AssertionError(f"{direction} copy of {nbytes} bytes produced different data")
     t = (benchmark(fn, budget_s=budget_s, device=device) if pinned
-         else host_clock(fn, device, budget_s=budget_s))
+         else benchmark(fn, budget_s=budget_s, device=device, clock="host"))
     del host, gpu
     return {"GB/s": t.per_second(nbytes) / 1e9, "ms": t}
 
@@ -225,7 +208,7 @@ def cpu_threads(n: int | None):
 
 def pin_then_copy(nbytes: int, device: torch.device | None = None, budget_s: float = 0.3) -> dict:
     """`tensor.pin_memory()` right before every copy, against a plain pageable copy and a copy from a
-    buffer pinned once, all on the host clock (`host_clock`: pinning is CPU work).
+    buffer pinned once, all on the host clock (`benchmark(..., clock="host")`: pinning is CPU work).
 
     `pin_memory()` copies the data into a page-locked buffer with PyTorch's CPU copy, which runs on all
     intra-op threads (`torch.get_num_threads()`); the driver's staging copy of a pageable buffer runs on
@@ -254,7 +237,7 @@ def pin_then_copy(nbytes: int, device: torch.device | None = None, budget_s: flo
     out = {}
     for name, (n, fn) in runs.items():
         with cpu_threads(n):
-            out[name] = host_clock(fn, device, budget_s=budget_s)
+            out[name] = benchmark(fn, budget_s=budget_s, device=device, clock="host")
     out["pin_memory() + copy, CUDA events"] = benchmark(runs["pin_memory() + copy"][1], budget_s=budget_s,
                                                        device=device)
     del host, gpu, pinned_once
@@ -282,7 +265,7 @@ def zero_page_copy(nbytes: int, device: torch.device | None = None, budget_s: fl
         fn()
         if not torch.equal(gpu.cpu(), host):      # reads the host buffer only: it stays untouched
             raise AssertionError(f"pageable copy from the {name} buffer produced different data")
-        out[name] = host_clock(fn, device, budget_s=budget_s)
+        out[name] = benchmark(fn, budget_s=budget_s, device=device, clock="host")
     del gpu, sources
     return {name: t.per_second(nbytes) / 1e9 for name, t in out.items()} | {"timings": out}
 

@@ -28,7 +28,7 @@ from gpulab.core.children import at_once
 from gpulab.core.device import require_cuda, resolve_scale
 from gpulab.core.measured import Measured, Skipped
 from gpulab.core.predict import Plan, Work
-from gpulab.core.timing import benchmark
+from gpulab.core.timing import MIN_CALLS, benchmark, gpu_kernels, merged_ms
 
 
 # -- knobs ------------------------------------------------------------------------------------------
@@ -67,7 +67,7 @@ def plan(scale: str | None = None) -> Plan:
     # one `four_matmuls` call: 4 bf16 n x n @ n x n products, 2 n^3 FLOPs each
     four = 4 * 2 * n**3
     # a `benchmark` call at its fewest: 3 warm-up calls, 1 probe, 3 timed (more only fill its time budget)
-    bench = 3 + 1 + 3
+    bench = MIN_CALLS       # benchmark()'s least; the rest of its budget is host time
     calls = (bench          # eager timing
              + 3 + 1        # capture(): 3 warm-up calls on the side stream, then one replay to check
              + 1            # the eager reference the replay is checked against
@@ -184,23 +184,6 @@ def cudagraph_skips() -> int:
     return int(counters["inductor"]["cudagraph_skips"])
 
 
-def merge_intervals(intervals) -> list[tuple[float, float]]:
-    """The union of (start, end) intervals as sorted, disjoint intervals. Lesson 14 uses it too."""
-    merged: list[list[float]] = []
-    for a, b in sorted(intervals):
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    return [(a, b) for a, b in merged]
-
-
-def merged_ms(intervals) -> float:
-    """Total length of the union of (start, end) intervals, in their unit / 1e3 (profiler us -> ms):
-    the time at least one of them was running."""
-    return sum(b - a for a, b in merge_intervals(intervals)) / 1e3
-
-
 def step_profile(fn: Callable[[], object], steps: int = 20) -> dict[str, float]:
     """Where one step's time goes, per step, after one warm call:
     - `host ms`: host clock while `steps` calls are issued, before any synchronize (the CPU's own work;
@@ -210,7 +193,6 @@ def step_profile(fn: Callable[[], object], steps: int = 20) -> dict[str, float]:
       a second run of `steps` calls; `kernels`: how many ran per step.
     A step whose host ms is close to its wall ms while the GPU is busy a fraction of it is host-bound:
     the CPU, not the GPU, sets its pace. CUDA only."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     require_cuda(NO_GRAPHS)
@@ -226,7 +208,7 @@ def step_profile(fn: Callable[[], object], steps: int = 20) -> dict[str, float]:
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
-    spans = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    spans = [(a, b) for _, a, b in gpu_kernels(prof)]
     return {"host ms": host * 1e3 / steps, "wall ms": wall * 1e3 / steps,
             "GPU busy ms": merged_ms(spans) / steps, "kernels": len(spans) / steps}
 
@@ -247,11 +229,13 @@ import gc, json, torch
 from gpulab.core.device import float32_matmul
 from gpulab.lessons.l11_cuda_graphs import MLP, capture, make_mlp_step
 def memory():
-    gc.collect(); torch.cuda.synchronize(); torch.cuda.empty_cache()
-    return torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    gc.collect(); torch.cuda.synchronize(device); torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
 torch.manual_seed(0)
-model = MLP({width}, {depth}).cuda()
-x, t = torch.randn({batch}, {width}, device="cuda"), torch.randn({batch}, {width}, device="cuda")
+device = torch.device({device!r})
+torch.cuda.set_device(device.index if device.index is not None else torch.cuda.current_device())
+model = MLP({width}, {depth}).to(device)
+x, t = torch.randn({batch}, {width}, device=device), torch.randn({batch}, {width}, device=device)
 step = make_mlp_step(model)
 rows = [("before capture", memory())]
 with float32_matmul("tf32"):
@@ -271,8 +255,8 @@ def graph_pool_memory(width: int, depth: int, batch: int, timeout_s: float = 120
     context unusable): (moment, allocated bytes, reserved bytes) before capturing notebook 11's MLP step,
     after, once its static outputs are deleted, and once the graph is deleted. Raises RuntimeError with
     the child's last error line if it fails."""
-    require_cuda(NO_GRAPHS)
-    code = POOL_SCRIPT.format(width=int(width), depth=int(depth), batch=int(batch))
+    device = require_cuda(NO_GRAPHS)            # the course's device choice, passed to the child
+    code = POOL_SCRIPT.format(width=int(width), depth=int(depth), batch=int(batch), device=str(device))
     proc = at_once({"pool": [sys.executable, "-c", code]}, timeout_s)["pool"]
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch import nn
 from gpulab.core.predict import Plan, Work
 from gpulab.core.device import float32_matmul, pick_device, resolve_scale, scale
-from gpulab.core.timing import Timing, benchmark, stopwatch, summarize
+from gpulab.core.timing import Timing, benchmark, gpu_kernels, merge_intervals, stopwatch, summarize
 from gpulab.models.transformer import TransformerStack, loss_fn
 
 
@@ -162,8 +162,6 @@ def kernel_breakdown(kernels: Sequence[tuple[str, float, float]], steps: int = 1
     kernels of each kind ran (`kernel_kind`; the union of their intervals, so concurrent ones count once),
     the time any kernel ran (`busy_ms`), `nccl_beside_compute_ms`, how long NCCL kernels ran while a
     compute or copy kernel ran too, and the number of kernels."""
-    from gpulab.lessons.l11_cuda_graphs import merge_intervals
-
     def length(spans) -> float:
         return sum(b - a for a, b in spans) / 1e3 / steps
 
@@ -684,7 +682,6 @@ def profile_steps_of(fns: dict[str, Callable[[], None]], steps: int, device: tor
     `kernel_breakdown`, and the wall time per step (host clock, synchronized; the profiler adds a little).
     Every rank runs it (the steps' collectives need all of them) and runs the steps even if the profiler
     fails, so the ranks stay in step; the failure is reported as {"error": ...}."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     out: dict[str, Any] = {}
@@ -706,8 +703,7 @@ def profile_steps_of(fns: dict[str, Callable[[], None]], steps: int, device: tor
         try:
             if prof is not None:
                 prof.stop()
-                kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
-                           if e.device_type == DeviceType.CUDA]
+                kernels = gpu_kernels(prof)
                 out[label] = dict(kernel_breakdown(kernels, steps), wall_ms=wall * 1e3 / steps)
         except Exception as err:            # noqa: BLE001
             error = f"{type(err).__name__}: {err}"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gpulab.core import timing
-from gpulab.core.timing import Timing, benchmark, summarize
+from gpulab.core.timing import MIN_CALLS, Timing, benchmark, summarize
 
 CPU = torch.device("cpu")
 
@@ -192,3 +192,30 @@ def test_stopwatch_records_the_end_even_when_the_block_raises():
         with stopwatch() as w:
             raise RuntimeError("boom")
     assert w.end_s >= w.start_s > 0
+
+
+def test_host_clock_times_each_call_on_the_host_clock():
+    """clock="host" (lesson 05's pageable copies and pinning): each call between two synchronizations."""
+    calls = []
+    t = benchmark(lambda: calls.append(1), warmup=2, budget_s=0.0, clock="host", device=torch.device("cpu"))
+    assert t.method == "host clock, synchronized" and t.n == 3 and len(calls) == 6   # 2 warm-up, 1 probe, 3 timed
+    assert t.min_ms >= 0
+    t = benchmark(lambda: None, budget_s=10.0, max_repeat=7, clock="host", device=torch.device("cpu"))
+    assert t.n == 7
+    with pytest.raises(ValueError, match="clock"):
+        benchmark(lambda: None, clock="wall")
+
+
+def test_min_calls_is_what_benchmark_makes_with_its_defaults():
+    calls = []
+    benchmark(lambda: calls.append(1), budget_s=0.0, device=torch.device("cpu"))
+    assert len(calls) == MIN_CALLS
+
+
+def test_merged_ms_counts_overlapping_kernels_once():
+    from gpulab.core.timing import merge_intervals, merged_ms
+    assert merge_intervals([(5.0, 20.0), (0.0, 10.0), (30.0, 40.0)]) == [(0.0, 20.0), (30.0, 40.0)]
+    assert merged_ms([(0.0, 10.0), (5.0, 20.0), (30.0, 40.0)]) == pytest.approx(0.030)    # us -> ms
+    assert merged_ms([(30.0, 40.0), (0.0, 10.0)]) == pytest.approx(0.020)                # any order
+    assert merged_ms([(0.0, 10.0), (2.0, 3.0)]) == pytest.approx(0.010)                  # nested
+    assert merged_ms([]) == 0.0
