@@ -61,6 +61,8 @@ PREDICTOR_RUNS = [
     ("h200-2026-11-30-s3-course-timings.tsv", "h200-2026-11-30-s3-course.json"),
     ("h200-2026-11-30-s3-course-2-timings.tsv", "h200-2026-11-30-s3-course.json"),
     ("h200-2026-11-30-s4-timings.tsv", "h200-2026-11-30-s4.json"),       # 00, 01, 02, 08, 10, 11, 12, 13
+    ("h200-2026-11-30-s5-course-timings.tsv", "h200-2026-11-30-s5-course.json"),      # the newest: 00-09
+    ("h200-2026-11-30-s5-course-2-timings.tsv", "h200-2026-11-30-s5-course.json"),    # and 10-14
 ]
 
 
@@ -85,5 +87,5 @@ def test_the_readmes_course_times_are_the_committed_runs():
     from gpulab.tools.coursetime import per_file, read
     root = Path(__file__).resolve().parents[2]
     walls = [round(sum(t.wall for t in per_file(read(root / "results" / f)).values()))
-             for f in ("h200-2026-11-30-s3-course-timings.tsv", "h200-2026-11-30-s3-course-2-timings.tsv")]
+             for f in ("h200-2026-11-30-s5-course-timings.tsv", "h200-2026-11-30-s5-course-2-timings.tsv")]
     assert f"00-09 took {walls[0]} s and 10-14 {walls[1]} s" in (root / "README.md").read_text()
