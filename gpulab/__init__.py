@@ -5,7 +5,9 @@
     notebook/  what a notebook uses around its lesson: lesson (template helpers), widgets (the panel)
     models/    what the lessons train: cnn, gpt, transformer, precision, sizing, step (one train_step)
     lessons/   one module per notebook (l00_gpu_ceilings ... l14_multi_gpu): knobs, experiments, headline
-    tools/     bench, room, coursetime, cli (`gpulab doctor | bench | room | report`)
+    tools/     bench, room, coursetime, cli (`gpulab doctor | bench | room | report | diagnose`)
+    diagnose/  your own training step: events, analyze, rules, core (`gpulab.diagnose(step)`), and the
+               labelled cases that prove the rules (cases, suite)
 """
 import importlib
 
@@ -19,6 +21,7 @@ _EXPORTS = {
     "fmt_bytes": "gpulab.core.memory", "memory_guard": "gpulab.core.memory", "memory_now": "gpulab.core.memory",
     "track_peak": "gpulab.core.memory", "results_store": "gpulab.core.results",
     "Timing": "gpulab.core.timing", "benchmark": "gpulab.core.timing",
+    "diagnose": "gpulab.diagnose",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -8,6 +8,8 @@ For instructors and maintainers (see README, "For instructors"):
 `gpulab bench` runs each lesson's headline comparison headless against its band
 (gpulab.tools.bench); `gpulab room FOLDER` merges a room's results files (gpulab.tools.room);
 `gpulab report` prints or rewrites the README's "measured on" block.
+For learners after the course: `gpulab diagnose SCRIPT` profiles their own training step
+(gpulab.diagnose, notebook 15).
 """
 from __future__ import annotations
 
@@ -348,20 +350,100 @@ def report(argv: list[str] | None = None) -> int:
     return 0
 
 
+STEP_NAMES = ("make_step", "step")
+
+
+def load_step(script: str | os.PathLike, entry: str | None = None):
+    """The training step a script defines, for `gpulab diagnose`: the script runs as a module (its
+    `if __name__ == "__main__":` block does not), then `entry` is looked up; by default `make_step`
+    (called with no arguments, it returns the step) and else `step` (the step itself). ValueError,
+    in one sentence, for a missing script or entry and for an entry that is not callable."""
+    import runpy
+    path = Path(script)
+    if not path.is_file():
+        raise ValueError(f"no script {path}")
+    namespace = runpy.run_path(str(path), run_name="__gpulab_diagnose__")
+    names = (entry,) if entry else STEP_NAMES
+    found = next((n for n in names if n in namespace), None)
+    if found is None:
+        raise ValueError(f"{path} defines no {' or '.join(repr(n) for n in names)}: give it a function "
+                         "`step()` that fetches one batch and trains on it (or `make_step()` that returns one), "
+                         "or name yours with --entry")
+    obj = namespace[found]
+    if not callable(obj):
+        raise ValueError(f"{path}: {found!r} is not callable")
+    if found == "make_step" and not entry:
+        obj = obj()
+        if not callable(obj):
+            raise ValueError(f"{path}: make_step() returned {type(obj).__name__}, not a callable step")
+    return obj
+
+
+def diagnose(argv: list[str] | None = None) -> int:
+    """`gpulab diagnose SCRIPT`: diagnose the training step a script defines; exit 0, 2 for a bad
+    script, entry or output path (one line on stderr), 1 when the step itself raised."""
+    parser = argparse.ArgumentParser(
+        prog="gpulab diagnose",
+        description="Which bottleneck is your training step's, and what would fixing it buy? "
+                    "Profiles a few steps of SCRIPT's `make_step()` or `step()`.")
+    parser.add_argument("script", help="a Python file defining make_step() (returns the step) or step()")
+    parser.add_argument("--entry", default=None, help="the function's name, if not make_step or step")
+    parser.add_argument("--warmup", type=int, default=3, help="unprofiled steps first (default 3)")
+    parser.add_argument("--steps", type=int, default=5, help="steps timed, and steps profiled (default 5)")
+    parser.add_argument("--trace", metavar="PATH", default=None,
+                        help="the profiler trace, for Perfetto or chrome://tracing (default: SCRIPT-trace.json here)")
+    parser.add_argument("--plot", metavar="PATH", default=None,
+                        help="the timeline picture (default: SCRIPT-timeline.png here)")
+    parser.add_argument("--json", metavar="PATH", default=None, help="also write the diagnosis as JSON")
+    args = parser.parse_args(argv)
+    stem = Path(args.script).stem
+    trace = args.trace or f"{stem}-trace.json"
+    plot = args.plot or f"{stem}-timeline.png"
+    try:
+        if args.warmup < 0 or args.steps < 1:
+            raise ValueError(f"--warmup must be >= 0 and --steps >= 1 (got {args.warmup} and {args.steps})")
+        for target, what in ((trace, "the trace"), (plot, "the timeline"), (args.json, "the JSON")):
+            if target:
+                _check_writable(target, what)
+                if not Path(target).parent.is_dir():
+                    raise ValueError(f"cannot write {what} to {target} (no folder {Path(target).parent})")
+        sys.path.insert(0, str(Path(args.script).resolve().parent))   # the script's own imports
+        step = load_step(args.script, args.entry)
+    except ValueError as err:
+        print(f"gpulab diagnose: {err}", file=sys.stderr)
+        return 2
+    from gpulab.diagnose import DiagnoseError, diagnose as run_diagnosis
+    try:
+        d = run_diagnosis(step, warmup=args.warmup, steps=args.steps, trace_path=trace, label=stem)
+    except DiagnoseError as err:      # the learner's step raised: say so, in one line (it names the step's error)
+        print(f"gpulab diagnose: {err}", file=sys.stderr)
+        return 1
+    print(d.report())
+    d.plot().savefig(plot, dpi=120)
+    print(f"timeline: {plot}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(d.to_dict(), indent=1) + "\n", encoding="utf-8")
+        print(f"JSON: {args.json}")
+    return 0
+
+
 USAGE = """usage: gpulab doctor [--cpu-ok] [--json]
        gpulab bench [--scale tiny|full|auto] [--lessons 03,05] [--json PATH] [--check] [--bands PATH]
        gpulab room FOLDER [--png out.png] [--json out.json] [--markdown]
        gpulab report [--readme README.md] [--results results]
+       gpulab diagnose SCRIPT [--entry NAME] [--steps 5] [--trace PATH] [--plot PATH] [--json PATH]
 
   doctor   check that this machine is ready for the course
   bench    run each lesson's headline comparison; --check fails when a ratio leaves its band
   room     merge a folder of learners' results files into one comparison across GPUs
-  report   print (or, with --readme, rewrite) the README's "measured on" block"""
+  report   print (or, with --readme, rewrite) the README's "measured on" block
+  diagnose profile your own training step (SCRIPT's make_step() or step()): where its time goes,
+           which bottleneck it has, and the most fixing it can buy"""
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"doctor": doctor, "bench": bench, "room": room, "report": report}
+    commands = {"doctor": doctor, "bench": bench, "room": room, "report": report, "diagnose": diagnose}
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(USAGE)
         return 0 if argv and argv[0] in ("-h", "--help") else 2

@@ -256,3 +256,58 @@ def test_gpulab_device_cuda_without_a_gpu_is_not_told_to_set_cuda(monkeypatch):
     row = findings(cpu_ok=True)["GPULAB_DEVICE"]
     assert row.status == FAIL and "sees no CUDA GPU" in row.detail
     assert "cuda" not in row.fix.replace("CUDA GPU", "") and "cpu" in row.fix
+
+
+# -- gpulab diagnose SCRIPT ------------------------------------------------------------------------
+STEP_SCRIPT = '''
+import torch
+def make_step():
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    def step():
+        loss = model(torch.randn(8, 16)).square().mean()
+        loss.backward(); opt.step(); opt.zero_grad()
+    return step
+if __name__ == "__main__":
+    raise SystemExit("the script's own main block must not run under gpulab diagnose")
+'''
+
+
+def test_diagnose_a_script_writes_report_timeline_trace_and_json(tmp_path, capsys, monkeypatch):
+    script = tmp_path / "train.py"
+    script.write_text(STEP_SCRIPT)
+    monkeypatch.chdir(tmp_path)
+    assert main(["diagnose", str(script), "--warmup", "1", "--steps", "2", "--json", "d.json"]) == 0
+    out = capsys.readouterr().out
+    assert "gpulab.diagnose: train on cpu" in out and "needs a GPU" in out
+    assert (tmp_path / "train-timeline.png").stat().st_size > 0
+    assert json.loads((tmp_path / "train-trace.json").read_text())          # Perfetto / chrome://tracing reads it
+    assert json.loads((tmp_path / "d.json").read_text())["label"] == "train"
+
+
+@pytest.mark.parametrize("body, words", [
+    ("x = 1\n", "defines no 'make_step' or 'step'"),
+    ("step = 3\n", "'step' is not callable"),
+    ("def make_step():\n    return 5\n", "returned int, not a callable step"),
+])
+def test_diagnose_refuses_a_script_without_a_step(tmp_path, capsys, body, words):
+    script = tmp_path / "s.py"
+    script.write_text(body)
+    assert main(["diagnose", str(script)]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_diagnose_refuses_a_missing_script_and_bad_counts(tmp_path, capsys):
+    assert main(["diagnose", str(tmp_path / "none.py")]) == 2
+    assert "no script" in capsys.readouterr().err
+    (tmp_path / "s.py").write_text(STEP_SCRIPT)
+    assert main(["diagnose", str(tmp_path / "s.py"), "--steps", "0"]) == 2
+    assert "--steps >= 1" in capsys.readouterr().err
+
+
+def test_diagnose_says_in_one_line_when_the_step_raises(tmp_path, capsys, monkeypatch):
+    (tmp_path / "s.py").write_text("def step():\n    raise ValueError('my bug')\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["diagnose", "s.py"]) == 1
+    err = capsys.readouterr().err
+    assert "my bug" in err and "Traceback" not in err

@@ -1,0 +1,43 @@
+"""gpulab.diagnose: which of the course's bottlenecks is yours, and what fixing it would buy.
+
+    import gpulab
+    d = gpulab.diagnose(step)   # the package is callable: the same as gpulab.diagnose.diagnose(step)          # step(): one whole training step, batch fetching included
+    print(d.report())           # busy/idle split, kernel classes, memory, MFU, ranked verdicts
+    d.plot()                    # the profiled steps' timeline
+
+- `events.py`: the neutral event model (`Event`) and the torch.profiler parser (`from_profiler`);
+- `analyze.py`: facts from events (`analyze` -> `Facts`): busy/idle, idle causes, kernel classes, GEMMs;
+- `rules.py`: the rules (`RULES`), their thresholds with reasons, `Verdict`, `run_rules`;
+- `core.py`: `diagnose()` and `Diagnosis` (report, plot, to_dict).
+"""
+import sys
+import types
+
+from gpulab.diagnose.analyze import (
+    CAUSES,
+    CLASSES,
+    Facts,
+    GemmFact,
+    MemoryFacts,
+    analyze,
+)
+from gpulab.diagnose.core import DiagnoseError, Diagnosis, diagnose
+from gpulab.diagnose.events import Event, Record, from_profiler, parse
+from gpulab.diagnose.rules import GPU_ONLY, RULES, Verdict, run_rules
+
+__all__ = [
+    "CAUSES", "CLASSES", "GPU_ONLY", "RULES", "DiagnoseError", "Diagnosis", "Event", "Facts",
+    "GemmFact", "MemoryFacts", "Record", "Verdict", "analyze", "diagnose", "from_profiler", "parse",
+    "run_rules",
+]
+
+
+class _CallableModule(types.ModuleType):
+    """`gpulab.diagnose(step)` calls `diagnose`, while `gpulab.diagnose` stays the package its parts
+    are imported from (`from gpulab.diagnose import Verdict`)."""
+
+    def __call__(self, step, **kwargs) -> Diagnosis:
+        return diagnose(step, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

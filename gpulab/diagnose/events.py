@@ -1,0 +1,296 @@
+"""The neutral event model `diagnose` reads, and the parser that fills it from `torch.profiler`.
+
+Every rule sees a flat list of `Event`s: GPU work ("gpu": kernels, copies, memsets), CPU-side ranges
+("op": aten ops and `record_function` ranges) and CUDA runtime/driver calls on the host ("runtime").
+Unit tests build such lists by hand; `from_profiler(prof)` builds them from a finished profile.
+
+How torch links a kernel to the code that launched it (read from torch's own
+`torch/autograd/profiler.py::_parse_kineto_results` and `profiler_kineto.cpp`):
+
+- every aten op / `record_function` range has a `correlation_id` of its own;
+- a GPU kernel and the runtime call that launched it (`cudaLaunchKernel`, `cudaMemcpyAsync`, ...)
+  share one CUPTI `correlation_id`;
+- both carry `linked_correlation_id`: the `correlation_id` of the innermost aten op that was running on
+  the host when the launch happened (0 when none was).
+
+The parser is a pure function of `Record`s (one per `_KinetoEvent`, plain values only), so a test can
+feed it fake kineto-like records for GPU kernels on a machine without a GPU. Whatever it does not
+recognise it keeps with an empty op name rather than guessing.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+GPU, OP, RUNTIME = "gpu", "op", "runtime"
+KINDS = (GPU, OP, RUNTIME)
+
+
+STEP_RANGE = "gpulab.step"      # the record_function range diagnose() puts around each profiled step
+DATA_RANGE = "gpulab.data"      # a range a learner may put around their own batch fetching
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing that happened during the profiled steps, in microseconds from the trace's start."""
+
+    kind: str        # "gpu" (kernel, memcpy, memset on the device), "op" (a CPU-side aten op or
+                     # record_function range), "runtime" (a CUDA runtime/driver call on the host)
+    name: str
+    start_us: float
+    end_us: float
+    stream: int = 0              # gpu: the stream; host: the thread
+    op: str = ""                 # gpu: the aten op that launched it ("" if unknown)
+    shapes: tuple = ()           # op: recorded input shapes
+    dtypes: tuple = ()           # op: recorded input dtypes (strings, e.g. "float", "c10::BFloat16")
+    flops: float = 0.0           # op: profiler with_flops count (mm/addmm/bmm/conv)
+    nbytes: int = 0              # gpu memcpy: bytes if known
+    corr: int = 0                # gpu, runtime: the CUDA correlation id shared by a kernel and its launch
+                                 # call; op: the op's own id (0 if unknown)
+    op_id: int = 0               # gpu, runtime: the `corr` of the op that launched it (0 if unknown)
+    tf32: bool | None = None     # op: whether cuBLAS could use TF32 when it ran (None if unknown)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"Event kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.end_us < self.start_us:
+            raise ValueError(f"Event {self.name!r} ends ({self.end_us}) before it starts ({self.start_us})")
+
+    @property
+    def dur_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+# -- records: what the parser reads ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Record:
+    """One profiler event as plain values (the `_KinetoEvent` accessors of the same names)."""
+
+    name: str
+    device_type: str             # "cpu" or "cuda" (torch's DeviceType of the event)
+    activity: str                # kineto's activity type ("kernel", "cpu_op", "cuda_runtime", ...); "" unknown
+    start_ns: int
+    end_ns: int
+    thread: int = 0              # start_thread_id(): the host thread (for runtime calls: their op's)
+    resource: int = 0            # device_resource_id(): the stream for GPU work
+    correlation_id: int = 0
+    linked_correlation_id: int = 0
+    shapes: tuple = ()
+    dtypes: tuple = ()
+    flops: float = 0.0
+    metadata: str = ""           # metadata_json(), where torch fills it (memcpy bytes)
+    user_annotation: bool = False  # is_user_annotation(): a record_function range (host or its GPU copy)
+    tf32: bool | None = None     # an op's allow_tf32_cublas, from the profiler's event tree
+
+
+# kineto's ActivityType enum (libkineto/include/ActivityType.h). torch 2.13 reports the name, older
+# builds the number; the first twelve have kept their numbers since kineto began.
+ACTIVITY_NAMES = ("cpu_op", "user_annotation", "gpu_user_annotation", "gpu_memcpy", "gpu_memset", "kernel",
+                  "external_correlation", "cuda_runtime", "cuda_driver", "cpu_instant_event",
+                  "python_function", "overhead")
+DEVICE_WORK = {"gpu_memcpy", "gpu_memset", "kernel"}      # what occupies the GPU: counted as busy
+HOST_RANGES = {"cpu_op", "user_annotation"}
+HOST_CALLS = {"cuda_runtime", "cuda_driver"}
+# Device-side entries that are not work: the GPU copy of a record_function range
+# ("gpu_user_annotation"), CUPTI's "cuda_sync" waits, profiler ranges. They must not count as busy.
+NOT_WORK_NAMES = ("Stream Sync", "Event Sync", "Context Sync", "Stream Wait Event", "Unknown Sync")
+
+
+def activity_name(value) -> str:
+    """kineto's activity type as its name: from a name, a number or an enum member; "" if unknown."""
+    if value is None:
+        return ""
+    if isinstance(value, int):
+        return ACTIVITY_NAMES[value] if 0 <= value < len(ACTIVITY_NAMES) else ""
+    text = str(getattr(value, "name", value)).strip().lower().rsplit(".", 1)[-1]
+    return "kernel" if text == "concurrent_kernel" else text      # the enum's name for "kernel"
+
+
+def _call(obj, name: str, default=None):
+    fn = getattr(obj, name, None)
+    if fn is None:
+        return default
+    try:
+        return fn()
+    except Exception:      # noqa: BLE001 - an accessor this torch build lacks or cannot answer
+        return default
+
+
+def _device(value) -> str:
+    text = str(getattr(value, "name", value)).lower()
+    return "cuda" if "cuda" in text else "cpu"
+
+
+def records_from_profiler(prof) -> tuple[list[Record], int]:
+    """(records, trace start in ns) of a finished `torch.profiler.profile`, read through
+    `prof.profiler.kineto_results.events()`; each accessor is optional (defaults when absent)."""
+    inner = getattr(prof, "profiler", prof)
+    results = getattr(inner, "kineto_results", None)
+    if results is None:
+        raise ValueError("no profiler results to read: pass a torch.profiler.profile that has finished "
+                         "(left its `with` block or had .stop() called)")
+    tf32 = _tf32_by_op(results)
+    records = []
+    for e in results.events():
+        start = int(_call(e, "start_ns", 0) or 0)
+        end = _call(e, "end_ns")
+        if end is None:
+            end = start + int(_call(e, "duration_ns", 0) or 0)
+        records.append(Record(
+            name=str(_call(e, "name", "")), device_type=_device(_call(e, "device_type", "cpu")),
+            activity=activity_name(_call(e, "activity_type")), start_ns=start, end_ns=int(end),
+            thread=int(_call(e, "start_thread_id", 0) or 0), resource=int(_call(e, "device_resource_id", 0) or 0),
+            correlation_id=int(_call(e, "correlation_id", 0) or 0),
+            linked_correlation_id=int(_call(e, "linked_correlation_id", 0) or 0),
+            shapes=_shapes(_call(e, "shapes", ())), dtypes=tuple(str(d) for d in (_call(e, "dtypes", ()) or ())),
+            flops=float(_call(e, "flops", 0) or 0), metadata=str(_call(e, "metadata_json", "") or ""),
+            user_annotation=bool(_call(e, "is_user_annotation", False)),
+            tf32=tf32.get((str(_call(e, "name", "")), start))))
+    return records, int(_call(results, "trace_start_ns", 0) or 0)
+
+
+def _tf32_by_op(results) -> dict:
+    """{(op name, start ns): allow_tf32_cublas} from the profiler's event tree: whether cuBLAS could use
+    TF32 when each op ran (a step may switch it for its own matrix products, as lesson 06's does)."""
+    out, todo = {}, list(_call(results, "experimental_event_tree", ()) or ())
+    while todo:
+        e = todo.pop()
+        todo.extend(getattr(e, "children", ()) or ())
+        flag = getattr(getattr(e, "extra_fields", None), "allow_tf32_cublas", None)
+        if flag is not None:
+            out[(str(getattr(e, "name", "")), int(getattr(e, "start_time_ns", 0)))] = bool(flag)
+    return out
+
+
+def _shapes(shapes) -> tuple:
+    out = []
+    for s in shapes or ():
+        try:
+            out.append(tuple(int(d) for d in s))
+        except (TypeError, ValueError):
+            out.append(())
+    return tuple(out)
+
+
+# -- the parser ------------------------------------------------------------------------------------
+def record_kind(r: Record) -> str | None:
+    """"gpu", "op", "runtime", or None for what the rules do not read (memory events, Python frames,
+    device-side annotations and syncs). Uses kineto's activity type; where this torch build does not
+    report it (its `_KinetoEvent` has no `activity_type`), the name, the device and the ids."""
+    if r.device_type == "cuda":
+        if r.activity:
+            return GPU if r.activity in DEVICE_WORK else None
+        return None if r.user_annotation or r.name in NOT_WORK_NAMES else GPU
+    if r.activity in HOST_CALLS:
+        return RUNTIME
+    if r.activity in HOST_RANGES:
+        return OP
+    if r.activity:
+        return None
+    if r.user_annotation:
+        return OP
+    if not r.correlation_id or r.name.startswith(("[", "<built-in")):
+        return None      # memory events, Python frames, CUPTI's overhead records: no id of their own
+    return RUNTIME if is_runtime_name(r.name) else OP
+
+
+def is_runtime_name(name: str) -> bool:
+    """A CUDA runtime (`cudaLaunchKernel`) or driver (`cuLaunchKernel`) call, by its name."""
+    return name.startswith("cuda") or (name.startswith("cu") and name[2:3].isupper())
+
+
+def _nbytes(metadata: str) -> int:
+    if not metadata or "bytes" not in metadata.lower():
+        return 0
+    try:
+        data = json.loads(metadata if metadata.lstrip().startswith("{") else "{" + metadata + "}")
+    except ValueError:
+        return 0
+    for key, value in data.items():
+        if key.lower() == "bytes":
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                return 0
+    return 0
+
+
+def parse(records: Iterable[Record], trace_start_ns: int | None = None) -> list[Event]:
+    """Events from records, sorted by start; times in us from `trace_start_ns` (default: the first record).
+
+    Each GPU event's `op` is the name of the op its `linked_correlation_id` names; where the kernel has
+    none, its launch call's (same `correlation_id`); where that has none either, the innermost op running
+    on the launch call's thread when it started. Unknown stays "".
+    """
+    kept = [(r, record_kind(r)) for r in records]
+    kept = [(r, k) for r, k in kept if k is not None]
+    # without activity types, a device-side copy of a record_function range has its host range's name
+    host_names = {r.name for r, k in kept if k == OP}
+    kept = [(r, k) for r, k in kept if not (k == GPU and not r.activity and r.name in host_names)]
+    if not kept:
+        return []
+    t0 = min(r.start_ns for r, _ in kept) if trace_start_ns is None else trace_start_ns
+    ops = {r.correlation_id: r for r, k in kept if k == OP and r.correlation_id}
+    calls = {r.correlation_id: r for r, k in kept if k == RUNTIME and r.correlation_id}
+    op_ranges = _ranges_by_thread([r for r, k in kept if k == OP])
+
+    def launching_op(r: Record) -> int:
+        if r.linked_correlation_id in ops:
+            return r.linked_correlation_id
+        call = calls.get(r.correlation_id) if r.device_type == "cuda" else r
+        if call is None:
+            return 0
+        if call.linked_correlation_id in ops:
+            return call.linked_correlation_id
+        return _innermost(op_ranges.get(call.thread, ()), call.start_ns)
+
+    def us(ns: int) -> float:
+        return (ns - t0) / 1e3
+
+    events = []
+    for r, kind in kept:
+        end = max(r.end_ns, r.start_ns)
+        if kind == OP:
+            events.append(Event(OP, r.name, us(r.start_ns), us(end), stream=r.thread, shapes=r.shapes,
+                                dtypes=r.dtypes, flops=r.flops, corr=r.correlation_id, tf32=r.tf32))
+            continue
+        op_id = launching_op(r)
+        op = ops[op_id].name if op_id in ops else ""
+        if kind == GPU:
+            events.append(Event(GPU, r.name, us(r.start_ns), us(end), stream=r.resource, op=op,
+                                nbytes=_nbytes(r.metadata), corr=r.correlation_id, op_id=op_id))
+        else:
+            events.append(Event(RUNTIME, r.name, us(r.start_ns), us(end), stream=r.thread, op=op,
+                                corr=r.correlation_id, op_id=op_id))
+    events.sort(key=lambda e: (e.start_us, -e.end_us))
+    return events
+
+
+def _ranges_by_thread(ops: list[Record]) -> dict[int, list[Record]]:
+    out: dict[int, list[Record]] = {}
+    for r in ops:
+        out.setdefault(r.thread, []).append(r)
+    return out
+
+
+def _innermost(ops: Iterable[Record], t_ns: int) -> int:
+    """The correlation id of the shortest op (not a record_function range) that contains t_ns; 0 if none."""
+    best = None
+    for r in ops:
+        if r.activity == "user_annotation" or not r.correlation_id:
+            continue
+        if r.start_ns <= t_ns <= r.end_ns and (best is None or r.end_ns - r.start_ns < best.end_ns - best.start_ns):
+            best = r
+    return best.correlation_id if best is not None else 0
+
+
+def from_profiler(prof) -> list[Event]:
+    """The events of a finished `torch.profiler.profile` (see the module's docstring for the linkage)."""
+    records, start = records_from_profiler(prof)
+    return parse(records, start or None)
+
+
+def step_ranges(events: Iterable[Event], name: str = STEP_RANGE) -> list[tuple[float, float]]:
+    """(start, end) us of each host range called `name` (diagnose's profiled steps), in order."""
+    return sorted((e.start_us, e.end_us) for e in events if e.kind == OP and e.name == name)
