@@ -426,7 +426,10 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
         raise ValueError(f"no {step_name!r} ranges among the events: profile each step inside "
                          f"torch.profiler.record_function({step_name!r}) (diagnose() does)")
     steps = len(windows)
-    span = merge_intervals(windows)
+    # One span from the first step's start to the last one's end: the steps run back to back, and an idle
+    # stretch that began in one step (the GPU ran dry during its `.item()`) and goes on into the next is
+    # one stretch with one cause, not a new one at the next step's first line.
+    span = [(windows[0][0], max(hi for _, hi in windows))]
     host = [e for e in events if e.kind in (OP, RUNTIME)]
     threads = _working_threads(host, step_name)
     host = [e for e in host if e.stream in threads]

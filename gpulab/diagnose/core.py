@@ -141,6 +141,11 @@ def _timed_steps(step: Callable, steps: int, device: torch.device) -> list[float
     return out
 
 
+# NVML's utilization is averaged over its own sample period (1/6 s to 1 s, by product); over less than a
+# few periods it mostly reads what came before and after (lesson 03 measures the lag).
+NVML_MIN_S = 2.0
+
+
 def _nvml_monitor(device: torch.device):
     if device.type != "cuda":
         return None
@@ -175,6 +180,7 @@ def _profile(step: Callable, steps: int, device: torch.device, trace_path: str |
         torch.cuda.reset_peak_memory_stats(device)
     before = _memory_stats(device)
     with profile(activities=activities, record_shapes=True, with_flops=True) as prof:
+        _run(step, "profiled steps")     # unmarked: the marked steps then start with work queued, as in training
         for _ in range(steps):
             with record_function(STEP_RANGE):
                 _run(step, "profiled steps")
@@ -248,6 +254,12 @@ def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, dev
     nvml = monitor.mean("busy_pct") if monitor is not None and monitor.available else None
     if monitor is not None and nvml is None:
         notes.append(f"no NVML utilization: {monitor.status}")
+    timed_s = timing.median_ms * steps / 1e3
+    if nvml is not None and timed_s < NVML_MIN_S:
+        nvml = None
+        notes.append(f"NVML utilization not read: the timed steps lasted {timed_s:.2g} s, shorter than "
+                     f"{NVML_MIN_S:g} s; NVML's figure is the share of its own sample periods (1/6 s to 1 s, by "
+                     "product) in which any kernel ran, so over a shorter time it reads the idle before and after")
     events, memory = _profile(step, steps, device, trace_path)
     if flops_per_step is None:
         flops_per_step = count_flops(step)

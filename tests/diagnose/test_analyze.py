@@ -289,13 +289,13 @@ def test_facts_are_json_serialisable():
 
 
 # -- on a GPU (skipped here): classes and causes from real profiles --------------------------------
-def gpu_step(dtype, sync_every_step=False, n=1024):
+def gpu_step(dtype, sync_every_step=False, n=1024, batch=256):
     import torch
 
     device = torch.device("cuda")
     model = torch.nn.Sequential(*[torch.nn.Linear(n, n) for _ in range(4)]).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(256, n, device=device)
+    x = torch.randn(batch, n, device=device)
 
     def step():
         with torch.amp.autocast("cuda", dtype=dtype, enabled=dtype is not None):
@@ -319,8 +319,8 @@ def test_on_a_gpu_16_bit_gemms_use_tensor_cores_and_fp32_without_tf32_does_not()
     d = diagnose(gpu_step(half), warmup=2, steps=3, flops_per_step=1.0, peak_tflops=1.0)
     assert d.busy_by_class["gemm_tensor_core"] > 0 and d.busy_by_class["gemm_no_tensor_core"] == 0
     assert not [g for g in d.facts.gemms if g.dtype == ""], "GEMMs whose op was not found"
-    with fp32_math("ieee"):
-        d = diagnose(gpu_step(None), warmup=2, steps=3, flops_per_step=1.0, peak_tflops=1.0)
+    with fp32_math("ieee"):      # large enough that the fp32 GEMMs are most of the step, not the launches
+        d = diagnose(gpu_step(None, n=4096, batch=2048), warmup=2, steps=3, flops_per_step=1.0, peak_tflops=1.0)
     assert d.busy_by_class["gemm_no_tensor_core"] > d.busy_by_class["gemm_tensor_core"]
     assert any(v.rule == "fp32_no_tensor_cores" for v in d.verdicts)
 
