@@ -338,7 +338,9 @@ class HostActivity:
         self._next, self._live, self._t = 0, [], -math.inf
 
     def active(self, t: float) -> list[Event]:
-        """Host events running at t, and synchronizing calls that returned at most SYNC_GRACE_US before."""
+        """Host events running at t, and synchronizing calls that returned at most SYNC_GRACE_US before.
+        A copy from pageable memory is one of them: `cudaMemcpyAsync` returns only when the copy is done,
+        and the copy waits for the work queued before it, so the GPU runs dry as it returns."""
         if t < self._t:
             self._next, self._live = 0, []
         self._t = t
@@ -346,7 +348,8 @@ class HostActivity:
             self._live.append(self.events[self._next])
             self._next += 1
         self._live = [e for e in self._live if e.end_us >= t - SYNC_GRACE_US]
-        return [e for e in self._live if e.end_us > t or e.name in SYNC_CALLS]
+        return [e for e in self._live if e.end_us > t or e.name in SYNC_CALLS
+                or (e.kind == RUNTIME and e.corr in self.pageable_calls)]
 
     def in_glue_gap(self, t: float) -> bool:
         """Whether t falls in a short gap (GLUE_GAP_US) between two host events of one thread inside a

@@ -1,0 +1,180 @@
+"""Your own training step: which bottleneck is yours, and what fixing it buys. Notebook 15.
+
+`TrainingStep(options)` is a training step written the way a first training loop often is: the
+DataLoader's batches made in the main process (0 workers), each copied from pageable memory, the loss
+read with `.item()` every step for a log line, and fp32 matmuls without TF32. Each of those is one
+`Options` field, and `FIXES` says which field the course changes when `gpulab.diagnose` names that
+bottleneck, so the notebook can take the top verdict, apply its fix, and measure what it bought against
+the Amdahl bound the verdict promised.
+
+The data is lesson 03's `SyntheticImages` (CPU work per sample that `calibrate_passes` sets from this
+host's speed). The model is a multi-layer perceptron on the flattened image, its width set from this
+GPU's measured fp32 ceiling (notebook 00) so that, once the data arrives in time, its fp32 matrix
+products are most of the step on any GPU: a T4 gets a narrower model than an H200, and each shows the
+same chain of bottlenecks.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from gpulab.core.ceilings import ceilings
+from gpulab.core.device import pick_device, resolve_scale
+from gpulab.core.predict import Plan
+from gpulab.lessons.l03_input_pipeline import SyntheticImages, calibrate_passes, make_loader, usable_workers
+from gpulab.models.precision import classification_loss, fp32_math, half_dtype
+
+TITLE = "your own training step"
+CONFIG = {
+    "tiny": dict(size=16, batch=8, sample_ms=0.05, workers=2, depth=2, width=64, classes=10, batches=64,
+                 warmup=1, steps=2),
+    # full: a batch of 256 images of 64 x 64 at about 0.25 ms of CPU each (64 ms per batch in the main
+    # process); with `workers` processes the data keeps up with a GPU step of batch_ms / workers, and
+    # the model is sized so its fp32 step takes `fp32_over_data` times that: once the workers fix the
+    # input, fp32 is the next bottleneck on any GPU.
+    "full": dict(size=64, batch=256, sample_ms=0.25, workers=8, depth=4, classes=10, batches=96,
+                 fp32_over_data=2.0, min_width=256, max_width=8192, warmup=3, steps=5),
+}
+
+# Seconds of notebook 15 that no GPU changes: worker start-up, the CPU making every batch, the
+# profiler's own work over the diagnoses and the panel's first run. The notebook's first full-size run
+# took 54 s (executed whole, kernel start included; its GPU work, a few hundred ms per diagnosis, inside).
+HOST_S = 54.0
+HOST_SOURCE = ("wall time of notebook 15's first full-size run (results/h200-2026-11-30-n15.json: H200, "
+               "torch 2.11, 2026-11-30, executed with nbclient in 54 s)")
+
+
+def config(scale: str | None = None) -> dict:
+    """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
+    return dict(CONFIG[resolve_scale(scale)])
+
+
+def plan(scale: str | None = None) -> Plan:
+    """Notebook 15's time: host work (the batches are made by the CPU; the model is sized to it)."""
+    return Plan(host_s=HOST_S, work=(), host_source=HOST_SOURCE)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The four habits of the slow step; the defaults are the slow ones."""
+
+    workers: int = 0              # DataLoader worker processes (0: the main process makes every batch)
+    pinned: bool = False          # page-locked batches (pin_memory=True), copied with non_blocking=True
+    log_every_step: bool = True   # loss.item() each step, for a log line (the host waits for the GPU)
+    precision: str = "fp32"       # "fp32" (TF32 off) or "16-bit" (autocast to this GPU's 16-bit type)
+
+
+def fixes(cfg: dict | None = None) -> dict:
+    """Rule name -> how the course fixes it on an `Options`: the lesson that rule points to, in one change.
+    A fix that changes nothing (every core already has a worker) leaves the Options as they were."""
+    cores = os.cpu_count() or 1
+    start = max(usable_workers([(cfg or config())["workers"]]) or [min(2, cores)])
+
+    def more_workers(o: Options) -> Options:      # the config's count, then twice as many, up to the cores
+        return replace(o, workers=min(max(start, 2 * o.workers), max(cores, o.workers)))
+
+    return {
+        "input_bound": more_workers,                                   # lesson 03
+        "pageable_copy": lambda o: replace(o, pinned=True),            # lesson 05
+        "host_sync": lambda o: replace(o, log_every_step=False),       # lesson 01
+        "fp32_no_tensor_cores": lambda o: replace(o, precision="16-bit"),   # lesson 06
+    }
+
+
+def mlp(in_features: int, width: int, depth: int, classes: int, device: torch.device) -> nn.Module:
+    """Flattened image -> `depth` Linear+GELU layers of `width` -> class scores."""
+    layers: list[nn.Module] = [nn.Flatten()]
+    for i in range(depth):
+        layers += [nn.Linear(in_features if i == 0 else width, width), nn.GELU()]
+    layers.append(nn.Linear(width, classes))
+    return nn.Sequential(*layers).to(device)
+
+
+def step_flops(in_features: int, width: int, depth: int, classes: int, batch: int) -> float:
+    """FLOPs of one training step of `mlp`: 2 per multiply-add forward, twice that backward."""
+    macs = in_features * width + (depth - 1) * width * width + width * classes
+    return 6.0 * batch * macs
+
+
+def model_width(cfg: dict, passes_ms: float, device: torch.device) -> int:
+    """The MLP's width on this GPU: its fp32 step takes `fp32_over_data` times the time the workers
+    need for a batch (`passes_ms` per sample), at this GPU's measured fp32 matmul ceiling; the
+    config's width on the CPU or without a measured ceiling."""
+    if "width" in cfg:
+        return cfg["width"]
+    if device.type != "cuda":
+        return cfg["min_width"]
+    ceiling = ceilings().get("matmul_fp32")
+    if ceiling is None or not ceiling.source.startswith("measured"):
+        return cfg["min_width"]
+    target_s = cfg["batch"] * passes_ms / 1e3 / cfg["workers"] * cfg["fp32_over_data"]
+    flops = target_s * ceiling.value * 1e12
+    n_in, b, d = 3 * cfg["size"] ** 2, cfg["batch"], cfg["depth"]
+    # 6 b (n_in w + (d - 1) w^2) = flops  ->  the positive root, rounded down to a multiple of 64
+    a_, b_, c_ = 6 * b * (d - 1), 6 * b * n_in, -flops
+    w = (-b_ + (b_ * b_ - 4 * a_ * c_) ** 0.5) / (2 * a_)
+    return int(min(cfg["max_width"], max(cfg["min_width"], w // 64 * 64)))
+
+
+class TrainingStep:
+    """One training step with the habits `options` says: call it, and it fetches a batch and trains.
+
+    `close()` stops the DataLoader's workers. The loss of the last step is `last_loss` (a tensor on
+    the device; a float when `log_every_step`)."""
+
+    def __init__(self, options: Options = Options(), cfg: dict | None = None, device: torch.device | None = None,
+                 width: int | None = None, passes: int | None = None, seed: int = 0):
+        self.options, self.cfg = options, cfg or config()
+        self.device = device or pick_device()
+        if options.precision not in ("fp32", "16-bit"):
+            raise ValueError(f"precision must be 'fp32' or '16-bit', got {options.precision!r}")
+        if options.pinned and self.device.type != "cuda":
+            raise ValueError("pinned=True needs a CUDA GPU: page-locked memory is for copies to a GPU")
+        cfg = self.cfg
+        self.passes = passes if passes is not None else calibrate_passes(cfg["size"], cfg["sample_ms"])
+        self.width = width or model_width(cfg, cfg["sample_ms"], self.device)
+        torch.manual_seed(seed)
+        self.model = mlp(3 * cfg["size"] ** 2, self.width, cfg["depth"], cfg["classes"], self.device)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
+        data = SyntheticImages(length=cfg["batch"] * cfg["batches"], size=cfg["size"], passes=self.passes, seed=seed)
+        self.loader = make_loader(data, cfg["batch"], num_workers=options.workers, pin_memory=options.pinned)
+        self.batches = iter(self.loader)
+        self.half = half_dtype() if self.device.type == "cuda" else torch.bfloat16
+        self.last_loss = None
+        self.flops = step_flops(3 * cfg["size"] ** 2, self.width, cfg["depth"], cfg["classes"], cfg["batch"])
+
+    def next_batch(self):
+        try:
+            return next(self.batches)
+        except StopIteration:          # a new pass over the data (the workers start again)
+            self.batches = iter(self.loader)
+            return next(self.batches)
+
+    def __call__(self):
+        o = self.options
+        x, y = self.next_batch()
+        x = x.to(self.device, non_blocking=o.pinned)
+        y = y.to(self.device, non_blocking=o.pinned)
+        with fp32_math("ieee"), torch.amp.autocast(self.device.type, dtype=self.half, enabled=o.precision == "16-bit"):
+            loss = classification_loss(self.model, x, y)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.last_loss = loss.item() if o.log_every_step else loss.detach()
+        return self.last_loss
+
+    def close(self):
+        self.batches = None            # the iterator's workers stop when it is collected
+        del self.loader
+
+
+def measured_gain(before_ms: float, after_ms: float, bound: float) -> dict:
+    """What a fix bought against what its verdict promised: the speed-up, and the saved share of the
+    step against the share the bound allowed (bound = 1 / (1 - share))."""
+    promised = 1.0 - 1.0 / bound
+    saved = 1.0 - after_ms / before_ms
+    return {"speedup": before_ms / after_ms, "bound": bound, "saved_share": saved, "promised_share": promised,
+            "of_promised": saved / promised if promised > 0 else None}
