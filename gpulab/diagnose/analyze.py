@@ -125,7 +125,8 @@ class GemmFact:
 
 @dataclass(frozen=True)
 class Facts:
-    """What the rules read; every time is ms per profiled step, every share a fraction of `window_ms`."""
+    """What the rules read; times are ms per profiled step (`idle(cause)`: scaled to the unprofiled step),
+    shares fractions of the unprofiled step (`base_ms`)."""
 
     on_gpu: bool
     steps: int
@@ -143,15 +144,34 @@ class Facts:
     tf32_matmul: bool = False
     tf32_cudnn: bool = False
     memory: MemoryFacts | None = None
-    step_ms: float | None = None    # unprofiled median step time (host clock, synchronized)
+    step_ms: float | None = None    # unprofiled step time (steps back to back, host clock, synchronized)
     flops_per_step: float | None = None
     peak_tflops: float | None = None
     peak_source: str = ""
     intervals: dict = field(default_factory=dict, repr=False)   # for the plot: windows, busy, idle
 
+    @property
+    def base_ms(self) -> float:
+        """The step the shares are of: the unprofiled one where it was timed (the step a fix speeds up),
+        else the profiled one."""
+        return self.step_ms or self.window_ms
+
+    @property
+    def idle_scale(self) -> float:
+        """Unprofiled idle over profiled idle. The profiler adds host time to every op, so the GPU idles
+        longer under it than without it; the unprofiled step minus the busy time (kernel times barely
+        change under the profiler) is the idle there is, and each cause keeps its share of it."""
+        if self.idle_ms <= 0:
+            return 0.0
+        return max(self.base_ms - self.busy_ms, 0.0) / self.idle_ms
+
+    def idle(self, cause: str) -> float:
+        """ms per unprofiled step the GPU idled for `cause` (the profiled idle, scaled by idle_scale)."""
+        return self.idle_by_cause.get(cause, 0.0) * self.idle_scale
+
     def share(self, ms: float) -> float:
-        """`ms` as a fraction of the profiled step."""
-        return ms / self.window_ms if self.window_ms > 0 else 0.0
+        """`ms` as a fraction of the unprofiled step (`base_ms`), at most 1."""
+        return min(ms / self.base_ms, 1.0) if self.base_ms > 0 else 0.0
 
     @property
     def tflops(self) -> float | None:
@@ -177,7 +197,7 @@ class Facts:
         """The facts as plain values, without the plot's intervals (thousands of them)."""
         out = asdict(self)
         del out["intervals"]
-        out.update(tflops=self.tflops, mfu=self.mfu)
+        out.update(tflops=self.tflops, mfu=self.mfu, base_ms=self.base_ms, idle_scale=self.idle_scale)
         return out
 
 

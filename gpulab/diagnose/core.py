@@ -129,15 +129,22 @@ def _run(step: Callable, phase: str) -> None:
                             "diagnose() needs a step that runs on its own; fix it and call again.") from err
 
 
+# The unprofiled step is timed as a training loop runs: steps back to back, the host clock read after
+# a synchronize at the end of each chunk of `steps` steps (a sync after every step would drain the GPU's
+# queue each time and charge the refill to every step). CHUNKS chunks give a median and a spread.
+CHUNKS = 3
+
+
 def _timed_steps(step: Callable, steps: int, device: torch.device) -> list[float]:
-    """Host-clock ms of each step between two synchronizations (the CPU takes part in a step)."""
+    """Host-clock ms per step of CHUNKS chunks of `steps` back-to-back steps (the CPU takes part in a step)."""
     out = []
-    for _ in range(steps):
+    for _ in range(CHUNKS):
         sync(device)
         t0 = time.perf_counter()
-        _run(step, "timed steps")
+        for _ in range(steps):
+            _run(step, "timed steps")
         sync(device)
-        out.append((time.perf_counter() - t0) * 1e3)
+        out.append((time.perf_counter() - t0) * 1e3 / steps)
     return out
 
 
@@ -254,7 +261,7 @@ def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, dev
     nvml = monitor.mean("busy_pct") if monitor is not None and monitor.available else None
     if monitor is not None and nvml is None:
         notes.append(f"no NVML utilization: {monitor.status}")
-    timed_s = timing.median_ms * steps / 1e3
+    timed_s = timing.median_ms * steps * CHUNKS / 1e3
     if nvml is not None and timed_s < NVML_MIN_S:
         nvml = None
         notes.append(f"NVML utilization not read: the timed steps lasted {timed_s:.2g} s, shorter than "
@@ -281,8 +288,8 @@ def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, dev
 def report_text(d: Diagnosis) -> str:
     """The plain-text summary: split, classes, memory, MFU, ranked verdicts, skipped rules."""
     lines = [f"gpulab.diagnose{': ' + d.label if d.label else ''} on {d.device}",
-             (f"step {d.step_ms:.3g} ms (IQR {d.step_spread_ms:.2g} ms, unprofiled); "
-             f"profiled step {d.profiled_step_ms:.3g} ms (the profiler adds host overhead)")]
+             (f"step {d.step_ms:.3g} ms (unprofiled: steps back to back, spread {d.step_spread_ms:.2g} ms over "
+              f"{CHUNKS} chunks); profiled step {d.profiled_step_ms:.3g} ms (the profiler adds host overhead)")]
     share = (lambda ms: 100 * ms / d.profiled_step_ms) if d.profiled_step_ms else (lambda ms: 0.0)
     if d.on_gpu:
         lines.append(f"GPU busy {d.busy_ms:.3g} ms ({share(d.busy_ms):.0f} %, all streams merged), idle "
@@ -309,6 +316,11 @@ def report_text(d: Diagnosis) -> str:
                      f"({d.peak_source})")
     else:
         lines.append("MFU unknown: " + (d.peak_source if not d.peak_tflops else "no FLOP count for the step"))
+    f = d.facts
+    if f is not None and f.idle_ms > 0:
+        lines.append(f"the verdicts' shares are of the unprofiled step ({f.base_ms:.3g} ms): its idle, "
+                     f"{max(f.base_ms - f.busy_ms, 0):.3g} ms (step minus busy), shared among the causes above "
+                     f"as under the profiler (x{f.idle_scale:.2f} their profiled ms)")
     lines.append("verdicts, largest possible gain first:" if d.verdicts else "verdicts: no rule fired")
     for i, v in enumerate(d.verdicts, 1):
         lines += [(f"{i}. {v.bottleneck} [lesson {v.lesson}]: at most {v.bound:.3g}x "

@@ -91,25 +91,28 @@ def pct(x: float) -> str:
 
 # -- the rules -------------------------------------------------------------------------------------
 def input_bound(f: Facts) -> Verdict | None:
-    """The GPU waits for the next batch. Share: that idle time; a faster input pipeline can at best
-    remove the wait, never more."""
-    share = f.share(f.idle_by_cause["input"])
+    """The GPU waits for the next batch. Share: that idle time, and the launch gaps after it: once the GPU
+    has waited, its queue is empty and the rest of the step runs at the pace the host issues work, gaps a
+    pipeline that keeps up also removes. A faster input pipeline can at best remove both, never more."""
+    share = f.share(f.idle("input"))
     if share < INPUT_SHARE_MIN:
         return None
+    share = f.share(f.idle("input") + f.idle("launch"))
     return verdict("input_bound", "input pipeline (waiting for the DataLoader)", "03", share,
-                   f"GPU idle {f.idle_by_cause['input']:.3g} ms per step ({pct(share)}) while the host waited "
-                   f"for the next batch (threshold {pct(INPUT_SHARE_MIN)})",
+                   f"GPU idle {f.idle('input'):.3g} ms per step ({pct(f.share(f.idle('input')))}) while the host "
+                   f"waited for the next batch (threshold {pct(INPUT_SHARE_MIN)}), and {f.idle('launch'):.3g} ms "
+                   "of launch gaps",
                    "DataLoader(num_workers>0, pin_memory=True, persistent_workers=True, prefetch_factor)")
 
 
 def host_sync(f: Facts) -> Verdict | None:
     """The host waits for the GPU (`.item()`, `print(tensor)`, `torch.cuda.synchronize()`), so the
     queue runs empty. Share: the idle time that followed such waits; removing them can at best remove it."""
-    share = f.share(f.idle_by_cause["sync"])
+    share = f.share(f.idle("sync"))
     if share < SYNC_SHARE_MIN:
         return None
     return verdict("host_sync", "host synchronization (.item(), synchronize)", "01", share,
-                   f"GPU idle {f.idle_by_cause['sync']:.3g} ms per step ({pct(share)}) right after the host "
+                   f"GPU idle {f.idle('sync'):.3g} ms per step ({pct(share)}) right after the host "
                    f"waited on it (threshold {pct(SYNC_SHARE_MIN)})",
                    "keep values on the GPU (no .item()/print per step; read them every N steps)")
 
@@ -118,25 +121,27 @@ def pageable_copy(f: Facts) -> Verdict | None:
     """Host<->device copies from pageable memory: staged by the CPU, and they block the host. Share:
     their GPU time plus the idle time while the host staged them; pinned, asynchronous copies can at
     best hide all of it behind compute."""
-    ms = f.pageable_copy_ms + f.idle_by_cause["pageable_copy"]
+    ms = f.pageable_copy_ms + f.idle("pageable_copy")
     share = f.share(ms)
     if share < PAGEABLE_SHARE_MIN:
         return None
     return verdict("pageable_copy", "pageable host<->device copies", "05", share,
-                   f"pageable copies {f.pageable_copy_ms:.3g} ms on the GPU + {f.idle_by_cause['pageable_copy']:.3g} ms "
+                   f"pageable copies {f.pageable_copy_ms:.3g} ms on the GPU + {f.idle('pageable_copy'):.3g} ms "
                    f"GPU idle while staging, per step ({pct(share)}; threshold {pct(PAGEABLE_SHARE_MIN)})",
                    "pin the host tensors (pin_memory=True) and copy with .to(device, non_blocking=True)")
 
 
 def launch_bound(f: Facts) -> Verdict | None:
-    """The host cannot issue kernels as fast as the GPU runs them. Share: the idle time while the host
-    was issuing work; capturing the step in a CUDA graph removes at most that."""
-    ms = f.idle_by_cause["launch"]
-    share = f.share(ms)
-    if share < LAUNCH_SHARE_MIN or f.median_kernel_us is None or f.median_kernel_us >= LAUNCH_KERNEL_US_MAX:
+    """The host cannot issue kernels as fast as the GPU runs them. Fires on the idle time while the host
+    was issuing work. Share: that and the idle while the host ran its own code ("other"): a replayed CUDA
+    graph runs none of the step's host work, so at best the step shrinks to its busy time."""
+    ms = f.idle("launch")
+    if f.share(ms) < LAUNCH_SHARE_MIN or f.median_kernel_us is None or f.median_kernel_us >= LAUNCH_KERNEL_US_MAX:
         return None
+    share = f.share(ms + f.idle("other"))
     return verdict("launch_bound", "kernel launch overhead (many short kernels)", "11", share,
-                   f"GPU idle {ms:.3g} ms per step ({pct(share)}) while the host issued work; "
+                   f"GPU idle {ms:.3g} ms per step ({pct(f.share(ms))}) while the host issued work, "
+                   f"{f.idle('other'):.3g} ms in its own code; "
                    f"{f.kernels_per_step:.0f} kernels per step, median {f.median_kernel_us:.3g} us "
                    f"(thresholds {pct(LAUNCH_SHARE_MIN)}, < {LAUNCH_KERNEL_US_MAX:g} us)",
                    "capture the step in a CUDA graph (torch.compile(mode='reduce-overhead')) or fuse small ops")
@@ -184,7 +189,7 @@ def memory_pressure(f: Facts) -> Verdict | None:
     again), time in cudaMalloc/cudaFree, or almost no memory left. Share: the idle time inside the
     allocator, all a better allocation pattern can give back (0 when only the warning signs fired)."""
     m = f.memory
-    ms = f.idle_by_cause["allocator"]
+    ms = f.idle("allocator")
     share = f.share(ms)
     retries = m.alloc_retries if m else 0
     near_full = m is not None and m.peak_reserved_frac >= PEAK_RESERVED_FRAC_MAX

@@ -133,18 +133,29 @@ NOT_IN_BENCH = {
 }
 
 
+# Lesson 15 is not a headline ratio: it is gpulab.diagnose's suite of labelled bad/fixed steps, whose
+# confusion matrix and checks `run_suite` adds to the report (all lessons, or --lessons 15).
+SUITE_LESSON = "15"
+
+
+def wants_suite(lessons: Sequence[str] | None) -> bool:
+    """Whether a bench over `lessons` (all when None) runs the diagnosis suite."""
+    return not lessons or SUITE_LESSON in [str(x).strip().zfill(2) for x in lessons]
+
+
 def select(lessons: Sequence[str] | None = None, registry: Sequence[Experiment] | None = None) -> list[Experiment]:
-    """The entries for `lessons` (all when None), in registry order; ValueError naming what is unknown."""
+    """The entries for `lessons` (all when None), in registry order; ValueError naming what is unknown.
+    Lesson 15 (the diagnosis suite, `run_suite`) selects no entry."""
     registry = REGISTRY if registry is None else registry
     if not lessons:
         return list(registry)
-    wanted = [str(x).strip().zfill(2) for x in lessons if str(x).strip()]
+    wanted = [str(x).strip().zfill(2) for x in lessons if str(x).strip() and str(x).strip().zfill(2) != SUITE_LESSON]
     known = {e.lesson for e in registry}
     unknown = [x for x in wanted if x not in known]
     if unknown:
         why = "; ".join(f"{x}: " + (f"not in bench ({NOT_IN_BENCH[x]})" if x in NOT_IN_BENCH else "no such lesson")
                         for x in unknown)
-        raise ValueError(f"{why}. Lessons in bench: {', '.join(sorted(known))}.")
+        raise ValueError(f"{why}. Lessons in bench: {', '.join(sorted(known | {SUITE_LESSON}))}.")
     return [e for e in registry if e.lesson in wanted]
 
 
@@ -213,10 +224,16 @@ class Report:
     bands_file: str
     rows: list[Row] = field(default_factory=list)
     not_in_bench: dict[str, str] = field(default_factory=dict)
+    suite: dict | None = None       # gpulab.diagnose's suite (lesson 15): its SuiteResult.to_dict()
 
     @property
     def failed(self) -> list[Row]:
         return [r for r in self.rows if r.status in FAILING]
+
+    @property
+    def suite_failed(self) -> list[dict]:
+        """The diagnosis suite's checks that failed (a skipped check, ok None, never fails)."""
+        return [c for c in (self.suite or {}).get("checks", []) if c["ok"] is False]
 
     def to_json(self) -> dict:
         out = {"kind": BENCH_KIND, "schema": BENCH_SCHEMA, **asdict(self)}
@@ -392,4 +409,53 @@ def record(report: Report, store: ResultsStore | None = None) -> int:
                      band_low=None if r.band_low is None or math.isinf(r.band_low) else r.band_low,
                      band_high=None if r.band_high is None or math.isinf(r.band_high) else r.band_high)
         n += 1
+    return n
+
+
+# -- lesson 15: the diagnosis suite ------------------------------------------------------------------
+def run_suite(report: Report, scale: str | None = None, progress: bool = True, stream=None) -> dict:
+    """gpulab.diagnose's labelled cases on this device (gpulab.diagnose.suite), into `report.suite`."""
+    from gpulab.diagnose.suite import run_suite as diagnose_suite
+
+    stream = stream if stream is not None else sys.stderr
+    say = (lambda text: (stream.write(f"15 diagnose suite: {text}\n"), stream.flush())) if progress else None
+    result = diagnose_suite(scale, progress=say)
+    report.suite = result.to_dict()
+    report.suite["text"] = result.matrix_text()
+    return report.suite
+
+
+def format_suite(suite: dict) -> str:
+    """The suite's confusion matrix and its checks, one line each (ok / FAIL / skipped, and why)."""
+    marks = {True: "ok", False: "FAIL", None: "skipped"}
+    lines = ["", suite["text"], "", "checks:"]
+    lines += [f"  {marks[c['ok']]:<7} {c['name']}: {c['why']}" for c in suite["checks"]]
+    failed = [c for c in suite["checks"] if c["ok"] is False]
+    lines.append(f"{len(failed)} check(s) failed." if failed else "no check failed.")
+    return "\n".join(lines)
+
+
+def record_suite(report: Report, store: ResultsStore | None = None) -> int:
+    """The suite's per-case figures into the results store (lesson 15): each ran case's measured gain
+    against its bound; returns how many records."""
+    store = store or results_store()
+    n = 0
+    for c in (report.suite or {}).get("cases", []):
+        bad, fixed = c.get("bad"), c.get("fixed")
+        if c.get("status") != "ran" or not bad:
+            continue
+        fired = {v["rule"]: v for v in bad["verdicts"]}
+        top = bad["verdicts"][0] if bad["verdicts"] else None
+        v = fired.get(c["rule"]) if c.get("rule") else None
+        if fixed and v and bad.get("steady_ms") and fixed.get("steady_ms"):
+            store.record("15", "suite_gain", bad["steady_ms"] / fixed["steady_ms"], "x", scale=report.scale,
+                         case=c["name"], rule=c["rule"], bound=v.get("bound"), share=v.get("share"),
+                         bad_ms=bad["steady_ms"], fixed_ms=fixed["steady_ms"], run_id=report.run_id,
+                         top_lesson=top["lesson"] if top else None)
+            n += 1
+        elif c.get("rule") is None and top is not None:      # the capstone: its largest promise
+            fixes = [x for x in bad["verdicts"] if x.get("actionable", True)]
+            store.record("15", "suite_capstone_largest_bound", max([x["bound"] or math.inf for x in fixes], default=1.0),
+                         "x", scale=report.scale, run_id=report.run_id, mfu=bad.get("mfu"))
+            n += 1
     return n

@@ -226,6 +226,8 @@ def bench(argv: list[str] | None = None) -> int:
                         help="exit 1 when a ratio falls outside its band or a result is wrong")
     parser.add_argument("--bands", metavar="PATH", default=None, help="bands file (default: gpulab/bands.toml)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--no-suite", action="store_true",
+                        help="leave out lesson 15, gpulab.diagnose's suite of labelled bad/fixed steps")
     args = parser.parse_args(argv)
     from gpulab.core.device import pick_device, resolve_scale
     from gpulab.core.results import UnusableResultsWarning, default_path, results_store
@@ -242,8 +244,12 @@ def bench(argv: list[str] | None = None) -> int:
     except ValueError as err:          # SettingError and BandsError are ValueErrors
         print(f"gpulab bench: {err}", file=sys.stderr)
         return 2
+    lessons = args.lessons.split(",") if args.lessons else None
     report = B.run(experiments, bands, progress=not args.no_progress, scale=args.scale)
     print(B.format_table(report))
+    if B.wants_suite(lessons) and not args.no_suite:
+        B.run_suite(report, args.scale, progress=not args.no_progress)
+        print(B.format_suite(report.suite))
     target = args.json or B.default_json_path(report)
     try:
         path = B.write_json(report, target)
@@ -254,14 +260,14 @@ def bench(argv: list[str] | None = None) -> int:
     store = results_store()
     with warnings.catch_warnings():    # an unusable store is said once below, as one line
         warnings.simplefilter("ignore", UnusableResultsWarning)
-        recorded = B.record(report, store)
+        recorded = B.record(report, store) + B.record_suite(report, store)
     print(f"\nJSON: {path}")
     if store.problem:
         print(f"gpulab bench: nothing recorded in the results store {store.path}: {store.problem}; "
               "set GPULAB_RESULTS to a file in a folder you can write", file=sys.stderr)
     else:
         print(f"results store: {recorded} row(s) recorded in {store.path}")
-    return 1 if args.check and report.failed else 0
+    return 1 if args.check and (report.failed or report.suite_failed) else 0
 
 
 def _folder_problem(folder: Path) -> str | None:
@@ -428,7 +434,7 @@ def diagnose(argv: list[str] | None = None) -> int:
 
 
 USAGE = """usage: gpulab doctor [--cpu-ok] [--json]
-       gpulab bench [--scale tiny|full|auto] [--lessons 03,05] [--json PATH] [--check] [--bands PATH]
+       gpulab bench [--scale tiny|full|auto] [--lessons 03,05] [--json PATH] [--check] [--bands PATH] [--no-suite]
        gpulab room FOLDER [--png out.png] [--json out.json] [--markdown]
        gpulab report [--readme README.md] [--results results]
        gpulab diagnose SCRIPT [--entry NAME] [--steps 5] [--trace PATH] [--plot PATH] [--json PATH]

@@ -125,7 +125,7 @@ def test_a_failing_step_raises_clearly_and_leaves_nothing_profiling():
 
     def step():
         calls.append(1)
-        if len(calls) > 2:                    # fine while warming up and timed, fails once profiled
+        if len(calls) > 4:                    # fine while warming up and timed (1 + 3 chunks of 1), fails once profiled
             raise RuntimeError("out of batches")
 
     with pytest.raises(DiagnoseError, match="RuntimeError during the profiled steps: out of batches"):

@@ -119,9 +119,12 @@ def test_compute_bound_reports_mfu():
 
 # -- running them ----------------------------------------------------------------------------------
 def test_run_rules_ranks_by_bound_and_keeps_compute_bound_for_last():
-    f = facts({"input": 20.0, "sync": 6.0}, busy_ms=95.0)
+    f = facts({"input": 6.0, "sync": 4.0}, busy_ms=90.0)     # compute_bound fires too (busy 90 %), but a fix comes first
+    assert R.compute_bound(f) is not None
     verdicts, skipped = R.run_rules(f)
-    assert [v.rule for v in verdicts] == ["input_bound", "host_sync"] and not skipped
+    assert [v.rule for v in verdicts] == ["input_bound"] and not skipped
+    verdicts, _ = R.run_rules(facts({"input": 6.0, "sync": 7.0}, busy_ms=87.0))
+    assert [v.rule for v in verdicts] == ["host_sync", "input_bound"]
     assert all(a.bound >= b.bound for a, b in itertools.pairwise(verdicts))
     verdicts, _ = R.run_rules(facts(busy_ms=95.0))
     assert [v.rule for v in verdicts] == ["compute_bound"]
@@ -162,3 +165,20 @@ def test_verdict_bound_is_amdahl_and_serialisable():
     assert R.verdict("x", "y", "00", 1.5, "e", "f").bound == float("inf")
     assert R.verdict("x", "y", "00", -0.5, "e", "f").share == 0
     assert json.loads(json.dumps(R.verdict("x", "y", "00", 1.0, "e", "f").to_dict()))["bound"] is None
+
+
+def test_shares_are_of_the_unprofiled_step_and_idle_is_scaled_to_it():
+    """The profiler lengthens the host's work: 40 ms of profiled idle around 60 ms busy, but the unprofiled
+    step took 80 ms, so 20 ms of idle is real; each cause keeps its share of it."""
+    f = facts({"launch": 30.0, "input": 10.0}, busy_ms=60.0, step_ms=80.0)
+    assert f.idle_scale == pytest.approx(0.5)
+    assert f.idle("launch") == pytest.approx(15.0) and f.idle("input") == pytest.approx(5.0)
+    assert f.share(f.idle("input")) == pytest.approx(5.0 / 80.0)
+    v = R.input_bound(f)                       # the input wait, and the launch gaps after it
+    assert v is not None and v.share == pytest.approx(20.0 / 80.0)
+
+
+def test_launch_bound_promises_all_host_side_idle():
+    f = facts({"launch": 40.0, "other": 10.0}, busy_ms=50.0, median_kernel_us=5.0)
+    v = R.launch_bound(f)
+    assert v is not None and v.share == pytest.approx(0.5)       # a graph replay runs none of the host's work
