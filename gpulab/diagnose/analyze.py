@@ -148,6 +148,10 @@ class Facts:
     flops_per_step: float | None = None
     peak_tflops: float | None = None
     peak_source: str = ""
+    # No matrix product runs faster than this (TFLOP/s, 16-bit): the datasheet's dense peak where it is
+    # known, else the measured peak. A measured peak is not a ceiling for every shape (some GEMMs run
+    # faster than notebook 00's best), so the rules' "time a faster kernel can save" divides by this.
+    kernel_ceiling_tflops: float | None = None
     intervals: dict = field(default_factory=dict, repr=False)   # for the plot: windows, busy, idle
 
     @property
@@ -441,7 +445,8 @@ def idle_cause(host: Sequence[Event], t: float, pageable_ops: Iterable[int] = ()
 def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = STEP_RANGE,
             tf32_matmul: bool = False, tf32_cudnn: bool = False, memory: MemoryFacts | None = None,
             step_ms: float | None = None, flops_per_step: float | None = None,
-            peak_tflops: float | None = None, peak_source: str = "") -> Facts:
+            peak_tflops: float | None = None, peak_source: str = "",
+            kernel_ceiling_tflops: float | None = None) -> Facts:
     """Facts from the events of the profiled steps (each inside a `step_name` host range)."""
     events = list(events)
     windows = step_windows(events, step_name)
@@ -485,7 +490,7 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
         comm_ms=length_us(comm) / per_step, comm_exposed_ms=length_us(subtract(comm, rest)) / per_step,
         gemms=tuple(_gemm_facts(gpu, classes, ops, steps)), tf32_matmul=tf32_matmul, tf32_cudnn=tf32_cudnn,
         memory=memory, step_ms=step_ms, flops_per_step=flops_per_step, peak_tflops=peak_tflops,
-        peak_source=peak_source,
+        peak_source=peak_source, kernel_ceiling_tflops=kernel_ceiling_tflops,
         intervals={"windows": windows, "busy": busy, "idle": stretches,
                    "work": [(e.stream, e.start_us, e.end_us) for e in work]},
     )

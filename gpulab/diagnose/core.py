@@ -222,6 +222,20 @@ def fp32_modes() -> tuple[bool, bool]:
     return matmul, conv_fp32_mode() == "tf32"
 
 
+def datasheet_16bit(device: torch.device) -> float | None:
+    """This GPU's datasheet dense 16-bit Tensor Core peak (TFLOP/s), None where unknown or under a
+    profile (whose datasheet is another card's): the rules' ceiling for any matrix product's speed."""
+    if device.type != "cuda":
+        return None
+    from gpulab.core.device import device_facts
+
+    facts = device_facts(device)
+    sheet = None if facts.profile else facts.datasheet
+    if sheet is None:
+        return None
+    return (sheet.bf16 if torch.cuda.is_bf16_supported(including_emulation=False) else None) or sheet.fp16
+
+
 def peak_16bit(device: torch.device) -> tuple[float | None, str]:
     """(TFLOP/s, where it comes from) of this device's 16-bit matmul ceiling from notebook 00:
     bf16 where the GPU runs it natively, else fp16."""
@@ -279,7 +293,7 @@ def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, dev
     tf32_matmul, tf32_cudnn = fp32_modes()
     facts = analyze(events, on_gpu=device.type == "cuda", tf32_matmul=tf32_matmul, tf32_cudnn=tf32_cudnn,
                     memory=memory, step_ms=timing.median_ms, flops_per_step=flops_per_step,
-                    peak_tflops=peak_tflops, peak_source=source)
+                    peak_tflops=peak_tflops, peak_source=source, kernel_ceiling_tflops=datasheet_16bit(device))
     return Diagnosis.from_facts(facts, device=str(device), step_spread_ms=timing.spread_ms, nvml_util_pct=nvml,
                                 trace_path=trace_path, label=label, notes=notes)
 

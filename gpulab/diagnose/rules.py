@@ -148,10 +148,12 @@ def launch_bound(f: Facts) -> Verdict | None:
 
 
 def _above_peak(ms: float, flops: float, f: Facts) -> float:
-    """What remains of `ms` beyond the time `flops` take at the 16-bit peak: the most a faster kernel
-    can save (all of `ms` when the peak or the FLOPs are unknown)."""
-    if f.peak_tflops and flops:
-        return max(ms - flops / (f.peak_tflops * 1e12) * 1e3, 0.0)
+    """What remains of `ms` beyond the time `flops` take at the fastest a 16-bit matrix product can run
+    (`kernel_ceiling_tflops`, the datasheet's dense peak, else the measured one): the most a faster kernel
+    can save (all of `ms` when the ceiling or the FLOPs are unknown)."""
+    ceiling = max(f.kernel_ceiling_tflops or 0.0, f.peak_tflops or 0.0)
+    if ceiling and flops:
+        return max(ms - flops / (ceiling * 1e12) * 1e3, 0.0)
     return ms
 
 

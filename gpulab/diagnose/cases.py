@@ -1,0 +1,606 @@
+"""Labelled bottlenecks: for each rule of `gpulab.diagnose`, a training step that has it and the same
+step with the course's fix, built from the lessons' own code. `suite.py` diagnoses both and checks
+that the rule fires on the first and stays silent on the second.
+
+    from gpulab.diagnose.cases import CASES, agree
+    pair = CASES["host_sync"].build("tiny", torch.device("cpu"))
+    ok, why = agree(pair)        # correct before fast: the fixed step computes what the bad one does
+    pair.bad(); pair.fixed()     # one training step each (fetch a batch, forward, backward, update)
+    pair.cleanup()
+
+| case | bad step | fixed step | rule | lesson |
+|---|---|---|---|---|
+| input | DataLoader, 0 workers | DataLoader workers | input_bound | 03 |
+| host_sync | `.item()` on the loss every step | the loss kept on the GPU | host_sync | 01 |
+| pageable_copy | batch copied from pageable memory | pinned, `non_blocking=True` | pageable_copy | 05 |
+| launch_bound | small MLP step, eager | the same step replayed from a CUDA graph | launch_bound | 11 |
+| fp32_no_tensor_cores | fp32 matmuls, TF32 off | bf16 autocast (fp16 + GradScaler without bf16) | fp32_no_tensor_cores | 06 |
+| misaligned_gemm | GPT head over 50257 tokens, 16-bit | vocabulary padded to 50304 | misaligned_gemm | 07 |
+| memory_pressure | `torch.cuda.empty_cache()` every step | the caching allocator keeps its blocks | memory_pressure | 02 |
+| comm_not_overlapped | DDP, one gradient bucket (all-reduce after backward) | DDP's 25 MiB buckets (overlap) | comm_not_overlapped | 14 |
+| capstone | lesson 13's fastest GPT step | (nothing to fix) | none may promise > 10 % | 13 |
+
+Each case is sized at "tiny" to run on the CPU in well under a second a step (so the code is tested in
+CI) and at "full" for a GPU, from this GPU's measured step times or ceilings where the lesson sizes
+that way. `Case.needs_gpus` says how many GPUs its effect needs and `why_gpu` why: the suite skips it
+with that reason elsewhere, but every case builds and steps on the CPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.data import default_collate
+
+from gpulab.core.device import resolve_scale
+from gpulab.core.timing import benchmark
+
+CPU = torch.device("cpu")
+
+
+# -- what a case builds ----------------------------------------------------------------------------
+def _nothing() -> None:
+    pass
+
+
+@dataclass
+class Pair:
+    """The two steps of a case at one scale. Each step is a callable with no arguments that fetches its
+    batch and trains on it, returning the loss (a float or a tensor); both start from the same weights
+    and the same first batch, so their first losses agree within `tolerance` (relative).
+
+    `fixed` is None for a case without a fix (the capstone). `sizes` records what was chosen and how;
+    `note` what this device cannot show (e.g. no CUDA graph on the CPU: the fixed step runs eagerly)."""
+
+    bad: Callable[[], object]
+    fixed: Callable[[], object] | None
+    tolerance: float = 1e-5
+    why_tolerance: str = ("the same arithmetic on the same batch, only run differently: at most the last bits "
+                          "of reductions whose order the GPU may change")
+    sizes: dict = field(default_factory=dict)
+    note: str = ""
+    flops_per_step: float | None = None      # given to diagnose() where FlopCounterMode cannot count
+    cleanup: Callable[[], None] = _nothing
+
+
+@dataclass(frozen=True)
+class Case:
+    """A labelled bottleneck: `build(scale, device)` returns its Pair; `rule` is what must fire on the
+    bad step and stay silent on the fixed one; `lesson` is where the course teaches the fix."""
+
+    name: str
+    rule: str | None                 # None: the capstone, where no rule may promise much
+    lesson: str
+    bad: str                         # one line each: what the two steps do
+    fixed: str
+    build: Callable[[str, torch.device], Pair]
+    needs_gpus: int = 1
+    why_gpu: str = ""
+
+    @property
+    def needs_gpu(self) -> bool:
+        return self.needs_gpus > 0
+
+    def unable(self, device: torch.device, gpus: int | None = None) -> str | None:
+        """Why this case cannot show its effect on `device` (with `gpus` CUDA GPUs), or None."""
+        if gpus is None:
+            gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+        if device.type != "cuda" and self.needs_gpus:
+            return f"needs a CUDA GPU: {self.why_gpu}"
+        if gpus < self.needs_gpus:
+            return f"needs {self.needs_gpus} GPUs, this machine has {gpus}: {self.why_gpu}"
+        return None
+
+
+def loss_value(out) -> float:
+    """The loss a step returned, as a float (a tensor is read with .item(): only for checks)."""
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    return float(out.item()) if isinstance(out, torch.Tensor) else float(out)
+
+
+def agree(pair: Pair) -> tuple[bool, str]:
+    """Correct before fast: one step of each from the same weights on the same first batch; the
+    losses must agree within the pair's tolerance. (True, why) for a pair without a fixed step."""
+    bad = loss_value(pair.bad())
+    if pair.fixed is None:
+        ok = math.isfinite(bad)
+        return ok, f"first loss {bad:.6g} ({'finite' if ok else 'NOT finite'}); nothing to compare with"
+    fixed = loss_value(pair.fixed())
+    diff = abs(fixed - bad) / max(abs(bad), 1e-12)
+    ok = math.isfinite(diff) and diff <= pair.tolerance
+    return ok, (f"first losses {bad:.6g} and {fixed:.6g}: relative difference {diff:.1e} "
+                f"{'<=' if ok else '>'} {pair.tolerance:.0e} ({pair.why_tolerance})")
+
+
+def _cycle(batches):
+    """An endless iterator over a few ready batches (the same order for the bad and the fixed step)."""
+    return itertools.cycle(batches).__next__
+
+
+def _compute_ms(step, x, y, device) -> float | None:
+    """ms of one training step on a batch already on the device (None on the CPU: nothing is sized)."""
+    if device.type != "cuda":
+        return None
+    return benchmark(lambda: step(x, y), budget_s=0.3, device=device).median_ms
+
+
+@contextlib.contextmanager
+def _quiet_fork():
+    # Python 3.12+ warns about fork() in a process with threads (CUDA's); DataLoader workers never touch
+    # CUDA, which is what makes fork safe here (notebook 03 explains; lesson 03's headline filters the same)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"This process .*is multi-threaded, use of fork",
+                                category=DeprecationWarning)
+        yield
+
+
+class LoaderStep:
+    """A training step over a DataLoader: the next batch (the loader starts again when it runs out),
+    copied to the device (non_blocking from pinned memory), then `train(x, y)`."""
+
+    def __init__(self, loader, train, device: torch.device):
+        self.loader, self.train, self.device, self.batches = loader, train, device, None
+
+    def __call__(self):
+        batch = next(self.batches, None) if self.batches is not None else None
+        if batch is None:                          # not started, or the loader ran out: start it again
+            with _quiet_fork():
+                self.batches = iter(self.loader)
+            batch = next(self.batches)
+        x, y = batch
+        pinned = self.loader.pin_memory
+        return self.train(x.to(self.device, non_blocking=pinned), y.to(self.device, non_blocking=pinned))
+
+    def close(self) -> None:
+        self.batches = None                        # its workers stop when the iterator is collected
+
+
+# -- 1. input: DataLoader workers (lesson 03) -------------------------------------------------------
+def _l03_model(cfg: dict, device: torch.device, at_least_ms: float = 0.0):
+    """Lesson 03's SmallCNN and SGD step from one seed: (a maker of fresh steps, its width, ms of a step on
+    this GPU or None on the CPU). The config's width, widened by a quarter at a time (up to 8x) while a step
+    takes less than `at_least_ms` here."""
+    from gpulab.lessons.l03_input_pipeline import make_step
+    from gpulab.models.cnn import SmallCNN
+
+    x = torch.randn(cfg["batch"], 3, cfg["size"], cfg["size"], device=device)
+    y = torch.randint(10, (cfg["batch"],), device=device)
+    width = cfg["width"]
+    while True:
+        def new_step(width=width):
+            torch.manual_seed(0)
+            return make_step(SmallCNN(width=width, blocks=cfg["blocks"], device=device))
+
+        ms = _compute_ms(new_step(), x, y, device)
+        if ms is None or ms >= at_least_ms or width >= 8 * cfg["width"]:
+            return new_step, width, ms
+        width = (width * 5 // 4 + 7) // 8 * 8            # a quarter wider, a multiple of 8
+
+
+def build_input(scale: str, device: torch.device) -> Pair:
+    """Lesson 03's pipeline: SyntheticImages (CPU work per sample), its SmallCNN and SGD step.
+
+    Full size: the CPU cost of a sample is set from the measured GPU step (`calibrate_passes`) so that
+    W workers (the lesson's largest count this host has cores for) make a batch in half a GPU step,
+    while 0 workers take W/2 GPU steps per batch: input-bound with 0 workers on any GPU, not with W."""
+    from gpulab.lessons.l03_input_pipeline import (
+        SyntheticImages,
+        calibrate_passes,
+        config,
+        make_loader,
+        usable_workers,
+    )
+
+    cfg = config(scale)
+    workers = max(usable_workers([w for w in cfg["workers"] if w > 0]) or [1])
+    new_step, width, compute_ms = _l03_model(cfg, device)
+    batch = cfg["batch"]
+    sample_ms = cfg["sample_ms"] if compute_ms is None else compute_ms * workers / (2 * batch)
+    passes = calibrate_passes(cfg["size"], sample_ms)
+    data = SyntheticImages(length=64 * batch, size=cfg["size"], passes=passes)
+    pin = device.type == "cuda"
+    bad = LoaderStep(make_loader(data, batch, num_workers=0, pin_memory=pin), new_step(), device)
+    fixed = LoaderStep(make_loader(data, batch, num_workers=workers, pin_memory=pin), new_step(), device)
+
+    def cleanup():
+        bad.close()
+        fixed.close()
+
+    sizes = {"batch": batch, "size": cfg["size"], "width": width, "workers": workers, "passes": passes,
+             "sample_ms_target": sample_ms, "compute_ms": compute_ms,
+             "how": "sample cost = GPU step x workers / (2 x batch)"}
+    return Pair(bad, fixed, sizes=sizes, cleanup=cleanup)
+
+
+# -- 2. host_sync: .item() every step (lesson 01) ---------------------------------------------------
+def build_host_sync(scale: str, device: torch.device) -> Pair:
+    """Lesson 03's SmallCNN step on batches the training loop builds itself on the CPU (lesson 03's
+    SyntheticImages, indexed in the main process), pinned and copied without blocking. The bad step
+    reads the loss with `.item()` for a log line: the host waits for the GPU, and the GPU then waits
+    while the host builds the next batch. The fixed step keeps the loss on the GPU, so the host builds
+    batch k+1 while the GPU trains on batch k.
+
+    Full size: the model is widened until its GPU step takes at least twice the CPU time of the
+    cheapest batch (one augment pass), then a batch's CPU cost is set to half the measured GPU step: without
+    the sync the GPU stays busy, with it a third of each step is idle."""
+    from gpulab.lessons.l03_input_pipeline import (
+        SyntheticImages,
+        calibrate_passes,
+        config,
+    )
+
+    cfg = config(scale)
+    batch, size = cfg["batch"], cfg["size"]
+    one_pass = benchmark(lambda: SyntheticImages(8, size=size, passes=1)[7], device=CPU, budget_s=0.1)
+    new_step, width, compute_ms = _l03_model(cfg, device, at_least_ms=2 * batch * one_pass.median_ms)
+    sample_ms = cfg["sample_ms"] if compute_ms is None else compute_ms / (2 * batch)
+    passes = calibrate_passes(size, sample_ms)
+    data = SyntheticImages(length=64 * batch, size=size, passes=passes)
+
+    def make(log_every_step: bool):
+        train, order = new_step(), itertools.count()
+
+        def step():
+            i = next(order) % (len(data) // batch)
+            x, y = default_collate([data[i * batch + j] for j in range(batch)])
+            if device.type == "cuda":            # pinned: a pageable copy would be a bottleneck of its own
+                x, y = x.pin_memory(), y.pin_memory()
+            loss = train(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+            return loss.item() if log_every_step else loss          # .item(): the host waits for the GPU
+        return step
+
+    sizes = {"batch": batch, "size": size, "width": width, "passes": passes, "sample_ms_target": sample_ms,
+             "compute_ms": compute_ms, "how": "batch CPU cost = GPU step / 2"}
+    return Pair(make(True), make(False), sizes=sizes)
+
+
+# -- 3. pageable_copy: pinned memory and non_blocking (lesson 05) ------------------------------------
+PAGEABLE = {"tiny": {"nbytes": 2**20, "features": 256, "depth": 2},
+            "full": {"nbytes": None, "features": 1024, "depth": 2}}     # None: lesson 05's largest copy
+
+
+def build_pageable_copy(scale: str, device: torch.device) -> Pair:
+    """A batch of random bytes in host memory (lesson 05's `random_bytes`: every page written, so no
+    zero-page trap), copied to the GPU each step, as uint8 rows turned into floats there; lesson 11's
+    MLP learns to reproduce them (bf16 autocast). Bad: copied from pageable memory (the host stages it
+    and waits). Fixed: the same bytes pinned once, copied with non_blocking=True.
+
+    Full size: the batch is lesson 05's largest copy (256 MiB); the MLP is as wide as a row."""
+    from gpulab.lessons.l05_pcie_transfers import config, random_bytes
+    from gpulab.lessons.l11_cuda_graphs import MLP
+    from gpulab.models.precision import half_dtype
+
+    cfg = dict(PAGEABLE[resolve_scale(scale)])
+    nbytes = cfg["nbytes"] or config(scale)["largest_bytes"]
+    features = cfg["features"]
+    pageable = random_bytes(nbytes).view(-1, features)
+    pinned = pageable.pin_memory() if device.type == "cuda" else pageable
+    half = half_dtype() if device.type == "cuda" else torch.bfloat16
+
+    def make(host: torch.Tensor):
+        torch.manual_seed(0)
+        model = MLP(features, cfg["depth"]).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+        def step():
+            x = host.to(device, non_blocking=host.is_pinned()).float() / 255
+            with torch.autocast(device.type, dtype=half):
+                loss = model(x, x)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
+        return step
+
+    sizes = {"bytes": nbytes, "rows": pageable.shape[0], "features": features, "depth": cfg["depth"]}
+    return Pair(make(pageable), make(pinned), sizes=sizes,
+                note="" if device.type == "cuda" else "pinned memory needs a CUDA GPU: on the CPU both copy alike")
+
+
+# -- 4. launch_bound: CUDA graphs (lesson 11) --------------------------------------------------------
+# Lesson 11's batches per step: at its own batch the replayed graph ran on the H200 about as long as the
+# host's three calls a step (two copies and the replay) took under the profiler, so the fixed step itself
+# looked launch-bound there; four batches keep the GPU ahead of the host, while each kernel still runs
+# for a few microseconds, far less than an eager launch takes.
+LAUNCH_BATCHES = 4
+
+
+def build_launch_bound(scale: str, device: torch.device) -> Pair:
+    """Lesson 11's small MLP (`MLP`, `make_mlp_step`: forward and backward), bf16 autocast so its
+    matrix products use Tensor Cores. Bad: eager, one launch per kernel. Fixed: the same step captured
+    once (`capture`) and replayed, each batch copied into the graph's static inputs.
+
+    Full size: lesson 11's MLP (width 512, depth 8) on four of its batches (1024 rows; see
+    LAUNCH_BATCHES): each kernel runs for a few microseconds, less than launching it takes."""
+    from gpulab.lessons.l11_cuda_graphs import MLP, capture, config, make_mlp_step
+    from gpulab.models.precision import half_dtype
+
+    cfg = config(scale)
+    w, b = cfg["mlp_width"], LAUNCH_BATCHES * cfg["mlp_batch"]
+    torch.manual_seed(0)
+    model = MLP(w, cfg["mlp_depth"]).to(device)
+    batches = [(torch.randn(b, w, device=device), torch.randn(b, w, device=device)) for _ in range(4)]
+    half = half_dtype() if device.type == "cuda" else torch.bfloat16
+    grads = make_mlp_step(model)
+
+    def run(x, t):          # autocast's weight cache off: a CUDA graph must not keep casts from outside it
+        with torch.autocast(device.type, dtype=half, cache_enabled=False):
+            return grads(x, t)
+
+    bad_batch, fixed_batch = _cycle(batches), _cycle(batches)
+
+    def bad():
+        return run(*bad_batch())
+
+    if device.type != "cuda":
+        fixed, note = (lambda: run(*fixed_batch())), "CUDA graphs need CUDA: on the CPU the fixed step runs eagerly"
+    else:
+        static_x, static_t = (t.clone() for t in batches[0])
+        graph, out = capture(run, static_x, static_t)
+        note = ""
+
+        def fixed():
+            x, t = fixed_batch()
+            static_x.copy_(x)
+            static_t.copy_(t)
+            graph.replay()
+            return out
+
+    return Pair(bad, fixed, sizes={"width": w, "depth": cfg["mlp_depth"], "batch": b}, note=note)
+
+
+# -- 5. fp32_no_tensor_cores: mixed precision (lesson 06) -------------------------------------------
+FP32 = {"tiny": {"width": 64, "depth": 4, "batch": 32, "step_ms": None},
+        "full": {"width": 4096, "depth": 8, "batch": 1024, "step_ms": 40.0}}
+
+
+def build_fp32(scale: str, device: torch.device) -> Pair:
+    """Lesson 11's MLP (ReLU, MSE) trained with `train_step`. Bad: precision "fp32" (TF32 off for the
+    step: fp32 matmuls on the CUDA cores). Fixed: bf16 autocast, or fp16 with a GradScaler on a GPU
+    without bf16 (`best_half`). `train_step` sets and restores the fp32 math mode around each step.
+
+    Full size: width 4096, 8 layers; the batch makes an fp32 step take about `step_ms` at this GPU's
+    fp32 matmul ceiling (notebook 00), a multiple of 64 rows, at least 256."""
+    from gpulab.core.ceilings import ceilings
+    from gpulab.lessons.l06_mixed_precision import FIRST_LOSS_TOLERANCE
+    from gpulab.lessons.l11_cuda_graphs import MLP
+    from gpulab.models.precision import best_half, make_scaler
+    from gpulab.models.step import train_step
+
+    cfg = dict(FP32[resolve_scale(scale)])
+    w, d = cfg["width"], cfg["depth"]
+    batch, source = cfg["batch"], "the config's batch"
+    fp32 = ceilings().get("matmul_fp32") if device.type == "cuda" and cfg["step_ms"] else None
+    if fp32 is not None:
+        batch = max(256, int(cfg["step_ms"] / 1e3 * fp32.value * 1e12 / (6 * d * w * w)) // 64 * 64)
+        source = f"{cfg['step_ms']:g} ms at {fp32.value:.3g} TFLOP/s fp32 ({fp32.source})"
+    half = best_half() if device.type == "cuda" else "bf16"
+    batches = [(torch.randn(batch, w, device=device), torch.randn(batch, w, device=device)) for _ in range(2)]
+
+    def make(precision: str):
+        torch.manual_seed(0)
+        model = MLP(w, d).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        scaler = make_scaler(precision, device)
+        nxt = _cycle(batches)
+
+        def step():
+            return train_step(model, *nxt(), loss=lambda m, x, t: m(x, t), optimizer=opt, precision=precision,
+                              scaler=scaler)
+        return step
+
+    return Pair(make("fp32"), make(half), tolerance=FIRST_LOSS_TOLERANCE[half],
+                why_tolerance=f"{half} rounds the products' inputs (lesson 06's first-loss tolerance)",
+                sizes={"width": w, "depth": d, "batch": batch, "half": half, "batch_from": source,
+                       "flops": 6 * batch * d * w * w})
+
+
+# -- 6. misaligned_gemm: the padded vocabulary (lesson 07) ------------------------------------------
+def build_misaligned(scale: str, device: torch.device) -> Pair:
+    """Lesson 07's GPT (GPT-2 small at full size: vocabulary 50257, 12 blocks of 768, sequences of
+    1024, batch 8) trained in 16-bit with AdamW, as notebook 07 does. Bad: the head multiplies over
+    50257 rows, not a multiple of 8. Fixed: `padded_copy(model, 64)`, 50304 rows, the same weights
+    (the padding rows are zero and the loss reads only the real vocabulary)."""
+    from gpulab.lessons.l06_mixed_precision import FIRST_LOSS_TOLERANCE
+    from gpulab.lessons.l07_tensor_core_alignment import config
+    from gpulab.models.gpt import GPT, padded_copy, token_batches
+    from gpulab.models.precision import best_half, language_model_loss, make_scaler
+    from gpulab.models.step import train_step
+
+    lm = config(scale)["lm"]
+    half = best_half() if device.type == "cuda" else "bf16"
+    torch.manual_seed(0)
+    model = GPT(lm["vocab"], lm["n_blocks"], lm["width"], lm["heads"], lm["seq"], device=device)
+    padded = padded_copy(model, 64)
+    batches = token_batches(model, lm["batch"], count=2)
+
+    def make(m):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+        scaler, nxt = make_scaler(half, device), _cycle(batches)
+
+        def step():
+            return train_step(m, *nxt(), loss=language_model_loss, optimizer=opt, precision=half, scaler=scaler)
+        return step
+
+    return Pair(make(model), make(padded), tolerance=FIRST_LOSS_TOLERANCE[half],
+                why_tolerance=f"{half}: the padded head's products round in another order",
+                sizes=dict(lm, padded_vocab=padded.padded_vocab, half=half))
+
+
+# -- 7. memory_pressure: the caching allocator defeated (lesson 02) ---------------------------------
+# full: wide layers, so each step's blocks are large (a layer's fp32 weight gradient is 256 MiB, its bf16
+# cast 128 MiB) and the driver's cudaMalloc / cudaFree of them take long; few layers and a batch large
+# enough that the GPU's work stays ahead of the host's launches. On the H200, 8 layers of 4096 left the
+# allocator's share near the rule's threshold at a large batch and were launch-bound at a small one.
+MEMORY = {"tiny": {"width": 64, "depth": 4, "batch": 64}, "full": {"width": 8192, "depth": 4, "batch": 2048}}
+
+
+def build_memory(scale: str, device: torch.device) -> Pair:
+    """Lesson 11's MLP, forward and backward in bf16 autocast. Bad: `torch.cuda.empty_cache()` after
+    every step, the usual answer to out-of-memory errors in forum code: each step gives every cached
+    block back to the driver (cudaFree, which waits for the GPU) and asks for it again (cudaMalloc)
+    while the GPU waits. Fixed: the caching allocator keeps its blocks, which is what it is for
+    (lesson 02): steps reuse memory instead of asking the driver.
+
+    Why not fragmentation under a cap, with the allocator's retries: on the H200 (torch 2.11) this MLP
+    on batches of a new size every step (half the batch to the batch), capped at 1.15 times its largest
+    step's memory (`set_per_process_memory_fraction`), ran out of memory within a few steps instead of
+    retrying: the free pieces were parts of segments still in use, which no retry can give back. A step
+    that fails cannot be diagnosed; lesson 02 shows that failure, in fresh processes."""
+    from gpulab.lessons.l11_cuda_graphs import MLP, make_mlp_step
+    from gpulab.models.precision import half_dtype
+
+    cfg = MEMORY[resolve_scale(scale)]
+    w, b = cfg["width"], cfg["batch"]
+    gpu = device.type == "cuda"
+    half = half_dtype() if gpu else torch.bfloat16
+    x, t = torch.randn(b, w, device=device), torch.randn(b, w, device=device)
+    torch.manual_seed(0)
+    grads = make_mlp_step(MLP(w, cfg["depth"]).to(device))
+
+    def make(empty_every_step: bool):
+        def step():
+            with torch.autocast(device.type, dtype=half):
+                out = grads(x, t)
+            if empty_every_step and gpu:
+                torch.cuda.empty_cache()          # hands every unused cached block back to the driver
+            return out
+        return step
+
+    return Pair(make(True), make(False), sizes={"width": w, "depth": cfg["depth"], "batch": b},
+                note="" if gpu else "the caching allocator is CUDA's: on the CPU both steps allocate alike")
+
+
+# -- 8. comm_not_overlapped: DDP's gradient buckets (lesson 14) --------------------------------------
+def build_ddp(scale: str, device: torch.device) -> Pair:
+    """Lesson 14's GPT block stack under DistributedDataParallel, one process per GPU, each on its own
+    part of the batch, trained with SGD in 16-bit autocast. Bad: one gradient bucket for the whole model (lesson 14's
+    "whole model" cap), so the all-reduce starts after the backward pass and nothing hides it. Fixed:
+    DDP's default 25 MiB buckets, each all-reduced while backward computes the rest.
+
+    Full size: lesson 14's model and batch per GPU (6 blocks of 1024, sequences of 512, 8 sequences).
+    Needs a process group (the suite starts one process per GPU); without one, a group of one process
+    (gloo) is made for the call and destroyed by `cleanup`, so the code runs on the CPU too."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from gpulab.lessons.l14_multi_gpu import SIZES, MiB, build_model, global_batch
+    from gpulab.models.precision import half_dtype
+    from gpulab.models.transformer import loss_fn
+
+    own_group = not dist.is_initialized()
+    if own_group:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    sizes = SIZES[resolve_scale(scale)]
+    cfg, batch = sizes["model"], sizes["batch"]
+    rank, world = dist.get_rank(), dist.get_world_size()
+    xg, yg = (t.to(device) for t in global_batch(cfg, batch * world))
+    x, y = xg[rank * batch:(rank + 1) * batch], yg[rank * batch:(rank + 1) * batch]
+    ids = [device.index] if device.type == "cuda" else None
+    half = half_dtype() if device.type == "cuda" else torch.bfloat16
+
+    def make(bucket_cap_mb: float | None):
+        net = build_model(cfg, device)                    # same seed in every process and both steps
+        model_mib = sum(p.numel() * p.element_size() for p in net.parameters()) / MiB
+        ddp = DDP(net, device_ids=ids, bucket_cap_mb=bucket_cap_mb or model_mib * 1.01 + 1)
+        opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=half):  # Tensor Cores: the comm, not fp32, must show
+                loss = loss_fn(ddp(x), y)
+            loss.backward()                                 # DDP all-reduces the gradient buckets here
+            opt.step()
+            return loss.detach()
+        return step
+
+    def cleanup():
+        if own_group:
+            dist.destroy_process_group()
+
+    return Pair(make(None), make(25), sizes=dict(cfg, batch_per_process=batch, processes=world),
+                cleanup=cleanup)
+
+
+# -- the capstone: nothing left to fix (lesson 13) ---------------------------------------------------
+def build_capstone(scale: str, device: torch.device) -> Pair:
+    """Lesson 13's GPT with every toggle this device accepts (`all_on`: TF32, 16-bit autocast, padded
+    vocabulary, fused AdamW, pinned DataLoader workers, torch.compile on a GPU), assembled from lesson
+    13's parts as its `run_job` does; the FLOPs are lesson 13's `model_flops` (FlopCounterMode cannot see
+    inside compiled code). No fixed step: no verdict on it may promise more than 10 %."""
+    from gpulab.lessons import l13_capstone as L
+    from gpulab.models.gpt import padded_copy
+    from gpulab.models.precision import fp32_math, make_scaler
+    from gpulab.models.step import train_step
+
+    runs = L.Runs(scale=scale)
+    runs.fit_batches(("gpt",))            # the notebook's fitting: a smaller GPU gets a smaller model or batch
+    cfg = runs.configs["gpt"]
+    options = L.all_on("gpt", cfg["batch"])
+    job = L.JOBS["gpt"]
+    torch.manual_seed(0)
+    model = job.build(cfg, device)
+    pool = [(x.cpu(), y.cpu()) for x, y in job.batches(model, cfg["batch"], L.POOL)]
+    if options.aligned:
+        model = padded_copy(model, L.ALIGN)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=L.LR, fused=True if options.fused else None)
+    scaler = make_scaler("fp16", device) if options.amp == "fp16" else None
+    loss_of = job.loss_fn
+    if options.compile:
+        loss_of = torch.compile(loss_of, mode=options.compile_mode)
+    with _quiet_fork():
+        inputs = L.Inputs(pool, device, options.loader).__enter__()
+
+    def step():
+        with fp32_math("tf32" if options.tf32 else "ieee"):
+            return train_step(model, *inputs.next(), loss=loss_of, optimizer=optimizer,
+                              precision=L.AMP_DTYPES[options.amp], scaler=scaler, graphs=options.cuda_graphs)
+
+    def cleanup():
+        inputs.__exit__(None, None, None)
+        if options.compile:
+            torch.compiler.reset()
+
+    return Pair(step, None, sizes=dict(cfg, options=options.label, fitted=runs.lowered.get("gpt", "")),
+                flops_per_step=L.model_flops("gpt", cfg, cfg["batch"], device), cleanup=cleanup)
+
+
+# -- the cases ---------------------------------------------------------------------------------------
+CASES: dict[str, Case] = {c.name: c for c in (
+    Case("input", "input_bound", "03", "DataLoader with 0 workers", "DataLoader workers", build_input,
+         why_gpu="on the CPU the workers share the cores with the step they should run beside"),
+    Case("host_sync", "host_sync", "01", ".item() on the loss every step", "the loss kept on the GPU",
+         build_host_sync, why_gpu="on the CPU the host is the device: there is no queue for a sync to drain"),
+    Case("pageable_copy", "pageable_copy", "05", "batch copied from pageable memory",
+         "pinned once, copied with non_blocking=True", build_pageable_copy,
+         why_gpu="host<->device copies cross a bus the CPU does not have"),
+    Case("launch_bound", "launch_bound", "11", "small MLP step, eager", "the same step replayed from a CUDA graph",
+         build_launch_bound, why_gpu="CUDA graphs replay CUDA kernel launches"),
+    Case("fp32_no_tensor_cores", "fp32_no_tensor_cores", "06", "fp32 matmuls, TF32 off",
+         "16-bit autocast (bf16; fp16 + GradScaler without bf16)", build_fp32,
+         why_gpu="Tensor Cores are a GPU's"),
+    Case("misaligned_gemm", "misaligned_gemm", "07", "GPT head over a vocabulary of 50257 (16-bit)",
+         "vocabulary padded to a multiple of 64", build_misaligned, why_gpu="Tensor Core tiles are a GPU's"),
+    Case("memory_pressure", "memory_pressure", "02", "torch.cuda.empty_cache() after every step",
+         "the caching allocator keeps its blocks", build_memory,
+         why_gpu="the caching allocator and its retries are CUDA's"),
+    Case("comm_not_overlapped", "comm_not_overlapped", "14", "DDP, one gradient bucket for the whole model",
+         "DDP's 25 MiB buckets, all-reduced during backward", build_ddp, needs_gpus=2,
+         why_gpu="DDP's all-reduce between GPUs overlaps with backward only where there are two GPUs"),
+    Case("capstone", None, "13", "lesson 13's fastest GPT step", "(nothing to fix)", build_capstone,
+         why_gpu="its toggles (TF32, compile, pinned loader) are GPU options"),
+)}
+
+
+def case(name: str) -> Case:
+    """The case called `name` (ValueError listing them otherwise)."""
+    if name not in CASES:
+        raise ValueError(f"unknown case {name!r}; the cases are {', '.join(CASES)}")
+    return CASES[name]
+
