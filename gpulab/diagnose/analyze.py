@@ -42,6 +42,12 @@ STRONG = ("input", "pageable_copy", "sync", "allocator")      # causes that take
 CLASSES = ("gemm_tensor_core", "gemm_no_tensor_core", "elementwise_norm", "copy", "communication")
 
 
+# Host calls that launch one kernel each (the runtime's and the driver's; cuBLAS and Triton use the
+# driver's). A replayed CUDA graph launches all its kernels with one cudaGraphLaunch, not counted here.
+KERNEL_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                   "cudaLaunchCooperativeKernel")
+
+
 # -- thresholds of the analysis (the rules' own are in rules.py) -----------------------------------
 # A synchronizing call that returned this little before the GPU ran dry still caused it: CUPTI stamps
 # GPU work on the GPU's clock and torch converts it to the host's, and a blocked thread needs a few
@@ -136,6 +142,7 @@ class Facts:
     idle_by_cause: dict
     busy_by_class: dict
     kernels_per_step: float = 0.0
+    launches_per_step: float | None = None   # host calls that launch kernels one at a time (None: not counted)
     median_kernel_us: float | None = None
     pageable_copy_ms: float = 0.0   # GPU time of copies from/to pageable host memory
     comm_ms: float = 0.0
@@ -176,6 +183,13 @@ class Facts:
     def share(self, ms: float) -> float:
         """`ms` as a fraction of the unprofiled step (`base_ms`), at most 1."""
         return min(ms / self.base_ms, 1.0) if self.base_ms > 0 else 0.0
+
+    def busy_share(self, ms: float) -> float:
+        """GPU time `ms` (measured under the profiler) as a fraction of the step: of the unprofiled step,
+        or of the profiled busy time where that is longer (kernels can run slower under the profiler, and
+        their time cannot be more of the step than all of it)."""
+        base = max(self.base_ms, self.busy_ms)
+        return min(ms / base, 1.0) if base > 0 else 0.0
 
     @property
     def tflops(self) -> float | None:
@@ -485,7 +499,9 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
         busy_ms=length_us(busy) / per_step, idle_ms=length_us(idle) / per_step,
         idle_by_cause={c: v / per_step for c, v in causes.items()},
         busy_by_class={c: length_us(_union([e for e in gpu if classes[e] == c], span)) / per_step for c in CLASSES},
-        kernels_per_step=len(kernels) / steps, median_kernel_us=statistics.median(kernels) if kernels else None,
+        kernels_per_step=len(kernels) / steps,
+        launches_per_step=sum(1 for e in host if e.kind == RUNTIME and e.name in KERNEL_LAUNCHES
+                              and any(a <= e.start_us <= b for a, b in span)) / steps, median_kernel_us=statistics.median(kernels) if kernels else None,
         pageable_copy_ms=length_us(_union(pageable, span)) / per_step,
         comm_ms=length_us(comm) / per_step, comm_exposed_ms=length_us(subtract(comm, rest)) / per_step,
         gemms=tuple(_gemm_facts(gpu, classes, ops, steps)), tf32_matmul=tf32_matmul, tf32_cudnn=tf32_cudnn,

@@ -37,6 +37,10 @@ LAUNCH_SHARE_MIN = 0.10
 # issuing the next one (the dispatcher plus cudaLaunchKernel, tens of microseconds per op with Python
 # around it; lesson 11 measures it) lets the GPU run dry; with longer kernels the queue stays ahead.
 LAUNCH_KERNEL_US_MAX = 20.0
+# ...and only when the host launched most kernels one at a time: at least half as many launch calls as
+# kernels. A step replayed from a CUDA graph (one cudaGraphLaunch for all its kernels) already has the
+# fix; what idles it is the loop around it, not kernel launches.
+LAUNCHES_PER_KERNEL_MIN = 0.5
 # fp32 matrix products without Tensor Cores above 10 % of the step: TF32 or 16-bit autocast speeds them
 # up (lesson 06 measures by how much on this GPU) but changes numerics, so it must be a real share.
 FP32_GEMM_SHARE_MIN = 0.10
@@ -122,7 +126,7 @@ def pageable_copy(f: Facts) -> Verdict | None:
     their GPU time plus the idle time while the host staged them; pinned, asynchronous copies can at
     best hide all of it behind compute."""
     ms = f.pageable_copy_ms + f.idle("pageable_copy")
-    share = f.share(ms)
+    share = min(f.busy_share(f.pageable_copy_ms) + f.share(f.idle("pageable_copy")), 1.0)
     if share < PAGEABLE_SHARE_MIN:
         return None
     return verdict("pageable_copy", "pageable host<->device copies", "05", share,
@@ -137,6 +141,8 @@ def launch_bound(f: Facts) -> Verdict | None:
     graph runs none of the step's host work, so at best the step shrinks to its busy time."""
     ms = f.idle("launch")
     if f.share(ms) < LAUNCH_SHARE_MIN or f.median_kernel_us is None or f.median_kernel_us >= LAUNCH_KERNEL_US_MAX:
+        return None
+    if f.launches_per_step is not None and f.launches_per_step < LAUNCHES_PER_KERNEL_MIN * f.kernels_per_step:
         return None
     share = f.share(ms + f.idle("other"))
     return verdict("launch_bound", "kernel launch overhead (many short kernels)", "11", share,
@@ -161,11 +167,11 @@ def fp32_no_tensor_cores(f: Facts) -> Verdict | None:
     """fp32 matrix products on the CUDA cores. Share: their time minus what their FLOPs take at the
     16-bit Tensor Core peak; no precision setting beats that peak, so the fix saves at most the rest."""
     ms, flops = f.gemm_ms(lambda g: g.dtype == "fp32" and not g.tensor_cores)
-    if f.share(ms) < FP32_GEMM_SHARE_MIN:
+    if f.busy_share(ms) < FP32_GEMM_SHARE_MIN:
         return None
-    share = f.share(_above_peak(ms, flops, f))
+    share = f.busy_share(_above_peak(ms, flops, f))
     return verdict("fp32_no_tensor_cores", "Tensor Cores unused (fp32 matrix products)", "06", share,
-                   f"fp32 GEMMs without Tensor Cores {ms:.3g} ms per step ({pct(f.share(ms))}; threshold "
+                   f"fp32 GEMMs without Tensor Cores {ms:.3g} ms per step ({pct(f.busy_share(ms))}; threshold "
                    f"{pct(FP32_GEMM_SHARE_MIN)}); TF32 for matmuls {'on' if f.tf32_matmul else 'off'}",
                    "train under torch.amp.autocast('cuda', dtype=torch.bfloat16) (fp16 + GradScaler "
                    "without bf16), or allow TF32")
@@ -175,13 +181,13 @@ def misaligned_gemm(f: Facts) -> Verdict | None:
     """16-bit GEMMs with a dimension that is not a multiple of 8. Share: their time minus what their
     FLOPs take at the 16-bit peak: padding cannot make them faster than the peak."""
     ms, flops = f.gemm_ms(lambda g: g.misaligned)
-    if f.share(ms) < MISALIGNED_SHARE_MIN:
+    if f.busy_share(ms) < MISALIGNED_SHARE_MIN:
         return None
     worst = max((g for g in f.gemms if g.misaligned), key=lambda g: g.gpu_ms)
-    share = f.share(_above_peak(ms, flops, f))
+    share = f.busy_share(_above_peak(ms, flops, f))
     return verdict("misaligned_gemm", "misaligned matrix shapes (Tensor Core tiles)", "07", share,
                    f"16-bit GEMMs with M, N or K not a multiple of 8: {ms:.3g} ms per step "
-                   f"({pct(f.share(ms))}; threshold {pct(MISALIGNED_SHARE_MIN)}), largest {worst.op} "
+                   f"({pct(f.busy_share(ms))}; threshold {pct(MISALIGNED_SHARE_MIN)}), largest {worst.op} "
                    f"{list(worst.shapes)}",
                    "pad the odd dimension (vocabulary, hidden size, batch x sequence) to a multiple of 64")
 
@@ -212,7 +218,7 @@ def memory_pressure(f: Facts) -> Verdict | None:
 def comm_not_overlapped(f: Facts) -> Verdict | None:
     """Collectives (NCCL) that run while no compute runs beside them. Share: that exposed time;
     overlapping communication with the backward pass can at best hide all of it."""
-    share = f.share(f.comm_exposed_ms)
+    share = f.busy_share(f.comm_exposed_ms)
     if share < COMM_EXPOSED_SHARE_MIN:
         return None
     return verdict("comm_not_overlapped", "communication not overlapped with compute", "14", share,

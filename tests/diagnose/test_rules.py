@@ -1,4 +1,5 @@
 """Every rule fires at its threshold and stays silent just below it; shares are honest upper bounds."""
+import math
 import ast
 import inspect
 import itertools
@@ -182,3 +183,19 @@ def test_launch_bound_promises_all_host_side_idle():
     f = facts({"launch": 40.0, "other": 10.0}, busy_ms=50.0, median_kernel_us=5.0)
     v = R.launch_bound(f)
     assert v is not None and v.share == pytest.approx(0.5)       # a graph replay runs none of the host's work
+
+
+def test_a_step_replayed_from_a_cuda_graph_is_not_called_launch_bound():
+    """Its kernels come from one cudaGraphLaunch: the fix is in; its idle is the loop around it."""
+    one_by_one = facts({"launch": 40.0}, busy_ms=60.0, median_kernel_us=5.0, kernels_per_step=90, launches_per_step=90)
+    replayed = facts({"launch": 40.0}, busy_ms=60.0, median_kernel_us=5.0, kernels_per_step=90, launches_per_step=0)
+    assert R.launch_bound(one_by_one) is not None and R.launch_bound(replayed) is None
+
+
+def test_gpu_time_measured_under_the_profiler_never_promises_an_infinite_gain():
+    """The 2 x H200 run's fp32 case: 46 ms of fp32 GEMMs in 47 ms busy under the profiler, a 43.1 ms step
+    without it. Against the unprofiled step alone that is more than the whole step (bound inf)."""
+    f = facts({"launch": 3.0}, busy={"gemm_no_tensor_core": 46.0}, busy_ms=47.0, step_ms=43.1,
+              gemms=(gemm(46.0),))
+    v = R.fp32_no_tensor_cores(f)
+    assert v is not None and v.share == pytest.approx(46.0 / 47.0) and math.isfinite(v.bound)
