@@ -377,8 +377,9 @@ class HostActivity:
 
     def active(self, t: float) -> list[Event]:
         """Host events running at t, and synchronizing calls that returned at most SYNC_GRACE_US before.
-        A copy from pageable memory is one of them: `cudaMemcpyAsync` returns only when the copy is done,
-        and the copy waits for the work queued before it, so the GPU runs dry as it returns."""
+        A copy from pageable memory is one of them: CUDA synchronizes the stream before a pageable copy
+        starts (it waits for the work queued before it) and returns once the data is staged, and PyTorch's
+        blocking copy (`non_blocking=False`) then waits for the copy itself: the GPU runs dry as it returns."""
         if t < self._t:
             self._next, self._live = 0, []
         self._t = t

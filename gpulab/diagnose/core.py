@@ -4,8 +4,8 @@ The learner hands over one training step, a callable with no arguments that fetc
 trains on it, the way their loop does. `diagnose` then
 
 1. runs `warmup` steps unmeasured (allocator, cuBLAS and cuDNN settle);
-2. times `steps` steps on the host clock, synchronizing before and after each (the unperturbed step
-   time; NVML samples the GPU's utilization meanwhile where it can);
+2. times CHUNKS chunks of `steps` back-to-back steps on the host clock, synchronizing before and after
+   each chunk (the unperturbed step time; NVML samples the GPU's utilization meanwhile where it can);
 3. runs `steps` more under `torch.profiler` (each inside `record_function("gpulab.step")`) with the
    caching allocator's statistics read before and after;
 4. counts one step's FLOPs with `FlopCounterMode` (unless `flops_per_step` is given);
@@ -279,8 +279,9 @@ def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, dev
     if nvml is not None and timed_s < NVML_MIN_S:
         nvml = None
         notes.append(f"NVML utilization not read: the timed steps lasted {timed_s:.2g} s, shorter than "
-                     f"{NVML_MIN_S:g} s; NVML's figure is the share of its own sample periods (1/6 s to 1 s, by "
-                     "product) in which any kernel ran, so over a shorter time it reads the idle before and after")
+                     f"{NVML_MIN_S:g} s; NVML's figure is the percent of time over its past sample period (1/6 s to 1 s, "
+                     "by product) during which one or more kernels ran, so over a shorter time it reads the idle "
+                     "before and after")
     events, memory = _profile(step, steps, device, trace_path)
     if flops_per_step is None:
         flops_per_step = count_flops(step)
@@ -318,9 +319,9 @@ def report_text(d: Diagnosis) -> str:
         lines.append("busy by kernel class (streams merged per class; classes may overlap):")
         lines += [f"  {c:<20} {d.busy_by_class[c]:8.3g} ms" for c in CLASSES if d.busy_by_class.get(c)]
     if d.nvml_util_pct is not None:
-        lines.append(f"NVML utilization {d.nvml_util_pct:.0f} % over the timed steps: the share of NVML's own "
-                     "sample periods (1/6 s to 1 s, by product) in which any kernel ran - coarser than the "
-                     "profiler's busy share, usually higher, and its periods may reach beyond the steps")
+        lines.append(f"NVML utilization {d.nvml_util_pct:.0f} % over the timed steps: the percent of time over "
+                     "NVML's past sample period (1/6 s to 1 s, by product) during which one or more kernels ran - "
+                     "coarser than the profiler's busy share, usually higher, and its period may reach beyond the steps")
     if d.memory is not None:
         m = d.memory
         lines.append(f"memory: {m.alloc_retries} allocation retries, inactive split {fmt_bytes(m.inactive_split_bytes)}, "

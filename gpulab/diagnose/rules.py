@@ -3,9 +3,11 @@
 Each rule is a small function `rule(facts) -> Verdict | None` that reads `Facts` (analyze.py) and fires
 when its evidence crosses a threshold. Every threshold is a named constant with its reason.
 
-A fired rule names the share of the profiled step its fix can remove at most (`share`), so the step can
-get at most `bound = 1 / (1 - share)` times faster (Amdahl's law). Each rule's docstring says why its
-share is an upper bound: a promise the fix cannot break.
+A fired rule names the share of the (unprofiled) step its fix can remove at most (`share`), so the step
+can get at most `bound = 1 / (1 - share)` times faster (Amdahl's law). Each rule's docstring says why its
+share is an upper bound by construction. Measured gains can still exceed it: by the timings' own noise,
+and where a fix also speeds up what the rule did not count (16-bit autocast also halves the bytes of the
+elementwise kernels between the matrix products). `gpulab bench`'s suite measures how often.
 
 `run_rules(facts)` runs them all (skipping, with the reason, those that need a GPU when there is none)
 and ranks what fired by its bound, largest first; "compute_bound" is not a fix but what is left, so it

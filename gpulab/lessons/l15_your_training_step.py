@@ -25,7 +25,7 @@ from gpulab.core.ceilings import ceilings
 from gpulab.core.device import pick_device, resolve_scale
 from gpulab.core.predict import Plan
 from gpulab.lessons.l03_input_pipeline import SyntheticImages, calibrate_passes, make_loader, usable_workers
-from gpulab.models.precision import classification_loss, fp32_math, half_dtype
+from gpulab.models.precision import classification_loss, fp32_math, half_dtype, make_scaler
 
 TITLE = "your own training step"
 CONFIG = {
@@ -36,7 +36,7 @@ CONFIG = {
     # the model is sized so its fp32 step takes `fp32_over_data` times that: once the workers fix the
     # input, fp32 is the next bottleneck on any GPU.
     "full": dict(size=64, batch=256, sample_ms=0.25, workers=8, depth=4, classes=10, batches=96,
-                 fp32_over_data=2.0, min_width=256, max_width=8192, warmup=3, steps=5),
+                 fp32_over_data=2.0, min_width=256, max_width=16384, warmup=3, steps=5),
 }
 
 # Seconds of notebook 15 that no GPU changes: worker start-up, the CPU making every batch, the
@@ -67,11 +67,16 @@ class Options:
     precision: str = "fp32"       # "fp32" (TF32 off) or "16-bit" (autocast to this GPU's 16-bit type)
 
 
+def first_workers(cfg: dict) -> int:
+    """The worker count the input fix starts with: the config's, or what this host has cores for."""
+    return max(usable_workers([cfg["workers"]]) or [min(2, os.cpu_count() or 1)])
+
+
 def fixes(cfg: dict | None = None) -> dict:
     """Rule name -> how the course fixes it on an `Options`: the lesson that rule points to, in one change.
     A fix that changes nothing (every core already has a worker) leaves the Options as they were."""
     cores = os.cpu_count() or 1
-    start = max(usable_workers([(cfg or config())["workers"]]) or [min(2, cores)])
+    start = first_workers(cfg or config())
 
     def more_workers(o: Options) -> Options:      # the config's count, then twice as many, up to the cores
         return replace(o, workers=min(max(start, 2 * o.workers), max(cores, o.workers)))
@@ -110,7 +115,7 @@ def model_width(cfg: dict, passes_ms: float, device: torch.device) -> int:
     ceiling = ceilings().get("matmul_fp32")
     if ceiling is None or not ceiling.source.startswith("measured"):
         return cfg["min_width"]
-    target_s = cfg["batch"] * passes_ms / 1e3 / cfg["workers"] * cfg["fp32_over_data"]
+    target_s = cfg["batch"] * passes_ms / 1e3 / first_workers(cfg) * cfg["fp32_over_data"]
     flops = target_s * ceiling.value * 1e12
     n_in, b, d = 3 * cfg["size"] ** 2, cfg["batch"], cfg["depth"]
     # 6 b (n_in w + (d - 1) w^2) = flops  ->  the positive root, rounded down to a multiple of 64
@@ -143,6 +148,8 @@ class TrainingStep:
         self.loader = make_loader(data, cfg["batch"], num_workers=options.workers, pin_memory=options.pinned)
         self.batches = iter(self.loader)
         self.half = half_dtype() if self.device.type == "cuda" else torch.bfloat16
+        # fp16 (a GPU without bf16) trains with loss scaling, as lesson 06 teaches; bf16 needs none
+        self.scaler = make_scaler("fp16", self.device) if options.precision == "16-bit" and self.half is torch.float16 else None
         self.last_loss = None
         self.flops = step_flops(3 * cfg["size"] ** 2, self.width, cfg["depth"], cfg["classes"], cfg["batch"])
 
@@ -158,10 +165,16 @@ class TrainingStep:
         x, y = self.next_batch()
         x = x.to(self.device, non_blocking=o.pinned)
         y = y.to(self.device, non_blocking=o.pinned)
-        with fp32_math("ieee"), torch.amp.autocast(self.device.type, dtype=self.half, enabled=o.precision == "16-bit"):
-            loss = classification_loss(self.model, x, y)
-        loss.backward()
-        self.optimizer.step()
+        with fp32_math("ieee"):           # TF32 off: fp32 matmuls stay fp32, forward and backward
+            with torch.amp.autocast(self.device.type, dtype=self.half, enabled=o.precision == "16-bit"):
+                loss = classification_loss(self.model, x, y)
+            if self.scaler is None:
+                loss.backward()
+                self.optimizer.step()
+            else:                         # fp16: scaled backward; the step is skipped if gradients overflow
+                self.scaler.scale(loss).backward()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.last_loss = loss.item() if o.log_every_step else loss.detach()
         return self.last_loss

@@ -1,0 +1,47 @@
+"""Lesson 15's slow step and its fixes, on the CPU at tiny size."""
+import pytest
+import torch
+
+from gpulab.lessons import l15_your_training_step as L
+
+CPU = torch.device("cpu")
+
+
+def test_the_slow_step_trains_and_every_fix_changes_one_habit():
+    cfg = L.config("tiny")
+    step = L.TrainingStep(L.Options(), cfg, CPU, passes=1)
+    try:
+        first = step()
+        assert isinstance(first, float) and first > 0          # .item() every step: a float
+    finally:
+        step.close()
+    slow = L.Options()
+    for rule, fix in L.fixes(cfg).items():
+        changed = {k for k in vars(slow) if getattr(fix(slow), k) != getattr(slow, k)}
+        assert len(changed) == 1, (rule, changed)
+
+
+def test_the_input_fix_doubles_the_workers_up_to_the_cores(monkeypatch):
+    monkeypatch.setattr(L.os, "cpu_count", lambda: 16)
+    more = L.fixes({"workers": 8})["input_bound"]
+    assert more(L.Options()).workers == 8
+    assert more(L.Options(workers=8)).workers == 16
+    assert more(L.Options(workers=16)) == L.Options(workers=16)      # no core left: the fix changes nothing
+
+
+def test_bad_options_are_refused_with_a_reason():
+    with pytest.raises(ValueError, match="precision"):
+        L.TrainingStep(L.Options(precision="fp8"), L.config("tiny"), CPU, passes=1)
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        L.TrainingStep(L.Options(pinned=True), L.config("tiny"), CPU, passes=1)
+
+
+def test_measured_gain_against_the_bound():
+    g = L.measured_gain(100.0, 20.0, bound=5.0)                  # promised 80 % of the step, saved 80 %
+    assert g["speedup"] == pytest.approx(5.0) and g["of_promised"] == pytest.approx(1.0)
+    assert L.measured_gain(100.0, 60.0, bound=2.0)["of_promised"] == pytest.approx(0.8)
+
+
+def test_the_step_flops_count_every_layer():
+    # 6 FLOPs per multiply-add per sample: in->w, (depth-1) w->w, w->classes
+    assert L.step_flops(12, 8, 2, 10, batch=1) == 6 * (12 * 8 + 8 * 8 + 8 * 10)
