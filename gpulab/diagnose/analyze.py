@@ -26,7 +26,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from gpulab.core.timing import merge_intervals
+from gpulab.core.timing import intersect, merge_intervals, subtract
 from gpulab.diagnose.events import (
     DATA_RANGE,
     GPU,
@@ -220,37 +220,6 @@ class Facts:
 
 
 # -- interval helpers ------------------------------------------------------------------------------
-def intersect(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The intersection of two sorted lists of disjoint intervals."""
-    out, i, j = [], 0, 0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if lo < hi:
-            out.append((lo, hi))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
-def subtract(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Sorted disjoint intervals `a` minus sorted disjoint intervals `b` (one pass over both)."""
-    out, j = [], 0
-    for lo, hi in a:
-        while j < len(b) and b[j][1] <= lo:
-            j += 1
-        cur, k = lo, j
-        while k < len(b) and b[k][0] < hi:
-            if b[k][0] > cur:
-                out.append((cur, b[k][0]))
-            cur = max(cur, b[k][1])
-            k += 1
-        if cur < hi:
-            out.append((cur, hi))
-    return out
-
-
 def length_us(intervals: Iterable[tuple[float, float]]) -> float:
     return sum(b - a for a, b in intervals)
 

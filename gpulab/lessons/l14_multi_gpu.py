@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch import nn
 from gpulab.core.predict import Plan, Work
 from gpulab.core.device import float32_matmul, pick_device, resolve_scale, scale
-from gpulab.core.timing import Timing, benchmark, gpu_kernels, merge_intervals, stopwatch, summarize
+from gpulab.core.timing import Timing, benchmark, gpu_kernels, intersect, merge_intervals, stopwatch, summarize
 from gpulab.models.transformer import TransformerStack, loss_fn
 
 
@@ -168,17 +168,7 @@ def kernel_breakdown(kernels: Sequence[tuple[str, float, float]], steps: int = 1
     by_kind: dict[str, list] = {"nccl": [], "copy": [], "compute": []}
     for name, a, b in kernels:
         by_kind[kernel_kind(name)].append((a, b))
-    nccl = merge_intervals(by_kind["nccl"])
-    other = merge_intervals(by_kind["copy"] + by_kind["compute"])
-    both, i, j = [], 0, 0
-    while i < len(nccl) and j < len(other):           # intersection of two sorted disjoint lists
-        a, b = max(nccl[i][0], other[j][0]), min(nccl[i][1], other[j][1])
-        if a < b:
-            both.append((a, b))
-        if nccl[i][1] < other[j][1]:
-            i += 1
-        else:
-            j += 1
+    both = intersect(merge_intervals(by_kind["nccl"]), merge_intervals(by_kind["copy"] + by_kind["compute"]))
     out = {f"{kind}_ms": length(merge_intervals(spans)) for kind, spans in by_kind.items()}
     out.update(busy_ms=length(merge_intervals([(a, b) for _, a, b in kernels])),
                nccl_beside_compute_ms=length(both), kernels=len(kernels) / steps)

@@ -219,3 +219,11 @@ def test_merged_ms_counts_overlapping_kernels_once():
     assert merged_ms([(30.0, 40.0), (0.0, 10.0)]) == pytest.approx(0.020)                # any order
     assert merged_ms([(0.0, 10.0), (2.0, 3.0)]) == pytest.approx(0.010)                  # nested
     assert merged_ms([]) == 0.0
+
+
+def test_intersect_and_subtract_sorted_disjoint_intervals():
+    from gpulab.core.timing import intersect, subtract
+    assert intersect([(0, 10), (20, 30)], [(5, 25)]) == [(5, 10), (20, 25)]
+    assert subtract([(0, 30)], [(5, 10), (20, 25)]) == [(0, 5), (10, 20), (25, 30)]
+    assert subtract([(0, 10)], []) == [(0, 10)]
+

@@ -11,12 +11,10 @@ from gpulab.diagnose.analyze import (
     dtype_of,
     gemm_flops,
     idle_cause,
-    intersect,
     kernel_class,
     misaligned,
     mnk,
     step_windows,
-    subtract,
 )
 from gpulab.diagnose.events import GPU, OP, RUNTIME, STEP_RANGE, Event
 
@@ -42,12 +40,6 @@ def kernel(name, a, b, stream=7, corr=0, op_id=0, op=""):
 
 
 # -- intervals and windows -------------------------------------------------------------------------
-def test_intersect_and_subtract():
-    assert intersect([(0, 10), (20, 30)], [(5, 25)]) == [(5, 10), (20, 25)]
-    assert subtract([(0, 30)], [(5, 10), (20, 25)]) == [(0, 5), (10, 20), (25, 30)]
-    assert subtract([(0, 10)], []) == [(0, 10)]
-
-
 def test_busy_merges_streams():
     f = analyze([step(0, 100), kernel("k1", 10, 30, stream=7), kernel("k2", 20, 40, stream=8)])
     assert f.busy_ms == pytest.approx(0.030) and f.idle_ms == pytest.approx(0.070)
