@@ -145,6 +145,7 @@ def benchmark(
     sync: bool = True,
     device: torch.device | None = None,
     clock: str = "auto",
+    calls: int = 1,
 ) -> Timing:
     """Time `fn()`: `warmup` untimed calls, then `repeat` timed ones; median and spread.
 
@@ -157,6 +158,8 @@ def benchmark(
     - `repeat=None` picks a count that fits about `budget_s` seconds (3 to `max_repeat`).
     - `sync=False` is lesson 01's counter-example: host clock without synchronize
       ("host clock, no sync"). Its numbers are wrong on a GPU; never use it otherwise.
+    - `calls`: each timed sample is that many back-to-back calls, reported per call: a training loop's
+      steps, queued one behind the other with no synchronize between them (gpulab.diagnose).
     """
     if clock not in ("auto", "host"):
         raise ValueError(f"clock must be 'auto' or 'host', got {clock!r}")
@@ -164,6 +167,18 @@ def benchmark(
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     if repeat is not None and repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    if calls > 1:
+        one = fn
+
+        def fn():
+            for _ in range(calls):
+                one()
+        timing = benchmark(fn, warmup=warmup, repeat=repeat, budget_s=budget_s, max_repeat=max_repeat, sync=sync,
+                           device=device, clock=clock)
+        return summarize([ms / calls for ms in timing.samples_ms], timing.device,
+                         f"{timing.method}, {calls} back-to-back calls per sample")
     device = device or pick_device()
     for _ in range(warmup):
         fn()

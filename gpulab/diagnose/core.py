@@ -23,7 +23,7 @@ import torch
 
 from gpulab.core.device import pick_device, sync
 from gpulab.core.memory import fmt_bytes, free_memory
-from gpulab.core.timing import summarize
+from gpulab.core.timing import benchmark
 from gpulab.diagnose.analyze import CAUSES, CLASSES, Facts, MemoryFacts, analyze
 from gpulab.diagnose.events import STEP_RANGE, from_profiler
 from gpulab.diagnose.rules import Verdict, run_rules
@@ -131,21 +131,9 @@ def _run(step: Callable, phase: str) -> None:
 
 # The unprofiled step is timed as a training loop runs: steps back to back, the host clock read after
 # a synchronize at the end of each chunk of `steps` steps (a sync after every step would drain the GPU's
-# queue each time and charge the refill to every step). CHUNKS chunks give a median and a spread.
+# queue each time and charge the refill to every step): `benchmark(..., clock="host", calls=steps)`.
+# CHUNKS chunks give a median and a spread.
 CHUNKS = 3
-
-
-def _timed_steps(step: Callable, steps: int, device: torch.device) -> list[float]:
-    """Host-clock ms per step of CHUNKS chunks of `steps` back-to-back steps (the CPU takes part in a step)."""
-    out = []
-    for _ in range(CHUNKS):
-        sync(device)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            _run(step, "timed steps")
-        sync(device)
-        out.append((time.perf_counter() - t0) * 1e3 / steps)
-    return out
 
 
 # NVML's utilization is averaged over its own sample period (1/6 s to 1 s, by product); over less than a
@@ -268,7 +256,8 @@ def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, dev
         _run(step, "warm-up steps")
     monitor = _nvml_monitor(device)
     try:
-        timing = summarize(_timed_steps(step, steps, device), str(device), "host clock, synchronized")
+        timing = benchmark(lambda: _run(step, "timed steps"), warmup=0, repeat=CHUNKS, calls=steps, clock="host",
+                           device=device)
     finally:
         if monitor is not None:
             monitor.stop()

@@ -227,3 +227,13 @@ def test_intersect_and_subtract_sorted_disjoint_intervals():
     assert subtract([(0, 30)], [(5, 10), (20, 25)]) == [(0, 5), (10, 20), (25, 30)]
     assert subtract([(0, 10)], []) == [(0, 10)]
 
+
+
+def test_calls_per_sample_times_back_to_back_calls_per_call():
+    import torch
+    from gpulab.core.timing import benchmark
+    seen = []
+    t = benchmark(lambda: seen.append(1), warmup=1, repeat=3, calls=4, device=torch.device("cpu"))
+    assert len(seen) == 1 * 4 + 3 * 4 and t.n == 3 and "4 back-to-back calls per sample" in t.method
+    with pytest.raises(ValueError, match="calls must be >= 1"):
+        benchmark(lambda: None, calls=0, device=torch.device("cpu"))
