@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 

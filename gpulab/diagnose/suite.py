@@ -119,12 +119,12 @@ class Check(NamedTuple):
 
 
 # -- the checks (pure functions of CaseResults, so they can be tested on hand-made ones) --------------
-def _not_run(c: CaseResult) -> Check | None:
-    """The check's answer when the case did not run: skipped (None) or failed (an error, a wrong result)."""
+def _not_run(c: CaseResult, name: str) -> Check | None:
+    """Check `name`'s answer when the case did not run: skipped (None) or failed (an error, a wrong result)."""
     if c.status == "skipped":
-        return Check("", None, f"skipped: {c.why}")
+        return Check(name, None, f"skipped: {c.why}")
     if c.status != "ran":
-        return Check("", False, f"{c.status}: {c.why}")
+        return Check(name, False, f"{c.status}: {c.why}")
     return None
 
 
@@ -135,9 +135,9 @@ def _fmt(v: dict) -> str:
 
 def check_fires(c: CaseResult) -> Check:
     name = f"{c.rule} fires on {c.name}/bad"
-    early = _not_run(c)
+    early = _not_run(c, name)
     if early:
-        return early._replace(name=name)
+        return early
     if c.rule in c.bad.skipped:
         return Check(name, None, f"skipped: {c.bad.skipped[c.rule]}")
     v = c.bad.fired().get(c.rule)
@@ -151,9 +151,9 @@ def check_fires(c: CaseResult) -> Check:
 
 def check_silent(c: CaseResult) -> Check:
     name = f"{c.rule} silent on {c.name}/fixed"
-    early = _not_run(c)
+    early = _not_run(c, name)
     if early:
-        return early._replace(name=name)
+        return early
     if c.rule in c.fixed.skipped:
         return Check(name, None, f"skipped: {c.fixed.skipped[c.rule]}")
     v = c.fixed.fired().get(c.rule)
@@ -185,9 +185,9 @@ def check_capstone(results: list[CaseResult]) -> Check:
     cap = next((c for c in results if c.name == "capstone"), None)
     if cap is None:
         return Check(name, None, "skipped: the capstone case was not in this run")
-    early = _not_run(cap)
+    early = _not_run(cap, name)
     if early:
-        return early._replace(name=name)
+        return early
     fixes = [v for v in cap.bad.verdicts if v.get("actionable", True)]
     left = [v for v in cap.bad.verdicts if not v.get("actionable", True)]
     over = [v for v in fixes if v.get("bound") is None or v["bound"] > CAPSTONE_BOUND_MAX]
@@ -202,9 +202,9 @@ def check_gain(c: CaseResult) -> Check:
     """The fix's measured gain against its verdict's Amdahl bound: at most the bound (within the
     timings' spread) and at least half of the time the bound promised."""
     name = f"{c.name}: measured gain within the bound, at least half its promise"
-    early = _not_run(c)
+    early = _not_run(c, name)
     if early:
-        return early._replace(name=name)
+        return early
     v = c.bad.fired().get(c.rule)
     if v is None:
         return Check(name, False if c.rule not in c.bad.skipped else None,
@@ -320,7 +320,7 @@ class SuiteResult:
         out = asdict(self)
         out["matrix"] = [{"row": label, "cells": dict(zip(self.rules, cells)), "top": top}
                          for label, cells, top in self.rows()]
-        out["checks"] = [c._asdict() for c in self.checks()]
+        out["checks"] = [{"name": c.name, "ok": c.ok, "why": c.why} for c in self.checks()]
         return json.loads(json.dumps(out, default=_plain))
 
 
