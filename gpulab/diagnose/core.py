@@ -34,30 +34,36 @@ class DiagnoseError(RuntimeError):
 
 @dataclass
 class Diagnosis:
-    """What `diagnose` found; times are ms per step, averaged over the profiled steps unless said."""
+    """What `diagnose` found: the facts (times in ms per step, averaged over the profiled steps unless
+    said), the rules' verdicts on them, and how they were obtained. The figures the facts hold are read
+    through them (`busy_ms`, `idle_by_cause`, `mfu`...), not stored twice."""
 
     device: str
-    on_gpu: bool
-    step_ms: float                  # median of the unprofiled steps (host clock, synchronized)
-    step_spread_ms: float           # their interquartile range
-    profiled_step_ms: float
-    busy_ms: float
-    idle_ms: float
-    idle_by_cause: dict
-    busy_by_class: dict
-    memory: MemoryFacts | None
-    flops_per_step: float | None
-    tflops: float | None
-    mfu: float | None
-    peak_tflops: float | None
-    peak_source: str
-    nvml_util_pct: float | None
+    facts: Facts
+    step_spread_ms: float = 0.0     # the unprofiled step's spread (interquartile range of its samples)
+    nvml_util_pct: float | None = None
     verdicts: list = field(default_factory=list)
     skipped: dict = field(default_factory=dict)
-    facts: Facts | None = None
     trace_path: str | None = None
     label: str = ""
     notes: list = field(default_factory=list)      # how some figures were obtained, or why they are missing
+
+    # read from the facts
+    on_gpu = property(lambda self: self.facts.on_gpu)
+    step_ms = property(lambda self: self.facts.base_ms, doc="the unprofiled step (else the profiled one)")
+    profiled_step_ms = property(lambda self: self.facts.window_ms)
+    busy_ms = property(lambda self: self.facts.busy_ms)
+    idle_ms = property(lambda self: self.facts.idle_ms)
+    idle_by_cause = property(lambda self: self.facts.idle_by_cause)
+    busy_by_class = property(lambda self: self.facts.busy_by_class)
+    memory = property(lambda self: self.facts.memory)
+    flops_per_step = property(lambda self: self.facts.flops_per_step)
+    tflops = property(lambda self: self.facts.tflops)
+    mfu = property(lambda self: self.facts.mfu)
+    peak_tflops = property(lambda self: self.facts.peak_tflops)
+    peak_source = property(lambda self: self.facts.peak_source)
+    FROM_FACTS = ("on_gpu", "step_ms", "profiled_step_ms", "busy_ms", "idle_ms", "idle_by_cause", "busy_by_class",
+                  "memory", "flops_per_step", "tflops", "mfu", "peak_tflops", "peak_source")
 
     @classmethod
     def from_facts(cls, facts: Facts, *, device: str = "cuda", step_spread_ms: float = 0.0,
@@ -66,14 +72,9 @@ class Diagnosis:
         """A Diagnosis of given Facts: the rules run on them. `diagnose` ends here; tests and the
         notebook can start here from hand-built events (`analyze`)."""
         verdicts, skipped = run_rules(facts)
-        return cls(
-            device=device, on_gpu=facts.on_gpu, step_ms=facts.step_ms or facts.window_ms,
-            step_spread_ms=step_spread_ms, profiled_step_ms=facts.window_ms, busy_ms=facts.busy_ms,
-            idle_ms=facts.idle_ms, idle_by_cause=dict(facts.idle_by_cause), busy_by_class=dict(facts.busy_by_class),
-            memory=facts.memory, flops_per_step=facts.flops_per_step, tflops=facts.tflops, mfu=facts.mfu,
-            peak_tflops=facts.peak_tflops, peak_source=facts.peak_source, nvml_util_pct=nvml_util_pct,
-            verdicts=verdicts, skipped=skipped, facts=facts,
-            trace_path=str(trace_path) if trace_path is not None else None, label=label, notes=list(notes))
+        return cls(device=device, facts=facts, step_spread_ms=step_spread_ms, nvml_util_pct=nvml_util_pct,
+                   verdicts=verdicts, skipped=skipped,
+                   trace_path=str(trace_path) if trace_path is not None else None, label=label, notes=list(notes))
 
     @property
     def top(self) -> Verdict | None:
@@ -88,7 +89,7 @@ class Diagnosis:
 
     def to_dict(self) -> dict:
         """Everything as plain JSON values (infinite or NaN numbers become None)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {name: getattr(self, name) for name in [f.name for f in fields(self)] + list(self.FROM_FACTS)}
         out["memory"] = None if self.memory is None else {
             **vars(self.memory), "peak_reserved_frac": self.memory.peak_reserved_frac}
         out["verdicts"] = [v.to_dict() for v in self.verdicts]
