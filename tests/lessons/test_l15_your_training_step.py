@@ -45,3 +45,18 @@ def test_measured_gain_against_the_bound():
 def test_the_step_flops_count_every_layer():
     # 6 FLOPs per multiply-add per sample: in->w, (depth-1) w->w, w->classes
     assert L.step_flops(12, 8, 2, 10, batch=1) == 6 * (12 * 8 + 8 * 8 + 8 * 10)
+
+
+def test_the_fp16_fix_trains_through_a_grad_scaler():
+    """A GPU without bf16 (a T4, a V100) takes this path: fp16 autocast with loss scaling. Run here on
+    the CPU's own autocast and scaler, so the code is exercised where CI runs."""
+    step = L.TrainingStep(L.Options(precision="16-bit"), L.config("tiny"), CPU, passes=1)
+    try:
+        step.half = torch.float16
+        step.scaler = torch.amp.GradScaler("cpu")
+        before = [p.detach().clone() for p in step.model.parameters()]
+        loss = step()
+        assert loss > 0 and step.scaler.get_scale() > 0
+        assert any(not torch.equal(a, p) for a, p in zip(before, step.model.parameters()))   # it trained
+    finally:
+        step.close()
