@@ -27,10 +27,8 @@ with that reason elsewhere, but every case builds and steps on the CPU.
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -39,6 +37,7 @@ from torch.utils.data import default_collate
 
 from gpulab.core.device import resolve_scale
 from gpulab.core.timing import benchmark
+from gpulab.lessons.l03_input_pipeline import quiet_fork
 
 CPU = torch.device("cpu")
 
@@ -130,16 +129,6 @@ def _compute_ms(step, x, y, device) -> float | None:
     return benchmark(lambda: step(x, y), budget_s=0.3, device=device).median_ms
 
 
-@contextlib.contextmanager
-def _quiet_fork():
-    # Python 3.12+ warns about fork() in a process with threads (CUDA's); DataLoader workers never touch
-    # CUDA, which is what makes fork safe here (notebook 03 explains; lesson 03's headline filters the same)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"This process .*is multi-threaded, use of fork",
-                                category=DeprecationWarning)
-        yield
-
-
 class LoaderStep:
     """A training step over a DataLoader: the next batch (the loader starts again when it runs out),
     copied to the device (non_blocking from pinned memory), then `train(x, y)`."""
@@ -150,7 +139,7 @@ class LoaderStep:
     def __call__(self):
         batch = next(self.batches, None) if self.batches is not None else None
         if batch is None:                          # not started, or the loader ran out: start it again
-            with _quiet_fork():
+            with quiet_fork():
                 self.batches = iter(self.loader)
             batch = next(self.batches)
         x, y = batch
@@ -554,7 +543,7 @@ def build_capstone(scale: str, device: torch.device) -> Pair:
     loss_of = job.loss_fn
     if options.compile:
         loss_of = torch.compile(loss_of, mode=options.compile_mode)
-    with _quiet_fork():
+    with quiet_fork():
         inputs = L.Inputs(pool, device, options.loader).__enter__()
 
     def step():

@@ -127,7 +127,6 @@ def pageable_copy(f: Facts) -> Verdict | None:
     """Host<->device copies from pageable memory: staged by the CPU, and they block the host. Share:
     their GPU time plus the idle time while the host staged them; pinned, asynchronous copies can at
     best hide all of it behind compute."""
-    ms = f.pageable_copy_ms + f.idle("pageable_copy")
     share = min(f.busy_share(f.pageable_copy_ms) + f.share(f.idle("pageable_copy")), 1.0)
     if share < PAGEABLE_SHARE_MIN:
         return None

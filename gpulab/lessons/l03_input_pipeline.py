@@ -19,6 +19,7 @@ worker sweep both judge: the step time with 0 workers against the best worker co
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import warnings
@@ -157,6 +158,16 @@ def make_loader(dataset: Dataset, batch_size: int, num_workers: int = 0, pin_mem
     return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
                       pin_memory=pin_memory, persistent_workers=False,
                       prefetch_factor=prefetch_factor if num_workers > 0 else None)
+
+
+@contextlib.contextmanager
+def quiet_fork():
+    """Starting DataLoader workers without Python 3.12+'s warning about fork() in a process with threads
+    (CUDA's): the workers never touch CUDA, which is what makes fork safe here (as notebook 03 explains)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"This process .*is multi-threaded, use of fork",
+                                category=DeprecationWarning)
+        yield
 
 
 def live_workers() -> int:
@@ -299,11 +310,7 @@ def headline(scale: str | None = None) -> Measured:
     if not on_gpu:
         torch.set_num_threads(1)    # as notebook 03 does on the CPU: the step gets one core, the workers the rest
     try:
-        with warnings.catch_warnings():
-            # Python 3.12+ warns about fork() in a process with threads (CUDA's); the workers never
-            # touch CUDA, which is what makes fork safe here (as notebook 03 explains).
-            warnings.filterwarnings("ignore", message=r"This process .*is multi-threaded, use of fork",
-                                    category=DeprecationWarning)
+        with quiet_fork():
             same, n_batches = batches_match(SyntheticImages(length=3 * batch, size=size, passes=passes), batch,
                                             num_workers=check_workers)
             step_ms = {k: loader_run(step, k, batch=batch, size=size, passes=passes, steps=steps, warmup=warmup,

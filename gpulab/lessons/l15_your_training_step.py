@@ -24,7 +24,8 @@ from torch import nn
 from gpulab.core.ceilings import ceilings
 from gpulab.core.device import pick_device, resolve_scale
 from gpulab.core.predict import Plan
-from gpulab.lessons.l03_input_pipeline import SyntheticImages, calibrate_passes, make_loader, usable_workers
+from gpulab.lessons.l03_input_pipeline import (SyntheticImages, calibrate_passes, make_loader, quiet_fork,
+                                                usable_workers)
 from gpulab.models.precision import classification_loss, fp32_math, half_dtype, make_scaler
 
 TITLE = "your own training step"
@@ -146,7 +147,8 @@ class TrainingStep:
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
         data = SyntheticImages(length=cfg["batch"] * cfg["batches"], size=cfg["size"], passes=self.passes, seed=seed)
         self.loader = make_loader(data, cfg["batch"], num_workers=options.workers, pin_memory=options.pinned)
-        self.batches = iter(self.loader)
+        with quiet_fork():
+            self.batches = iter(self.loader)
         self.half = half_dtype() if self.device.type == "cuda" else torch.bfloat16
         # fp16 (a GPU without bf16) trains with loss scaling, as lesson 06 teaches; bf16 needs none
         self.scaler = make_scaler("fp16", self.device) if options.precision == "16-bit" and self.half is torch.float16 else None
@@ -157,7 +159,8 @@ class TrainingStep:
         try:
             return next(self.batches)
         except StopIteration:          # a new pass over the data (the workers start again)
-            self.batches = iter(self.loader)
+            with quiet_fork():
+                self.batches = iter(self.loader)
             return next(self.batches)
 
     def __call__(self):
