@@ -53,6 +53,10 @@ KERNEL_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", 
 # GPU work on the GPU's clock and torch converts it to the host's, and a blocked thread needs a few
 # microseconds to wake up; the two clocks agree to within a few microseconds, not exactly.
 SYNC_GRACE_US = 20.0
+# A kernel launched onto an idle stream starts a few microseconds after its launch call returns (the
+# launch latency, ~5 us on current GPUs, plus the clocks' disagreement above): a wait shorter than this
+# is the launch itself, not work standing ready behind something else (see `waited_on`).
+LAUNCH_GRACE_US = 20.0
 # Python between two PyTorch calls (module __call__, attribute look-ups, the loop) is part of issuing
 # the step's work: a gap between two host events shorter than this counts as "launch". Its order is the
 # per-op host cost lesson 11 measures (tens of microseconds); a longer gap is the learner's own host
@@ -146,7 +150,7 @@ class Facts:
     median_kernel_us: float | None = None
     pageable_copy_ms: float = 0.0   # GPU time of copies from/to pageable host memory
     comm_ms: float = 0.0
-    comm_exposed_ms: float = 0.0    # communication while no compute or copy ran beside it
+    comm_exposed_ms: float = 0.0    # communication that queued work waited for (see `waited_on`)
     gemms: tuple = ()
     tf32_matmul: bool = False
     tf32_cudnn: bool = False
@@ -462,6 +466,8 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
     classes = {e: _class_of(e, ops, tf32_matmul, tf32_cudnn) for e in gpu}
     comm = _union([e for e in gpu if classes[e] == "communication"], span)
     rest = _union([e for e in gpu if classes[e] != "communication"], span)
+    waiting = waited_on(gpu, {e.corr: e.end_us for e in host if e.kind == RUNTIME and e.corr},
+                        lambda e: classes[e] != "communication")
     kernels = [e.dur_us for e in gpu if classes[e] != "copy"]
     per_step = 1e3 * steps      # us in total -> ms per step
     return Facts(
@@ -473,13 +479,36 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
         launches_per_step=sum(1 for e in host if e.kind == RUNTIME and e.name in KERNEL_LAUNCHES
                               and any(a <= e.start_us <= b for a, b in span)) / steps, median_kernel_us=statistics.median(kernels) if kernels else None,
         pageable_copy_ms=length_us(_union(pageable, span)) / per_step,
-        comm_ms=length_us(comm) / per_step, comm_exposed_ms=length_us(subtract(comm, rest)) / per_step,
+        comm_ms=length_us(comm) / per_step, comm_exposed_ms=length_us(intersect(subtract(comm, rest), waiting)) / per_step,
         gemms=tuple(_gemm_facts(gpu, classes, ops, steps)), tf32_matmul=tf32_matmul, tf32_cudnn=tf32_cudnn,
         memory=memory, step_ms=step_ms, flops_per_step=flops_per_step, peak_tflops=peak_tflops,
         peak_source=peak_source, kernel_ceiling_tflops=kernel_ceiling_tflops,
         intervals={"windows": windows, "busy": busy, "idle": stretches,
                    "work": [(e.stream, e.start_us, e.end_us) for e in work]},
     )
+
+
+def waited_on(gpu: Sequence[Event], launched: dict, counts) -> list[tuple[float, float]]:
+    """The time work stood ready but did not run: for each GPU event e for which counts(e) holds, from
+    the moment it could have started - its launch call had returned (`launched`: correlation id -> the
+    call's end) and the work queued before it on its stream had finished - to its start.
+
+    This is what makes communication "exposed": the compute stream waits on the all-reduce (DDP makes
+    it wait before the optimizer's first kernel), so the kernels queued behind it stand ready while only
+    the collective runs. A collective that merely spins in a gap the host left (its kernel waits for the
+    other GPU while this host is still launching) keeps nothing waiting: the next kernel starts as soon
+    as it is launched, and that gap is the host's, not the communication's. Work without a recorded
+    launch counts from its stream's previous end, and the first work on a stream without one never
+    waits. A kernel starts some microseconds after its launch call returns even on an idle GPU, and the
+    two clocks differ by a few: the first LAUNCH_GRACE_US of every wait do not count."""
+    out = []
+    free: dict[int, float] = {}                     # stream -> when its last work ended
+    for e in sorted((e for e in gpu if counts(e)), key=lambda e: e.start_us):
+        ready = max(launched.get(e.corr, -math.inf), free.get(e.stream, -math.inf)) + LAUNCH_GRACE_US
+        if math.isfinite(ready) and e.start_us > ready:
+            out.append((ready, e.start_us))
+        free[e.stream] = max(free.get(e.stream, -math.inf), e.end_us)
+    return merge_intervals(out)
 
 
 def _union(events: Iterable[Event], span) -> list[tuple[float, float]]:

@@ -467,45 +467,53 @@ def build_memory(scale: str, device: torch.device) -> Pair:
 
 
 # -- 8. comm_not_overlapped: DDP's gradient buckets (lesson 14) --------------------------------------
-def build_ddp(scale: str, device: torch.device) -> Pair:
-    """Lesson 14's GPT block stack under DistributedDataParallel, one process per GPU, each on its own
-    part of the batch, trained with SGD in 16-bit autocast. Bad: one gradient bucket for the whole model (lesson 14's
-    "whole model" cap), so the all-reduce starts after the backward pass and nothing hides it. Fixed:
-    DDP's default 25 MiB buckets, each all-reduced while backward computes the rest.
+# Lesson 11's wide MLP, not lesson 14's GPT blocks: lesson 14's model at its batch is host-bound under
+# DDP (two H200s, 2026-11-30, results/bench-h200x2-2026-11-30-suite.json: 429 kernels a step, the GPU
+# idle 74 % of the profiled step), so the all-reduce spins in the host's gaps and the buckets have no
+# GPU work to hide under (lesson 14 measures overlap 0 there, and 25 MiB buckets were slower than one).
+# Eight 4096-wide layers are few, large kernels that keep the GPU busy through backward, and their
+# 134 M parameters give an all-reduce of 537 MB of fp32 gradients for the buckets to hide.
+DDP_SIZES = {"tiny": {"width": 64, "depth": 4, "batch": 64}, "full": {"width": 4096, "depth": 8, "batch": 4096}}
 
-    Full size: lesson 14's model and batch per GPU (6 blocks of 1024, sequences of 512, 8 sequences).
+
+def build_ddp(scale: str, device: torch.device) -> Pair:
+    """Lesson 11's MLP under DistributedDataParallel, one process per GPU, each on its own batch, trained
+    with SGD in 16-bit autocast. Bad: one gradient bucket for the whole model (lesson 14's "whole model"
+    cap), so the all-reduce starts after the backward pass and the optimizer waits for all of it. Fixed:
+    DDP's default 25 MiB buckets, each all-reduced while backward computes the layers before it.
+
     Needs a process group (the suite starts one process per GPU); without one, a group of one process
     (gloo) is made for the call and destroyed by `cleanup`, so the code runs on the CPU too."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from gpulab.lessons.l14_multi_gpu import SIZES, MiB, build_model, global_batch
+    from gpulab.lessons.l11_cuda_graphs import MLP
     from gpulab.models.precision import half_dtype
-    from gpulab.models.transformer import loss_fn
 
     own_group = not dist.is_initialized()
     if own_group:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    sizes = SIZES[resolve_scale(scale)]
-    cfg, batch = sizes["model"], sizes["batch"]
+    cfg = DDP_SIZES[resolve_scale(scale)]
+    w, b = cfg["width"], cfg["batch"]
     rank, world = dist.get_rank(), dist.get_world_size()
-    xg, yg = (t.to(device) for t in global_batch(cfg, batch * world))
-    x, y = xg[rank * batch:(rank + 1) * batch], yg[rank * batch:(rank + 1) * batch]
+    gen = torch.Generator().manual_seed(1 + rank)                 # each process its own batch
+    x, t = (torch.randn(b, w, generator=gen).to(device) for _ in range(2))
     ids = [device.index] if device.type == "cuda" else None
     half = half_dtype() if device.type == "cuda" else torch.bfloat16
 
     def make(bucket_cap_mb: float | None):
-        net = build_model(cfg, device)                    # same seed in every process and both steps
-        model_mib = sum(p.numel() * p.element_size() for p in net.parameters()) / MiB
+        torch.manual_seed(0)                                      # same weights in every process and both steps
+        net = MLP(w, cfg["depth"]).to(device)
+        model_mib = sum(p.numel() * p.element_size() for p in net.parameters()) / 2**20
         ddp = DDP(net, device_ids=ids, bucket_cap_mb=bucket_cap_mb or model_mib * 1.01 + 1)
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
 
         def step():
             opt.zero_grad(set_to_none=True)
             with torch.autocast(device.type, dtype=half):  # Tensor Cores: the comm, not fp32, must show
-                loss = loss_fn(ddp(x), y)
+                loss = ddp(x, t)
             loss.backward()                                 # DDP all-reduces the gradient buckets here
-            opt.step()
+            opt.step()                                      # ...and the optimizer waits for the last one
             return loss.detach()
         return step
 
@@ -513,8 +521,8 @@ def build_ddp(scale: str, device: torch.device) -> Pair:
         if own_group:
             dist.destroy_process_group()
 
-    return Pair(make(None), make(25), sizes=dict(cfg, batch_per_process=batch, processes=world),
-                cleanup=cleanup)
+    params = cfg["depth"] * (w * w + w)
+    return Pair(make(None), make(25), sizes=dict(cfg, parameters=params, processes=world), cleanup=cleanup)
 
 
 # -- the capstone: nothing left to fix (lesson 13) ---------------------------------------------------

@@ -6,6 +6,7 @@ import pytest
 from gpulab.diagnose.analyze import (
     ALIGN_ELEMENTS,
     GLUE_GAP_US,
+    LAUNCH_GRACE_US,
     SYNC_GRACE_US,
     analyze,
     dtype_of,
@@ -203,8 +204,38 @@ def test_busy_by_class_copies_and_communication():
     assert f.busy_by_class == pytest.approx({"gemm_tensor_core": 0.1, "gemm_no_tensor_core": 0.0,
                                              "elementwise_norm": 0.05, "copy": 0.25, "communication": 0.22})
     assert f.pageable_copy_ms == pytest.approx(0.2)
-    assert f.comm_ms == pytest.approx(0.22) and f.comm_exposed_ms == pytest.approx(0.2)
+    assert f.comm_ms == pytest.approx(0.22)
+    assert f.comm_exposed_ms == 0         # nothing was launched that waited for the all-reduce
     assert f.kernels_per_step == 3 and f.median_kernel_us == 100     # copies are not kernels
+
+
+def comm_step(launch_at: float, start_at: float):
+    """A backward kernel, an all-reduce after it on its own stream, and the optimizer's kernel: launched
+    (call returns) at `launch_at`, started at `start_at` on the compute stream."""
+    return [step(0, 1000), call("cudaLaunchKernel", 0, 5, corr=1), kernel("backward", 10, 100, corr=1),
+            kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 100, 400, stream=20),
+            call("cudaLaunchKernel", launch_at - 5, launch_at, corr=2), kernel("sgd", start_at, start_at + 50, corr=2)]
+
+
+def test_exposed_communication_is_what_queued_work_waited_for():
+    # the optimizer's kernel was queued at 50 and stood ready from the backward's end (100) until the
+    # all-reduce ended (400): the all-reduce is exposed, but for the launch grace
+    f = analyze(comm_step(50, 400))
+    assert f.comm_ms == pytest.approx(0.3)
+    assert f.comm_exposed_ms == pytest.approx((300 - LAUNCH_GRACE_US) / 1e3)
+    # the host launched it only at 390 and it started at once: the all-reduce spun in a gap the host
+    # left, and nothing waited for it
+    assert analyze(comm_step(390, 395)).comm_exposed_ms == 0
+    # at the grace's edge: launched at 350, started 20 us later is the launch; 21 us later, 1 us waited
+    assert analyze(comm_step(350, 350 + LAUNCH_GRACE_US)).comm_exposed_ms == 0
+    assert analyze(comm_step(350, 351 + LAUNCH_GRACE_US)).comm_exposed_ms == pytest.approx(0.001)
+
+
+def test_waiting_beside_compute_is_not_exposed_communication():
+    # the optimizer's kernel waits on its stream while another stream computes beside the all-reduce:
+    # only the time in which communication alone ran counts
+    events = comm_step(50, 400) + [kernel("other_stream_gemm", 100, 300, stream=9)]
+    assert analyze(events).comm_exposed_ms == pytest.approx(0.1)
 
 
 # -- GEMMs -----------------------------------------------------------------------------------------
