@@ -473,7 +473,7 @@ def build_memory(scale: str, device: torch.device) -> Pair:
 # GPU work to hide under (lesson 14 measures overlap 0 there, and 25 MiB buckets were slower than one).
 # Eight 4096-wide layers are few, large kernels that keep the GPU busy through backward, and their
 # 134 M parameters give an all-reduce of 537 MB of fp32 gradients for the buckets to hide.
-DDP_SIZES = {"tiny": {"width": 64, "depth": 4, "batch": 64}, "full": {"width": 4096, "depth": 8, "batch": 4096}}
+DDP_SIZES = {"tiny": {"width": 64, "depth": 4, "batch": 64}, "full": {"width": 4096, "depth": 8, "batch": 8192}}
 
 
 def build_ddp(scale: str, device: torch.device) -> Pair:
