@@ -393,9 +393,15 @@ def build_fp32(scale: str, device: torch.device) -> Pair:
 # -- 6. misaligned_gemm: the padded vocabulary (lesson 07) ------------------------------------------
 def build_misaligned(scale: str, device: torch.device) -> Pair:
     """Lesson 07's GPT (GPT-2 small at full size: vocabulary 50257, 12 blocks of 768, sequences of
-    1024, batch 8) trained in 16-bit with AdamW, as notebook 07 does. Bad: the head multiplies over
-    50257 rows, not a multiple of 8. Fixed: `padded_copy(model, 64)`, 50304 rows, the same weights
-    (the padding rows are zero and the loss reads only the real vocabulary)."""
+    1024) trained in 16-bit with AdamW, as notebook 07 does, on twice lesson 07's batch (16 at full
+    size). Bad: the head multiplies over 50257 rows, not a multiple of 8. Fixed: `padded_copy(model,
+    64)`, 50304 rows, the same weights (the padding rows are zero and the loss reads only the real
+    vocabulary).
+
+    Why twice the batch: at lesson 07's, the padded step's GPU work (29 ms on an H200) is about what its
+    host needs to launch it (30.7 to 39.1 ms a step on two H200 hosts, 2026-11-30, results/bench-h200x2-
+    2026-11-30-s6.json and -s7.json), so on a slower host the fixed step turns launch-bound and the
+    padding's gain hides behind the host. Twice the rows double the GPU's work, not the host's."""
     from gpulab.lessons.l06_mixed_precision import FIRST_LOSS_TOLERANCE
     from gpulab.lessons.l07_tensor_core_alignment import config
     from gpulab.models.gpt import GPT, padded_copy, token_batches
@@ -407,7 +413,8 @@ def build_misaligned(scale: str, device: torch.device) -> Pair:
     torch.manual_seed(0)
     model = GPT(lm["vocab"], lm["n_blocks"], lm["width"], lm["heads"], lm["seq"], device=device)
     padded = padded_copy(model, 64)
-    batches = token_batches(model, lm["batch"], count=2)
+    batch = 2 * lm["batch"]
+    batches = token_batches(model, batch, count=2)
 
     def make(m):
         opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
@@ -419,7 +426,7 @@ def build_misaligned(scale: str, device: torch.device) -> Pair:
 
     return Pair(make(model), make(padded), tolerance=FIRST_LOSS_TOLERANCE[half],
                 why_tolerance=f"{half}: the padded head's products round in another order",
-                sizes=dict(lm, padded_vocab=padded.padded_vocab, half=half))
+                sizes=dict(lm, batch=batch, padded_vocab=padded.padded_vocab, half=half))
 
 
 # -- 7. memory_pressure: the caching allocator defeated (lesson 02) ---------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -165,8 +166,9 @@ def _memory_facts(before: dict | None, after: dict | None, device: torch.device)
         peak_reserved_bytes=int(after.get("reserved_bytes.all.peak", 0)), total_bytes=int(total))
 
 
-def _profile(step: Callable, steps: int, device: torch.device, trace_path: str | None):
-    """The events of `steps` profiled steps, and the allocator's statistics around them."""
+def _profile(step: Callable, steps: int, device: torch.device, trace_path: str | None, record: bool = True):
+    """The events of `steps` profiled steps, and the allocator's statistics around them. With `record`
+    False the same steps run without the profiler, and (None, None) comes back."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -174,12 +176,14 @@ def _profile(step: Callable, steps: int, device: torch.device, trace_path: str |
         sync(device)
         torch.cuda.reset_peak_memory_stats(device)
     before = _memory_stats(device)
-    with profile(activities=activities, record_shapes=True, with_flops=True) as prof:
+    with profile(activities=activities, record_shapes=True, with_flops=True) if record else nullcontext() as prof:
         _run(step, "profiled steps")     # unmarked: the marked steps then start with work queued, as in training
         for _ in range(steps):
             with record_function(STEP_RANGE):
                 _run(step, "profiled steps")
         sync(device)
+    if not record:
+        return None, None
     after = _memory_stats(device)
     events = from_profiler(prof)         # before the export: kineto's save may consume its trace
     if trace_path is not None:
@@ -245,10 +249,16 @@ def peak_16bit(device: torch.device) -> tuple[float | None, str]:
 
 def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, device: torch.device | None = None,
              flops_per_step: float | None = None, peak_tflops: float | None = None,
-             trace_path: str | None = None, label: str = "") -> Diagnosis:
+             trace_path: str | None = None, label: str = "", profile: bool = True) -> Diagnosis | None:
     """Diagnose one training step (a callable with no arguments: fetch a batch, forward, backward,
     optimizer step, zero_grad). See the module docstring for what runs; `Diagnosis.report()` says
-    what was found."""
+    what was found.
+
+    `profile=False` runs every step a diagnosis runs, in the same order, without the profiler, and
+    returns None: for the other processes of a multi-process job (DDP), whose collectives must meet the
+    diagnosed one's step for step. Profile one process: the profiler slows the process it records, and a
+    collective on a recorded process waits for its recorded peers, so two recorded processes see longer
+    collectives than either runs unrecorded."""
     _check_args(step, warmup, steps, flops_per_step, peak_tflops)
     device = torch.device(device) if device is not None else pick_device()
     notes = []
@@ -271,9 +281,11 @@ def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, dev
                      f"{NVML_MIN_S:g} s; NVML's figure is the percent of time over its past sample period (1/6 s to 1 s, "
                      "by product) during which one or more kernels ran, so over a shorter time it reads the idle "
                      "before and after")
-    events, memory = _profile(step, steps, device, trace_path)
+    events, memory = _profile(step, steps, device, trace_path, record=profile)
     if flops_per_step is None:
         flops_per_step = count_flops(step)
+    if not profile:
+        return None
         if flops_per_step is None:
             notes.append("FlopCounterMode counted no FLOPs in the step: pass flops_per_step for an MFU")
     if peak_tflops is not None:

@@ -333,9 +333,10 @@ def _plain(x):
 
 
 # -- running it -------------------------------------------------------------------------------------
-def diagnose_pair(case: Case, scale: str, device: torch.device, progress=None) -> CaseResult:
+def diagnose_pair(case: Case, scale: str, device: torch.device, progress=None, profile: bool = True) -> CaseResult:
     """Build `case` here, check it (correct before fast) and diagnose both steps; the pair's cleanup
-    runs whatever happens."""
+    runs whatever happens. `profile=False`: the same steps, unrecorded (the other ranks of a
+    multi-process case; `diagnose`'s `profile`), and no outcomes."""
     say = progress or (lambda _: None)
     pair = None
     result = CaseResult(case.name, case.rule, case.lesson, "error")
@@ -354,8 +355,10 @@ def diagnose_pair(case: Case, scale: str, device: torch.device, progress=None) -
             if step is None:
                 continue
             say(f"{case.name}: diagnosing the {which} step")
-            d = diagnose(step, device=device, flops_per_step=pair.flops_per_step, label=f"{case.name}/{which}")
-            outcomes[which] = Outcome.of(d)
+            d = diagnose(step, device=device, flops_per_step=pair.flops_per_step, label=f"{case.name}/{which}",
+                         profile=profile)
+            if d is not None:
+                outcomes[which] = Outcome.of(d)
             del d
         result.bad, result.fixed = outcomes.get("bad"), outcomes.get("fixed")
         result.status = "ran"
@@ -404,7 +407,8 @@ def run_suite(scale: str | None = None, cases=None, progress: Callable[[str], No
 # -- several GPUs: one process each ------------------------------------------------------------------
 def run_distributed(case: Case, scale: str, nproc: int, progress=None, timeout_s: float = 900) -> CaseResult:
     """`case` in `nproc` processes, one per GPU (torchrun, NCCL, lesson 14's environment: NVLink
-    multicast off); every rank runs the steps, rank 0 reports. A failure becomes an "error" result."""
+    multicast off); every rank runs the steps, rank 0 alone under the profiler, and reports. A failure
+    becomes an "error" result."""
     from gpulab.lessons.l14_multi_gpu import launch_env
 
     (progress or (lambda _: None))(f"{case.name}: {nproc} processes")
@@ -434,7 +438,7 @@ def _worker(name: str, scale: str, out: str) -> int:
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
     try:
-        result = diagnose_pair(CASES[name], scale, device)
+        result = diagnose_pair(CASES[name], scale, device, profile=rank == 0)
         if rank == 0:
             Path(out).write_text(json.dumps(asdict(result), default=_plain))
         dist.barrier()

@@ -155,3 +155,22 @@ def test_a_gpu_diagnosis_from_hand_built_events_reports_everything():
         assert part in text, part
     assert isinstance(d.plot(), Figure)
     assert json.loads(json.dumps(d.to_dict()))["memory"]["total_bytes"] == 2**34
+
+
+def test_an_unprofiled_follower_runs_the_steps_a_diagnosis_runs():
+    # the other ranks of a multi-process job run step for step with the diagnosed one, unrecorded
+    from gpulab.diagnose.core import CHUNKS
+
+    def counted(fn):
+        calls = []
+
+        def step():
+            calls.append(1)
+            fn()
+        return step, calls
+
+    led, led_calls = counted(mlp_step())
+    followed, follow_calls = counted(mlp_step())
+    assert isinstance(diagnose(led, warmup=1, steps=2, device=CPU, peak_tflops=1.0), Diagnosis)
+    assert diagnose(followed, warmup=1, steps=2, device=CPU, peak_tflops=1.0, profile=False) is None
+    assert len(follow_calls) == len(led_calls) >= 1 + CHUNKS * 2 + 1 + 2 + 1
