@@ -73,12 +73,13 @@ class Outcome:
     skipped: dict = field(default_factory=dict)      # rule -> why it did not run here
     mfu: float | None = None
     report: str = ""
+    busy_by_class: dict = field(default_factory=dict)   # ms of GPU time per kernel class, profiled
 
     @classmethod
     def of(cls, d) -> Outcome:
         spread = d.step_spread_ms / d.step_ms if d.step_ms else 0.0
         return cls(d.label, d.step_ms, spread, d.profiled_step_ms, [v.to_dict() for v in d.verdicts],
-                   dict(d.skipped), d.mfu, d.report())
+                   dict(d.skipped), d.mfu, d.report(), dict(d.busy_by_class))
 
     def fired(self) -> dict[str, dict]:
         return {v["rule"]: v for v in self.verdicts}
@@ -225,9 +226,30 @@ def check_gain(c: CaseResult) -> Check:
     why = (f"{t_bad:.3g} -> {t_fixed:.3g} ms per step: gain {gain:.3g}x against the bound {bound:.3g}x "
            f"({'within' if within else 'ABOVE'} it, spread {noise:.0%}); saved {saved:.3g} of the {promised:.3g} ms "
            f"promised ({kept:.0%}, {'at least' if enough else 'LESS than'} {PROMISE_KEPT_MIN:.0%})")
+    if not enough:
+        why += _slower_kernels(c)
     if c.bad.top and c.bad.top["rule"] != c.rule:
         why += f"; note: the top verdict was {_fmt(c.bad.top)}"
     return Check(name, within and enough, why)
+
+
+# A kernel class "grew" in the fixed step when its GPU time rose by more than this share: the profiled
+# times of one class repeat within a few percent from run to run.
+GREW_MIN = 0.05
+
+
+def _slower_kernels(c: CaseResult) -> str:
+    """Where a promise went: the kernel classes that took longer in the fixed step than in the bad one,
+    other than communication (the work a fix hides, not work it should leave alone). A bound assumes
+    the rest of the step is unchanged by the fix; work running beside the hidden part may slow down."""
+    bad, fixed = c.bad.busy_by_class, c.fixed.busy_by_class
+    grew = [(k, fixed[k] - bad.get(k, 0.0)) for k in fixed
+            if k != "communication" and fixed[k] > bad.get(k, 0.0) * (1 + GREW_MIN) and fixed[k] - bad.get(k, 0.0) > 0]
+    if not grew:
+        return ""
+    parts = ", ".join(f"{k} +{ms:.3g} ms" for k, ms in sorted(grew, key=lambda kv: -kv[1]))
+    return (f"; the fixed step's own kernels took longer (profiled GPU time per step: {parts}), "
+            "which the bound takes as unchanged")
 
 
 def check_correct(c: CaseResult) -> Check:

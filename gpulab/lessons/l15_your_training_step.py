@@ -194,3 +194,20 @@ def measured_gain(before_ms: float, after_ms: float, bound: float) -> dict:
     saved = 1.0 - after_ms / before_ms
     return {"speedup": before_ms / after_ms, "bound": bound, "saved_share": saved, "promised_share": promised,
             "of_promised": saved / promised if promised > 0 else None}
+
+
+def where_it_went(before, after, top: int = 3) -> list[tuple[str, float]]:
+    """The `top` largest changes from diagnosis `before` to diagnosis `after`, in ms per step, largest
+    first: the GPU's idle time by cause (as the rules read it: scaled to the unprofiled step) and its
+    busy time by kernel class (profiled). Negative: time the fix removed. A fix's saving beyond its
+    verdict's promise shows here as time it removed from another cause."""
+    from gpulab.diagnose.analyze import CAUSES, CLASSES
+
+    changes = {f"idle {c}": after.facts.idle(c) - before.facts.idle(c) for c in CAUSES}
+    changes.update({f"busy {k}": after.busy_by_class.get(k, 0.0) - before.busy_by_class.get(k, 0.0) for k in CLASSES})
+    return sorted(changes.items(), key=lambda kv: -abs(kv[1]))[:top]
+
+
+def fmt_changes(changes: list[tuple[str, float]]) -> str:
+    """`where_it_went`'s answer as one line: "idle input -3.1 ms, busy copy -1.2 ms"."""
+    return ", ".join(f"{name} {ms:+.2g} ms" for name, ms in changes)

@@ -206,3 +206,17 @@ def test_the_gain_must_stay_within_the_bound_and_keep_half_its_promise():
     assert ok is False and "LESS than 50%" in why
     silent = ran("input_bound", "03", outcome(), outcome())
     assert check_gain(silent).ok is False and "did not fire" in check_gain(silent).why
+
+
+def test_a_kept_short_promise_says_which_kernels_grew():
+    # the 2 x H200 DDP case (s8): overlapping the all-reduce slowed the GEMMs beside it
+    bad = outcome(verdict("comm_not_overlapped", 0.159), step_ms=13.1)
+    fixed = outcome(step_ms=12.1)
+    bad.busy_by_class = {"gemm_tensor_core": 7.96, "elementwise_norm": 2.77, "copy": 0.361, "communication": 2.12}
+    fixed.busy_by_class = {"gemm_tensor_core": 9.14, "elementwise_norm": 2.96, "copy": 0.365, "communication": 3.25}
+    ok, why = check_gain(ran("comm_not_overlapped", "14", bad, fixed))[1:]
+    assert ok is False and "LESS than 50%" in why
+    assert "gemm_tensor_core +1.18 ms, elementwise_norm +0.19 ms" in why
+    assert "copy" not in why.split("took longer")[1] and "communication +" not in why
+    # a promise kept says nothing about them
+    assert "took longer" not in check_gain(ran("comm_not_overlapped", "14", bad, outcome(step_ms=11.1))).why
