@@ -15,6 +15,8 @@ comes last and only when nothing else fired.
 """
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -93,6 +95,33 @@ def verdict(rule: str, bottleneck: str, lesson: str, share: float, evidence: str
 
 def pct(x: float) -> str:
     return f"{100 * x:.1f} %"
+
+
+# -- a fix against its promise -----------------------------------------------------------------------
+# A fix must save at least this share of what its verdict promised (issue 17).
+PROMISE_KEPT_MIN = 0.5
+# The gain may exceed the bound by the step timings' own spread (before + after, relative), and by at
+# least this floor: a judgement, since three chunks of a few steps on the host clock rarely repeat closer.
+NOISE_FLOOR = 0.01
+
+
+def judge_gain(before_ms: float, after_ms: float, bound: float | None, spread_before: float = 0.0,
+               spread_after: float = 0.0) -> dict:
+    """A fix's measured gain against its verdict's Amdahl bound (None: no bound, infinite), from two
+    unprofiled step times and their relative spreads. In time: `promised_ms` = before - before / bound
+    (what the bound allowed the fix to save), `saved_ms` = before - after, `of_promised` their ratio.
+    `within`: it saved at most the promise, give or take the steps' spread (the ratio before / after
+    magnifies a small error in `after` when the promise is most of the step); `enough`: it saved at
+    least PROMISE_KEPT_MIN of the promise; `of_promised_max`: the largest `of_promised` still within."""
+    bound = math.inf if bound is None else bound
+    promised = before_ms - before_ms / bound
+    saved = before_ms - after_ms
+    noise = max(spread_before + spread_after, NOISE_FLOOR)
+    of_promised = saved / promised if promised > 0 else math.inf
+    return {"speedup": before_ms / after_ms, "bound": bound, "promised_ms": promised, "saved_ms": saved,
+            "of_promised": of_promised, "noise": noise,
+            "of_promised_max": 1 + noise * before_ms / promised if promised > 0 else math.inf,
+            "within": saved <= promised + noise * before_ms, "enough": of_promised >= PROMISE_KEPT_MIN}
 
 
 # -- the rules -------------------------------------------------------------------------------------

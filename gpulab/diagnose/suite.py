@@ -42,6 +42,7 @@ import torch
 from gpulab.core.device import pick_device, resolve_scale
 from gpulab.diagnose import RULES, diagnose
 from gpulab.diagnose.cases import CASES, Case, agree
+from gpulab.diagnose.rules import PROMISE_KEPT_MIN, judge_gain
 
 RULE_NAMES = tuple(r.__name__ for r in RULES)
 # Column heads of the matrix (a rule not listed shows its own name)
@@ -53,11 +54,6 @@ LESSON_HITS_MIN = 0.90
 # On the capstone no verdict that proposes a fix may promise more than 10 % (bound 1 / (1 - 0.1) ~ 1.11;
 # the issue states it as "more than 10 %" of speed, so the bound itself is held to 1.10).
 CAPSTONE_BOUND_MAX = 1.10
-# A fix must save at least this share of what its verdict promised (issue 17).
-PROMISE_KEPT_MIN = 0.5
-# The gain may exceed the bound by the step timings' own spread (bad + fixed, relative), and by at
-# least this floor: a judgement, since three chunks of a few steps on the host clock rarely repeat closer.
-NOISE_FLOOR = 0.01
 
 
 # -- what the suite keeps of a diagnosis ------------------------------------------------------------
@@ -213,19 +209,12 @@ def check_gain(c: CaseResult) -> Check:
     t_bad, t_fixed = c.bad.step_ms, c.fixed.step_ms
     if not t_bad or not t_fixed:
         return Check(name, False, "no step time measured")
-    bound = math.inf if v.get("bound") is None else v["bound"]
-    gain = t_bad / t_fixed
-    promised = t_bad - t_bad / bound              # ms the bound allowed the fix to save
-    saved = t_bad - t_fixed
-    noise = max(c.bad.step_spread + c.fixed.step_spread, NOISE_FLOOR)
-    kept = saved / promised if promised > 0 else math.inf
-    # the bound in time: the fix saves at most the promised ms, give or take the steps' own spread (the
-    # ratio t_bad / t_fixed magnifies a small error in t_fixed when the promise is most of the step)
-    within = saved <= promised + noise * t_bad
-    enough = kept >= PROMISE_KEPT_MIN
-    why = (f"{t_bad:.3g} -> {t_fixed:.3g} ms per step: gain {gain:.3g}x against the bound {bound:.3g}x "
-           f"({'within' if within else 'ABOVE'} it, spread {noise:.0%}); saved {saved:.3g} of the {promised:.3g} ms "
-           f"promised ({kept:.0%}, {'at least' if enough else 'LESS than'} {PROMISE_KEPT_MIN:.0%})")
+    g = judge_gain(t_bad, t_fixed, v.get("bound"), c.bad.step_spread, c.fixed.step_spread)
+    within, enough = g["within"], g["enough"]
+    why = (f"{t_bad:.3g} -> {t_fixed:.3g} ms per step: gain {g['speedup']:.3g}x against the bound {g['bound']:.3g}x "
+           f"({'within' if within else 'ABOVE'} it, spread {g['noise']:.0%}); saved {g['saved_ms']:.3g} of the "
+           f"{g['promised_ms']:.3g} ms promised ({g['of_promised']:.0%}, {'at least' if enough else 'LESS than'} "
+           f"{PROMISE_KEPT_MIN:.0%})")
     if not enough:
         why += _slower_kernels(c)
     if c.bad.top and c.bad.top["rule"] != c.rule:

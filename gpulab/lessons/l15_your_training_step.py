@@ -187,13 +187,20 @@ class TrainingStep:
         del self.loader
 
 
-def measured_gain(before_ms: float, after_ms: float, bound: float) -> dict:
-    """What a fix bought against what its verdict promised: the speed-up, and the saved share of the
-    step against the share the bound allowed (bound = 1 / (1 - share))."""
-    promised = 1.0 - 1.0 / bound
-    saved = 1.0 - after_ms / before_ms
-    return {"speedup": before_ms / after_ms, "bound": bound, "saved_share": saved, "promised_share": promised,
-            "of_promised": saved / promised if promised > 0 else None}
+def measured_gain(before_ms: float, after_ms: float, bound: float, spread_before: float = 0.0,
+                  spread_after: float = 0.0) -> dict:
+    """What a fix bought against what its verdict promised (bound = 1 / (1 - share)), judged as the
+    diagnosis suite judges its cases (`gpulab.diagnose.rules.judge_gain`, with the steps' relative
+    spreads): the speed-up, the time saved against the time promised ("of_promised"), whether that is
+    within the promise give or take the spread ("within") and at least half of it ("enough"); and the
+    same as shares of the step ("saved_share", "promised_share")."""
+    from gpulab.diagnose.rules import judge_gain
+
+    g = judge_gain(before_ms, after_ms, bound, spread_before, spread_after)
+    g.update(saved_share=g["saved_ms"] / before_ms, promised_share=g["promised_ms"] / before_ms)
+    if g["promised_ms"] <= 0:
+        g["of_promised"] = None
+    return g
 
 
 def where_it_went(before, after, top: int = 3) -> list[tuple[str, float]]:

@@ -40,6 +40,15 @@ def test_measured_gain_against_the_bound():
     g = L.measured_gain(100.0, 20.0, bound=5.0)                  # promised 80 % of the step, saved 80 %
     assert g["speedup"] == pytest.approx(5.0) and g["of_promised"] == pytest.approx(1.0)
     assert L.measured_gain(100.0, 60.0, bound=2.0)["of_promised"] == pytest.approx(0.8)
+    # an H200 run where pinning saved 120 % of its promise (16.77 -> 10.62 ms, bound 1.438x; results/h200-
+    # 2026-11-30-n15b.json): within it if the steps spread as widely as the pinned step did in the next run
+    # (6 of 11.5 ms), beyond it if they repeat within 1 %
+    g = L.measured_gain(16.77, 10.62, bound=1.438, spread_before=0.0, spread_after=0.52)
+    assert g["of_promised"] == pytest.approx(1.20, abs=0.01) and g["within"] and g["enough"]
+    assert g["of_promised_max"] > g["of_promised"]
+    over = L.measured_gain(16.77, 10.62, bound=1.438, spread_before=0.01, spread_after=0.01)
+    assert not over["within"] and over["of_promised_max"] < over["of_promised"]
+    assert L.measured_gain(10.0, 10.0, bound=1.0)["of_promised"] is None     # nothing promised
 
 
 def test_the_step_flops_count_every_layer():
