@@ -64,7 +64,7 @@ PREDICTOR_RUNS = [
     ("h200-2026-11-30-s5-course-timings.tsv", "h200-2026-11-30-s5-course.json"),      # the newest: 00-09
     ("h200-2026-11-30-s5-course-2-timings.tsv", "h200-2026-11-30-s5-course.json"),    # and 10-14
     # two H200s: notebook 15 only (14's plan is for one GPU, and says so: with two it runs another plan)
-    ("h200x2-2026-11-30-final-timings.tsv", "h200x2-2026-11-30-final.json", ("15",)),
+    ("h200x2-2026-11-30-s9-timings.tsv", "h200x2-2026-11-30-s9.json", ("15",)),
 ]
 
 
