@@ -223,6 +223,14 @@ class Facts:
         return out
 
 
+# -- comparing two steps -----------------------------------------------------------------------------
+def changes(before: dict, after: dict) -> list[tuple[str, float]]:
+    """after - before for every key of either (ms per step, say), the largest change first: where a
+    fix's time went between two diagnoses of the same step."""
+    keys = list(dict.fromkeys([*before, *after]))
+    return sorted(((k, after.get(k, 0.0) - before.get(k, 0.0)) for k in keys), key=lambda kv: -abs(kv[1]))
+
+
 # -- interval helpers ------------------------------------------------------------------------------
 def length_us(intervals: Iterable[tuple[float, float]]) -> float:
     return sum(b - a for a, b in intervals)

@@ -41,6 +41,7 @@ import torch
 
 from gpulab.core.device import pick_device, resolve_scale
 from gpulab.diagnose import RULES, diagnose
+from gpulab.diagnose.analyze import changes
 from gpulab.diagnose.cases import CASES, Case, agree
 from gpulab.diagnose.rules import PROMISE_KEPT_MIN, judge_gain
 
@@ -130,13 +131,22 @@ def _fmt(v: dict) -> str:
     return f"{v['rule']} {100 * v['share']:.0f} % (bound {bound}, lesson {v['lesson']})"
 
 
-def check_fires(c: CaseResult) -> Check:
-    name = f"{c.rule} fires on {c.name}/bad"
+def _not_read(c: CaseResult, name: str, outcome_of) -> Check | None:
+    """`_not_run`, or skipped where the case's rule did not run on the step `outcome_of(c)` (why)."""
     early = _not_run(c, name)
     if early:
         return early
-    if c.rule in c.bad.skipped:
-        return Check(name, None, f"skipped: {c.bad.skipped[c.rule]}")
+    step = outcome_of(c)
+    if c.rule in step.skipped:
+        return Check(name, None, f"skipped: {step.skipped[c.rule]}")
+    return None
+
+
+def check_fires(c: CaseResult) -> Check:
+    name = f"{c.rule} fires on {c.name}/bad"
+    early = _not_read(c, name, lambda c: c.bad)
+    if early:
+        return early
     v = c.bad.fired().get(c.rule)
     if v is None:
         seen = ", ".join(_fmt(x) for x in c.bad.verdicts) or "nothing"
@@ -148,11 +158,9 @@ def check_fires(c: CaseResult) -> Check:
 
 def check_silent(c: CaseResult) -> Check:
     name = f"{c.rule} silent on {c.name}/fixed"
-    early = _not_run(c, name)
+    early = _not_read(c, name, lambda c: c.fixed)
     if early:
         return early
-    if c.rule in c.fixed.skipped:
-        return Check(name, None, f"skipped: {c.fixed.skipped[c.rule]}")
     v = c.fixed.fired().get(c.rule)
     if v is not None:
         return Check(name, False, f"fired on the fixed step: {_fmt(v)}")
@@ -199,13 +207,12 @@ def check_gain(c: CaseResult) -> Check:
     """The fix's measured gain against its verdict's Amdahl bound: at most the bound (within the
     timings' spread) and at least half of the time the bound promised."""
     name = f"{c.name}: measured gain within the bound, at least half its promise"
-    early = _not_run(c, name)
+    early = _not_read(c, name, lambda c: c.bad)
     if early:
         return early
     v = c.bad.fired().get(c.rule)
     if v is None:
-        return Check(name, False if c.rule not in c.bad.skipped else None,
-                     f"{c.rule} did not fire on the bad step: no bound to hold the fix to")
+        return Check(name, False, f"{c.rule} did not fire on the bad step: no bound to hold the fix to")
     t_bad, t_fixed = c.bad.step_ms, c.fixed.step_ms
     if not t_bad or not t_fixed:
         return Check(name, False, "no step time measured")
@@ -231,12 +238,12 @@ def _slower_kernels(c: CaseResult) -> str:
     """Where a promise went: the kernel classes that took longer in the fixed step than in the bad one,
     other than communication (the work a fix hides, not work it should leave alone). A bound assumes
     the rest of the step is unchanged by the fix; work running beside the hidden part may slow down."""
-    bad, fixed = c.bad.busy_by_class, c.fixed.busy_by_class
-    grew = [(k, fixed[k] - bad.get(k, 0.0)) for k in fixed
-            if k != "communication" and fixed[k] > bad.get(k, 0.0) * (1 + GREW_MIN) and fixed[k] - bad.get(k, 0.0) > 0]
+    bad = c.bad.busy_by_class
+    grew = [(k, ms) for k, ms in changes(bad, c.fixed.busy_by_class)
+            if k != "communication" and ms > GREW_MIN * bad.get(k, 0.0) and ms > 0]
     if not grew:
         return ""
-    parts = ", ".join(f"{k} +{ms:.3g} ms" for k, ms in sorted(grew, key=lambda kv: -kv[1]))
+    parts = ", ".join(f"{k} +{ms:.3g} ms" for k, ms in grew)
     return (f"; the fixed step's own kernels took longer (profiled GPU time per step: {parts}), "
             "which the bound takes as unchanged")
 

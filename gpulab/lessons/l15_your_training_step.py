@@ -208,11 +208,12 @@ def where_it_went(before, after, top: int = 3) -> list[tuple[str, float]]:
     first: the GPU's idle time by cause (as the rules read it: scaled to the unprofiled step) and its
     busy time by kernel class (profiled). Negative: time the fix removed. A fix's saving beyond its
     verdict's promise shows here as time it removed from another cause."""
-    from gpulab.diagnose.analyze import CAUSES, CLASSES
+    from gpulab.diagnose.analyze import CAUSES, changes
 
-    changes = {f"idle {c}": after.facts.idle(c) - before.facts.idle(c) for c in CAUSES}
-    changes.update({f"busy {k}": after.busy_by_class.get(k, 0.0) - before.busy_by_class.get(k, 0.0) for k in CLASSES})
-    return sorted(changes.items(), key=lambda kv: -abs(kv[1]))[:top]
+    def times(d) -> dict:
+        return {**{f"idle {c}": d.facts.idle(c) for c in CAUSES},
+                **{f"busy {k}": ms for k, ms in d.busy_by_class.items()}}
+    return changes(times(before), times(after))[:top]
 
 
 def fmt_changes(changes: list[tuple[str, float]]) -> str:

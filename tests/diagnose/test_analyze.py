@@ -355,3 +355,10 @@ def test_on_a_gpu_item_every_step_is_charged_to_sync():
     d = diagnose(gpu_step(None, sync_every_step=True, n=256), warmup=2, steps=5, flops_per_step=1.0)
     assert d.idle_by_cause["sync"] > 0, d.report()
     assert d.busy_ms + d.idle_ms == pytest.approx(d.profiled_step_ms)
+
+
+def test_changes_lists_every_key_largest_change_first():
+    from gpulab.diagnose.analyze import changes
+
+    got = changes({"copy": 2.0, "gemm": 5.0}, {"gemm": 5.5, "comm": 1.0})
+    assert got == [("copy", -2.0), ("comm", 1.0), ("gemm", 0.5)]

@@ -220,3 +220,10 @@ def test_a_kept_short_promise_says_which_kernels_grew():
     assert "copy" not in why.split("took longer")[1] and "communication +" not in why
     # a promise kept says nothing about them
     assert "took longer" not in check_gain(ran("comm_not_overlapped", "14", bad, outcome(step_ms=11.1))).why
+
+
+def test_a_gain_check_on_a_rule_skipped_here_says_why():
+    bad = outcome(step_ms=10.0)
+    bad.skipped = {"comm_not_overlapped": "needs a GPU: NCCL communication kernels run only there"}
+    check = check_gain(ran("comm_not_overlapped", "14", bad, outcome(step_ms=9.0)))
+    assert check.ok is None and check.why == "skipped: needs a GPU: NCCL communication kernels run only there"
