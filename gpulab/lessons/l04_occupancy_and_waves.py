@@ -324,6 +324,7 @@ def kernel_resources(compiled: Any) -> KernelResources:
     """
     md = compiled.metadata
     if getattr(compiled, "n_regs", None) is None and hasattr(compiled, "_init_handles"):
+        # Triton 3.x has no public call for this: the first launch runs it; guarded by hasattr above
         compiled._init_handles()          # load the binary: fills n_regs and n_spills
     return KernelResources(name=str(getattr(compiled, "name", None) or getattr(md, "name", "?")),
                            num_warps=int(md.num_warps), registers_per_thread=int(compiled.n_regs),

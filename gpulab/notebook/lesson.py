@@ -82,6 +82,8 @@ def _skip_cell(lines: list[str]) -> list[str]:
 def _on_setting_error(shell, etype, value, tb, tb_offset=None):
     """IPython custom exception handler for SettingError (see `install_setup_guard`)."""
     stopped = not _started
+    # IPython's protocol, not a private name: an exception with `_render_traceback_` is shown as the lines
+    # it returns instead of a traceback (IPython.core.interactiveshell.InteractiveShell.showtraceback)
     value._render_traceback_ = lambda: setting_error_lines(value, stopped)
     shell.showtraceback()                   # sends the (short) error to the notebook, as any error
     if stopped and _skip_cell not in shell.input_transformers_cleanup:
