@@ -4,11 +4,15 @@
   event launched inside it: the host returns from `step()` while the GPU is still working.
 - **Busy and idle.** Busy is the union of all GPU work in the windows, every stream merged (a moment
   with two kernels running counts once); idle is the rest of the windows.
-- **Why the GPU was idle.** Each idle stretch is charged to what the host was doing *when the GPU ran
-  dry* (the stretch's start): the GPU ran out of work because the host was busy with that instead of
-  queueing work ahead, and the time until the host queued the next kernel is that cause's cost. If the
-  host then goes on to wait for something stronger (a batch, a copy, a sync, the allocator) while the
-  GPU is still dry, the rest of the stretch is charged to that. See `HostActivity.cause` and `.charge`.
+- **What the host spent the step on.** The GPU idles because the host did not queue work in time, so
+  the host's own timeline is the evidence: the thread that runs the step is cut into what it did, by
+  cause (`host_causes`): making the batch (a DataLoader's `__next__`, a "gpulab.data" range, and
+  everything the host did before it copied the batch to the GPU: data made in the main thread needs no
+  annotation), blocked in a synchronizing call (`.item()`, `.cpu()`, a blocking copy), staging a
+  pageable copy, in the allocator, issuing GPU work (PyTorch's ops and the framework's Python), or
+  running the user's own Python (found with the profiler's stacks). A fix that takes a cause's time off
+  the host's path can save at most that time, and at most the GPU's idle time (`Facts.idle`): the step
+  cannot get shorter than the GPU's own work. Each cause keeps the lines of the user's code it came from.
 - **Kernel classes.** By the kernel's name (cuBLAS / cuBLASLt / CUTLASS / cuDNN naming) and by the
   launching op's dtypes and the TF32 switches (see `kernel_class`).
 - **GEMMs.** Per matrix-product op: GPU time, FLOPs, dtype, shapes, and whether its M, N, K suit the
@@ -20,8 +24,8 @@ Every figure in `Facts` is per profiled step (the profiled steps' total divided 
 """
 from __future__ import annotations
 
-import bisect
 import math
+import os
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -31,21 +35,25 @@ from gpulab.diagnose.events import (
     DATA_RANGE,
     GPU,
     OP,
+    PY,
     RUNTIME,
     STEP_RANGE,
     Event,
+    fmt_site,
     step_ranges,
 )
 
-CAUSES = ("input", "sync", "pageable_copy", "allocator", "launch", "other")
-STRONG = ("input", "pageable_copy", "sync", "allocator")      # causes that take over an idle stretch
-CLASSES = ("gemm_tensor_core", "gemm_no_tensor_core", "elementwise_norm", "copy", "communication")
+CAUSES = ("input", "sync", "pageable_copy", "allocator", "launch", "host_code", "other")
+CLASSES = ("gemm_tensor_core", "gemm_no_tensor_core", "gemm_unknown", "elementwise_norm", "copy", "communication")
 
 
 # Host calls that launch one kernel each (the runtime's and the driver's; cuBLAS and Triton use the
 # driver's). A replayed CUDA graph launches all its kernels with one cudaGraphLaunch, not counted here.
 KERNEL_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                    "cudaLaunchCooperativeKernel")
+# Host calls that put any work on the GPU's queue: a kernel, a copy, a memset, a graph replay.
+QUEUEING = KERNEL_LAUNCHES + ("cudaMemcpyAsync", "cudaMemsetAsync", "cudaGraphLaunch", "cuMemcpyAsync",
+                              "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemsetD8Async", "cuGraphLaunch")
 
 
 # -- thresholds of the analysis (the rules' own are in rules.py) -----------------------------------
@@ -58,10 +66,19 @@ SYNC_GRACE_US = 20.0
 # is the launch itself, not work standing ready behind something else (see `waited_on`).
 LAUNCH_GRACE_US = 20.0
 # Python between two PyTorch calls (module __call__, attribute look-ups, the loop) is part of issuing
-# the step's work: a gap between two host events shorter than this counts as "launch". Its order is the
-# per-op host cost lesson 11 measures (tens of microseconds); a longer gap is the learner's own host
-# work ("other").
+# the step's work: a stretch the profiler saw nothing in, shorter than this, counts as "launch". Its
+# order is the per-op host cost lesson 11 measures (tens of microseconds); a longer one is "other".
 GLUE_GAP_US = 100.0
+# A PyTorch op that queues no GPU work and runs longer than this computes on the CPU (a view or a
+# dispatch takes a few microseconds): the user's own CPU work, not issuing the GPU's.
+CPU_OP_US = 50.0
+# The batch's copy to the GPU: the first host-to-device copy of a step at least this large. A scalar
+# made on the GPU from a Python number (a learning rate, a step count) is a copy of a few bytes.
+BATCH_COPY_MIN_BYTES = 1024
+# A pageable copy smaller than this is a read-back of a value (`.cpu()` of a metric): its cost is the
+# synchronization, not the staging (lesson 05: copies under about 64 KiB are latency-bound, and pinning
+# them buys nothing measurable).
+PAGEABLE_MIN_BYTES = 64 * 1024
 # 16-bit GEMMs whose M, N or K is not a multiple of 8 elements (16 bytes) miss the Tensor Cores' tile
 # shape: cuBLAS before CUDA 11 did not use Tensor Cores for them at all, later versions pad and lose
 # efficiency (NVIDIA, "Matrix Multiplication Background User's Guide", Tensor Core requirements).
@@ -75,6 +92,10 @@ SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
               "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2",
               "aten::item", "aten::_local_scalar_dense")
 SCALAR_READS = ("aten::item", "aten::_local_scalar_dense")
+# The runtime calls in which the host waits for the GPU (the blocked time a sync costs).
+BLOCKING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+                  "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2",
+                  "cudaStreamWaitEvent_host")
 ALLOC_CALLS = ("cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsync", "cudaHostAlloc", "cudaFreeHost",
                "cuMemAlloc_v2", "cuMemFree_v2", "cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemRelease",
                "cuMemAddressReserve", "cuMemAddressFree", "cuMemSetAccess")
@@ -98,6 +119,8 @@ GEMM_NAMES = ("gemm", "gemv", "splitk", "xmma", "cutlass", "nvjet", "s16816", "s
               "flash", "fmha", "triton_tem_")
 # ...that never run on Tensor Cores: fp32 SIMT kernels and matrix-vector products.
 NO_TENSOR_CORE_NAMES = ("sgemm", "simt", "gemv", "dgemm", "dot_kernel", "gemmsn", "gemmk1", "convolve_sgemm")
+# ...that run TF32 (an fp32 op on the Tensor Cores, whatever switch was read when): cuBLAS / cuDNN names.
+TF32_NAMES = ("tf32",)
 # ...that do: the MMA instruction shapes in cuBLAS/CUTLASS names (s16816 = bf16/fp16 m16n8k16,
 # s1688 = tf32 m16n8k8, h884/h1688 = Volta/Turing fp16), Hopper's nvjet, and the input precision.
 TENSOR_CORE_NAMES = ("s16816", "s1688", "h884", "h1688", "h16816", "i8816", "hmma", "wmma", "tensorop",
@@ -107,16 +130,49 @@ TENSOR_CORE_NAMES = ("s16816", "s1688", "h884", "h1688", "h16816", "i8816", "hmm
 # -- facts -----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MemoryFacts:
-    """The caching allocator around the profiled steps (torch.cuda.memory_stats, mem_get_info)."""
+    """The caching allocator around the profiled steps (torch.cuda.memory_stats), against the memory this
+    process may use: the GPU's, or less under a per-process cap (`set_per_process_memory_fraction`, a
+    GPULAB_PROFILE). Allocated is what tensors hold; reserved adds the allocator's cache of free blocks,
+    which it reuses and gives back under pressure, so only allocated memory says the step is near full."""
 
     alloc_retries: int              # num_alloc_retries during the steps: cudaMalloc failed, cache freed, retried
     inactive_split_bytes: int       # inactive_split_bytes.all.current after the steps: free pieces of used blocks
     peak_reserved_bytes: int        # reserved_bytes.all.peak during the steps
-    total_bytes: int                # the GPU's memory (mem_get_info)
+    total_bytes: int                # the memory this process may use: the GPU's, or its cap
+    peak_allocated_bytes: int = 0   # allocated_bytes.all.peak during the steps: what tensors held at most
+    cap_source: str = ""            # where total_bytes comes from ("the GPU's memory", "a per-process cap...")
+    steps: int = 1                  # profiled steps the retries were counted over
 
     @property
     def peak_reserved_frac(self) -> float:
         return self.peak_reserved_bytes / self.total_bytes if self.total_bytes else 0.0
+
+    @property
+    def peak_allocated_frac(self) -> float:
+        return self.peak_allocated_bytes / self.total_bytes if self.total_bytes else 0.0
+
+    @property
+    def cached_bytes(self) -> int:
+        """The allocator's cache at the peak: reserved but held by no tensor (reusable)."""
+        return max(self.peak_reserved_bytes - self.peak_allocated_bytes, 0)
+
+
+@dataclass(frozen=True)
+class StallFacts:
+    """Steps much longer than the typical one in the timed window (host clock, steps back to back)."""
+
+    step_ms: tuple                  # every timed step's host time, in order
+    slow: tuple                     # indices of the steps longer than STALL_FACTOR x the median
+    median_ms: float                # the typical step: the median chunk without a slow step (GPU work included)
+    mean_ms: float                  # the mean step over every chunk of the window
+    period: int | None              # steps between slow steps, when they repeat evenly
+    site: str = ""                  # the user's line the slow step spent its extra time on, where found
+    site_ms: float = 0.0            # how much longer that line took in the slow step than in a typical one
+
+    @property
+    def excess_ms(self) -> float:
+        """What the slow steps cost per step: the mean step over the typical one."""
+        return max(self.mean_ms - self.median_ms, 0.0)
 
 
 @dataclass(frozen=True)
@@ -131,6 +187,7 @@ class GemmFact:
     flops: float                    # per step
     tensor_cores: bool
     misaligned: bool                # 16-bit with M, N or K not a multiple of ALIGN_ELEMENTS
+    math: str = ""                  # how it ran: "fp32" (CUDA cores), "tf32", "bf16", "fp16", "fp8", "" unknown
 
 
 @dataclass(frozen=True)
@@ -163,7 +220,32 @@ class Facts:
     # known, else the measured peak. A measured peak is not a ceiling for every shape (some GEMMs run
     # faster than notebook 00's best), so the rules' "time a faster kernel can save" divides by this.
     kernel_ceiling_tflops: float | None = None
-    intervals: dict = field(default_factory=dict, repr=False)   # for the plot: windows, busy, idle
+    # -- what the host spent the step on (ms per profiled step on the thread that runs it) and where
+    host_by_cause: dict = field(default_factory=dict)
+    host_sites: dict = field(default_factory=dict)       # cause -> ((user's line, library line, ms), ...)
+    syncs: tuple = ()               # (user's line, library line, ms blocked per step, calls per step)
+    hidden_syncs: tuple = ()        # (user's line, library line, calls): torch.cuda.set_sync_debug_mode's finds
+    pageable_copies: tuple = ()     # (user's line, ms of host time per step, bytes per step)
+    precopy_ms: float = 0.0         # host time before the batch's copy to the GPU (made in the main thread)
+    # -- patterns of the course's later lessons (ms per profiled step)
+    transpose_ms: float = 0.0       # layout conversions (NCHW <-> NHWC) around convolutions (lesson 07)
+    attention_math_ms: float = 0.0  # attention computed as matmul + softmax over (T, T) scores (lesson 13)
+    attention_math_flops: float = 0.0
+    attention_shape: tuple = ()     # (T, T) of the largest score matrix seen
+    optimizer_host_ms: float = 0.0  # the host in optimizer.step() (its record_function range)
+    optimizer_gpu_ms: float = 0.0   # the GPU time of the kernels it queued
+    optimizer_kernels: float = 0.0  # per step
+    optimizer_fused: bool | None = None   # a fused optimizer kernel ran (None: no optimizer range seen)
+    optimizer_name: str = ""
+    copy_exposed_ms: float = 0.0    # non-pageable copies of >= 1 MiB while no kernel ran (lesson 08)
+    ddp_forwards: float = 0.0       # DistributedDataParallel forwards per step (micro-batches)
+    comm_early_ms: float = 0.0      # communication queued before the step's last DDP forward (lesson 10)
+    data_parallel_ms: float = 0.0   # host time inside nn.DataParallel's forward (lesson 14)
+    compiled_regions: float = 0.0   # torch.compile'd regions entered per step
+    between_regions_ms: float = 0.0  # host time between two compiled regions of a step (graph breaks)
+    compile: dict = field(default_factory=dict)   # dynamo's counters around the timed steps (core.py)
+    stalls: StallFacts | None = None
+    intervals: dict = field(default_factory=dict, repr=False)   # for the plot: windows, busy, idle, host
 
     @property
     def base_ms(self) -> float:
@@ -172,17 +254,42 @@ class Facts:
         return self.step_ms or self.window_ms
 
     @property
+    def base_idle_ms(self) -> float:
+        """The unprofiled step's idle: the step minus the GPU's busy time (kernels barely change under the
+        profiler, the host's work does)."""
+        return max(self.base_ms - self.busy_ms, 0.0)
+
+    @property
+    def host_scale(self) -> float:
+        """The unprofiled step over the profiled one (at most 1): the profiler adds host time to every op and
+        Python call, so host times measured under it are scaled by this to the step a fix speeds up."""
+        if not self.window_ms or not self.step_ms:
+            return 1.0
+        return min(self.step_ms / self.window_ms, 1.0)
+
+    @property
     def idle_scale(self) -> float:
-        """Unprofiled idle over profiled idle. The profiler adds host time to every op, so the GPU idles
-        longer under it than without it; the unprofiled step minus the busy time (kernel times barely
-        change under the profiler) is the idle there is, and each cause keeps its share of it."""
+        """Unprofiled idle over profiled idle (for the report's idle lines)."""
         if self.idle_ms <= 0:
             return 0.0
-        return max(self.base_ms - self.busy_ms, 0.0) / self.idle_ms
+        return self.base_idle_ms / self.idle_ms
+
+    def host(self, cause: str) -> float:
+        """ms per unprofiled step the host spent on `cause` (profiled, scaled by host_scale)."""
+        return self.host_by_cause.get(cause, 0.0) * self.host_scale
 
     def idle(self, cause: str) -> float:
-        """ms per unprofiled step the GPU idled for `cause` (the profiled idle, scaled by idle_scale)."""
-        return self.idle_by_cause.get(cause, 0.0) * self.idle_scale
+        """The most of the unprofiled step a fix that takes `cause` off the host's path can save: the host's
+        time in it, and no more than the GPU's idle time (the step cannot get shorter than the GPU's work)."""
+        if not self.on_gpu:
+            return self.host(cause)
+        return min(self.host(cause), self.base_idle_ms)
+
+    def sites(self, cause: str, top: int = 3) -> str:
+        """The user's lines `cause`'s host time came from, largest first: "train.py:12 (make_batch) 30 ms"."""
+        rows = self.host_sites.get(cause, ())[:top]
+        return ", ".join(f"{site}{' via ' + via if via and via != site else ''} ({ms:.3g} ms)"
+                         for site, via, ms in rows)
 
     def share(self, ms: float) -> float:
         """`ms` as a fraction of the unprofiled step (`base_ms`), at most 1."""
@@ -219,7 +326,8 @@ class Facts:
         """The facts as plain values, without the plot's intervals (thousands of them)."""
         out = asdict(self)
         del out["intervals"]
-        out.update(tflops=self.tflops, mfu=self.mfu, base_ms=self.base_ms, idle_scale=self.idle_scale)
+        out.update(tflops=self.tflops, mfu=self.mfu, base_ms=self.base_ms, idle_scale=self.idle_scale,
+                   host_scale=self.host_scale, base_idle_ms=self.base_idle_ms)
         return out
 
 
@@ -273,17 +381,30 @@ def is_gemm(name: str, op: str = "") -> bool:
     return any(t in low for t in GEMM_NAMES) or (op in MATMUL_OPS + ATTENTION_OPS and "elementwise" not in low)
 
 
-def uses_tensor_cores(name: str, dtype: str = "", tf32: bool = False) -> bool:
-    """Whether a GEMM kernel ran on Tensor Cores: the name first where it is explicit, then the launching
-    op's dtype (fp32 without TF32 cannot; 16-bit, fp8 and fp32 with TF32 do)."""
+def uses_tensor_cores(name: str, dtype: str = "", tf32: bool = False) -> bool | None:
+    """Whether a GEMM kernel ran on Tensor Cores: the name first where it says (an fp32 SIMT kernel, a
+    TF32 or 16-bit MMA shape), then the launching op's dtype and TF32 switch (fp32 without TF32 cannot;
+    16-bit, fp8 and fp32 with TF32 do); None when neither tells (a kernel whose op was not recorded)."""
     low = name.lower()
     if any(t in low for t in NO_TENSOR_CORE_NAMES):
         return False
+    if any(t in low for t in TF32_NAMES):
+        return True
     if dtype in ("fp32", "fp64") and not (dtype == "fp32" and tf32):
         return False
     if any(t in low for t in TENSOR_CORE_NAMES):
         return True
-    return dtype in ("bf16", "fp16", "fp8") or (dtype == "fp32" and tf32) or dtype == ""
+    if dtype in ("bf16", "fp16", "fp8") or (dtype == "fp32" and tf32):
+        return True
+    return None
+
+
+def kernel_math(name: str, dtype: str = "", tf32: bool = False) -> str:
+    """How a GEMM kernel computed: "fp32" (CUDA cores), "tf32", "bf16", "fp16", "fp8", or "" (unknown)."""
+    tc = uses_tensor_cores(name, dtype, tf32)
+    if dtype == "fp32":
+        return "" if tc is None else "tf32" if tc else "fp32"
+    return dtype if tc else ""
 
 
 def kernel_class(name: str, op: str = "", dtype: str = "", tf32: bool = False) -> str:
@@ -295,7 +416,8 @@ def kernel_class(name: str, op: str = "", dtype: str = "", tf32: bool = False) -
     if "nccl" in low:
         return "communication"
     if is_gemm(name, op):
-        return "gemm_tensor_core" if uses_tensor_cores(name, dtype, tf32) else "gemm_no_tensor_core"
+        tc = uses_tensor_cores(name, dtype, tf32)
+        return "gemm_unknown" if tc is None else "gemm_tensor_core" if tc else "gemm_no_tensor_core"
     return "elementwise_norm"
 
 
@@ -331,110 +453,216 @@ def misaligned(op: str, shapes: Sequence[tuple], dtype: str) -> bool:
     return dtype in ("bf16", "fp16") and dims is not None and any(d % ALIGN_ELEMENTS for d in dims[1:])
 
 
-# -- idle attribution ------------------------------------------------------------------------------
-class HostActivity:
-    """What the host threads were doing over time: `cause(t)` for each moment the GPU ran dry.
-
-    Built once per analysis; asking for non-decreasing t sweeps the events once (a learner's step can
-    hold thousands of ops and as many idle stretches).
-    """
-
-    def __init__(self, host: Sequence[Event], pageable_ops: Iterable[int] = (), pageable_calls: Iterable[int] = (),
-                 step_name: str = STEP_RANGE):
-        self.step_name = step_name
-        self.events = sorted(host, key=lambda e: e.start_us)
-        self.pageable_ops, self.pageable_calls = set(pageable_ops), set(pageable_calls)
-        self.steps = [e for e in self.events if e.name == step_name]
-        self.starts: dict[int, list[float]] = {}
-        self.ends: dict[int, list[float]] = {}
-        for e in self.events:
-            if e.name != step_name:
-                self.starts.setdefault(e.stream, []).append(e.start_us)
-                self.ends.setdefault(e.stream, []).append(e.end_us)
-        for ends in self.ends.values():
-            ends.sort()
-        self._starts = [e.start_us for e in self.events]
-        self._next, self._live, self._t = 0, [], -math.inf
-
-    def active(self, t: float) -> list[Event]:
-        """Host events running at t, and synchronizing calls that returned at most SYNC_GRACE_US before.
-        A copy from pageable memory is one of them: CUDA synchronizes the stream before a pageable copy
-        starts (it waits for the work queued before it) and returns once the data is staged, and PyTorch's
-        blocking copy (`non_blocking=False`) then waits for the copy itself: the GPU runs dry as it returns."""
-        if t < self._t:
-            self._next, self._live = 0, []
-        self._t = t
-        while self._next < len(self.events) and self.events[self._next].start_us <= t:
-            self._live.append(self.events[self._next])
-            self._next += 1
-        self._live = [e for e in self._live if e.end_us >= t - SYNC_GRACE_US]
-        return [e for e in self._live if e.end_us > t or e.name in SYNC_CALLS
-                or (e.kind == RUNTIME and e.corr in self.pageable_calls)]
-
-    def in_glue_gap(self, t: float) -> bool:
-        """Whether t falls in a short gap (GLUE_GAP_US) between two host events of one thread inside a
-        step: Python running between two PyTorch calls."""
-        steps = [s for s in self.steps if s.start_us <= t <= s.end_us]
-        for thread, starts in self.starts.items():
-            ends = self.ends[thread]
-            inside = [s for s in steps if s.stream == thread]
-            before = ends[bisect.bisect_right(ends, t) - 1] if bisect.bisect_right(ends, t) else None
-            after_i = bisect.bisect_right(starts, t)
-            after = starts[after_i] if after_i < len(starts) else None
-            lo = max([x for x in [before] + [s.start_us for s in inside] if x is not None], default=None)
-            hi = min([x for x in [after] + [s.end_us for s in inside] if x is not None], default=None)
-            if lo is not None and hi is not None and hi - lo <= GLUE_GAP_US:
-                return True
-        return False
-
-    def cause(self, t: float) -> str:
-        """What the host was doing at t, when the GPU ran dry, by priority:
-
-        1. "input": inside a DataLoader's `__next__` (`enumerate(DataLoader)#...`) or a "gpulab.data" range;
-        2. "pageable_copy": inside a copy op or `cudaMemcpyAsync` that moved pageable memory (its wait for
-           the copy included: pinned memory with non_blocking=True is the fix, not removing a sync) - but
-           not inside `.item()`, whose tiny copy only serves to read a number;
-        3. "sync": inside (or just out of: SYNC_GRACE_US) a synchronizing call (SYNC_CALLS, `.item()`);
-        4. "allocator": inside cudaMalloc/cudaFree and their relatives (ALLOC_CALLS);
-        5. "launch": inside any other op or runtime call, or in a short gap between two (GLUE_GAP_US);
-        6. "other": none of these (the learner's own host work, or nothing recorded).
-        """
-        active = self.active(t)
-        names = {e.name for e in active}
-        if any(e.kind == OP and e.name.startswith(INPUT_RANGES) for e in active):
-            return "input"
-        if not names & set(SCALAR_READS) and any(
-                (e.kind == OP and e.corr in self.pageable_ops) or
-                (e.kind == RUNTIME and e.corr in self.pageable_calls) for e in active):
-            return "pageable_copy"
-        if names & set(SYNC_CALLS):
-            return "sync"
-        if names & set(ALLOC_CALLS):
-            return "allocator"
-        if any(e.name != self.step_name and e.end_us > t for e in active) or self.in_glue_gap(t):
-            return "launch"
-        return "other"
+# -- the host's timeline ------------------------------------------------------------------------------
+def is_op(e: Event) -> bool:
+    """A PyTorch operator ("aten::mm", "c10d::allreduce_"), not a record_function range ("gpulab.step")."""
+    return e.kind == OP and "::" in e.name
 
 
-    def charge(self, a: float, b: float) -> list[tuple[float, float, str]]:
-        """An idle stretch [a, b] cut into (start, end, cause) pieces: the cause at its start, until the
-        host enters a different strong cause (STRONG: input, pageable_copy, sync, allocator), which takes
-        the rest. The GPU stays dry while the host goes on to wait for a batch or a copy, and the refill
-        after a wait is that wait's cost; a weak cause (launch, other) never takes over."""
-        pieces, cur, at = [], self.cause(a), a
-        for e in self.events[bisect.bisect_right(self._starts, a):bisect.bisect_left(self._starts, b)]:
-            c = self.cause(e.start_us)
-            if c in STRONG and c != cur:
-                pieces.append((at, e.start_us, cur))
-                cur, at = c, e.start_us
-        pieces.append((at, b, cur))
-        return [p for p in pieces if p[1] > p[0]]
+def innermost_frames(frames: Sequence[Event]) -> list[tuple[float, float, Event, bool]]:
+    """The Python frames of one thread cut into (start, end, innermost frame, under a library frame):
+    frames nest, and at each moment the innermost one is what runs. `under a library frame`: the frame
+    runs inside a call into a library (the user's `forward`, called by `model(x)`), so its time is part
+    of issuing the library's work rather than the user's own."""
+    out, stack, t = [], [], None
+
+    def emit(upto: float) -> None:
+        nonlocal t
+        if stack and t is not None and upto > t:
+            out.append((t, upto, stack[-1][0], stack[-1][1]))
+        t = upto
+
+    for f in sorted(frames, key=lambda e: (e.start_us, -e.end_us)):
+        while stack and stack[-1][0].end_us <= f.start_us:
+            emit(stack[-1][0].end_us)
+            stack.pop()
+        emit(f.start_us)
+        under = bool(stack) and (stack[-1][1] or not stack[-1][0].user)
+        stack.append((f, under))
+    while stack:
+        emit(stack[-1][0].end_us)
+        stack.pop()
+    return out
 
 
-def idle_cause(host: Sequence[Event], t: float, pageable_ops: Iterable[int] = (),
-               pageable_calls: Iterable[int] = ()) -> str:
-    """`HostActivity(host, ...).cause(t)` for one moment t."""
-    return HostActivity(host, pageable_ops, pageable_calls).cause(t)
+def frame_site(frame: Event) -> tuple:
+    """Where time inside `frame` belongs in the user's code: the user's own function (file, its first line,
+    its name), or the user's line that called into a library or C function."""
+    return frame.code if frame.user and frame.code else frame.site
+
+
+def labelled_overlaps(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]):
+    """(start, end, index into b) for every overlap of two sorted lists of disjoint intervals."""
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo < hi:
+            out.append((lo, hi, j))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _outermost(events: Sequence[Event]) -> list[Event]:
+    """The events (of one thread) not inside another."""
+    out, end = [], -math.inf
+    for e in sorted(events, key=lambda e: (e.start_us, -e.end_us)):
+        if e.start_us >= end:
+            out.append(e)
+            end = e.end_us
+        else:
+            end = max(end, e.end_us)
+    return out
+
+
+def _spans(events: Iterable[Event]) -> list[tuple[float, float]]:
+    return merge_intervals((e.start_us, e.end_us) for e in events if e.end_us > e.start_us)
+
+
+def _contains(outer: Sequence[Event], points: Sequence[float]) -> list[Event]:
+    """The events of `outer` (disjoint, sorted) that contain at least one of the sorted `points`."""
+    out, j = [], 0
+    for e in outer:
+        while j < len(points) and points[j] < e.start_us:
+            j += 1
+        if j < len(points) and points[j] <= e.end_us:
+            out.append(e)
+    return out
+
+
+@dataclass
+class HostTimeline:
+    """The step's host thread cut into causes (`host_causes`): merged intervals per cause, the user's lines
+    each cause's time came from, the synchronizations and pageable copies one by one."""
+
+    by_cause: dict                  # cause -> sorted disjoint (start, end) us
+    sites: dict                     # cause -> {(site, via): us}
+    syncs: dict                     # (site, via) -> [us blocked, calls]
+    pageable: dict                  # site -> [us host, bytes]
+    precopy_us: float
+
+
+def host_causes(events: Sequence[Event], windows: Sequence[tuple[float, float]], span: list,
+                gpu: Sequence[Event], step_name: str = STEP_RANGE, on_gpu: bool = True) -> HostTimeline:
+    """What the thread that runs the step spent `span` on, by cause, in this order of precedence:
+
+    1. "input": inside a DataLoader's `__next__` or a "gpulab.data" range;
+    2. "pageable_copy": staging a copy from or to pageable memory (of at least PAGEABLE_MIN_BYTES),
+       its wait included;
+    3. "sync": blocked in a call that waits for the GPU (BLOCKING_CALLS: `.item()`, `.cpu()`, a blocking
+       copy's stream synchronize, `torch.cuda.synchronize()`);
+    4. "allocator": in cudaMalloc / cudaFree and their relatives;
+    5. "input" again: anything else before the step copies its batch to the GPU (its first host-to-device
+       copy of at least BATCH_COPY_MIN_BYTES) that queues no GPU work: the batch made in the main thread;
+    6. "launch": in PyTorch ops that queue GPU work;
+    7. "host_code": the user's own Python (a function of the user's code, not called from inside a
+       library) and PyTorch ops that compute on the CPU (longer than CPU_OP_US, queueing nothing);
+    8. "launch": the rest of PyTorch and the framework's Python (module calls, the optimizer's loop, the
+       autograd engine working on its own thread while this one waits in `backward()`), and stretches
+       the profiler saw nothing in shorter than GLUE_GAP_US;
+    9. "other": longer stretches the profiler saw nothing in.
+
+    On the CPU (`on_gpu` False) the ops are the device's work, not the host's: they count in no cause.
+
+    Syncs, allocator calls and pageable copies on another thread (autograd's, during `backward()`) count
+    too: this thread waits for that one then."""
+    mains = {e.stream for e in events if e.kind == OP and e.name == step_name}
+    working = mains | {e.stream for e in events if e.kind == RUNTIME}
+    on_main = [e for e in events if e.stream in mains and e.kind in (OP, RUNTIME, PY)]
+    ops = {e.corr: e for e in events if e.kind == OP and e.corr}
+    calls = {e.corr: e for e in events if e.kind == RUNTIME and e.corr}
+    runtime = [e for e in events if e.kind == RUNTIME and e.stream in working]
+    frames = [e for e in on_main if e.kind == PY]
+    segments = innermost_frames(frames)
+
+    def site_at(thread: int, t: float) -> tuple:
+        if thread not in mains:
+            return ()
+        for a, b, f, _ in segments:          # few segments contain t; a linear scan is fine per call
+            if a <= t < b:
+                return frame_site(f)
+        return ()
+
+    # pageable copies: their launch calls and the ops that made them (which wait for them)
+    pageable_gpu = [e for e in gpu if is_pageable(e) and (e.nbytes == 0 or e.nbytes >= PAGEABLE_MIN_BYTES)
+                    and ops.get(e.op_id, Event(OP, "", 0, 0)).name not in SCALAR_READS]
+    pageable_host, pageable = [], {}
+    for e in pageable_gpu:
+        host = [x for x in (calls.get(e.corr), ops.get(e.op_id)) if x is not None and x.stream in working]
+        pageable_host += host
+        op = ops.get(e.op_id)
+        site = fmt_site(op.site if op is not None and op.site else
+                        site_at(host[0].stream, host[0].start_us) if host else ())
+        row = pageable.setdefault(site, [0.0, 0])
+        row[0] += max((x.dur_us for x in host), default=0.0)
+        row[1] += e.nbytes
+    blocking = [e for e in runtime if e.name in BLOCKING_CALLS]
+    syncs: dict = {}
+    for e in blocking:
+        op = ops.get(e.op_id)
+        key = (fmt_site(op.site if op is not None and op.site else site_at(e.stream, e.start_us)),
+               fmt_site(op.via) if op is not None else "")
+        row = syncs.setdefault(key, [0.0, 0])
+        row[0] += e.dur_us
+        row[1] += 1
+
+    main_ops = [e for e in on_main if is_op(e)]
+    top_ops = _outermost(main_ops)
+    queue_points = sorted(e.start_us for e in runtime if e.stream in mains and e.name in QUEUEING)
+    launching = _contains(top_ops, queue_points)
+    launching_ids = {id(e) for e in launching}
+    cpu_ops = [e for e in top_ops if id(e) not in launching_ids and e.dur_us >= CPU_OP_US]
+
+    # the batch's copy: each step's first host-to-device copy of some size, launched from this thread
+    precopy = []
+    for lo, hi in windows:
+        firsts = [calls[g.corr].start_us for g in gpu if "htod" in g.name.lower() and g.corr in calls
+                  and calls[g.corr].stream in mains and lo <= calls[g.corr].start_us <= hi
+                  and (g.nbytes == 0 or g.nbytes >= BATCH_COPY_MIN_BYTES)]
+        if firsts:
+            precopy.append((lo, min(firsts)))
+
+    user_top = merge_intervals((a, b) for a, b, f, under in segments if f.user and not under)
+    framework = merge_intervals((a, b) for a, b, f, under in segments if not (f.user and not under))
+    inputs = _spans(e for e in on_main if e.kind == OP and e.name.startswith(INPUT_RANGES))
+
+    rest, by_cause = list(span), {c: [] for c in CAUSES}
+
+    def take(cause: str, intervals) -> None:
+        nonlocal rest
+        piece = intersect(rest, merge_intervals(intervals))
+        if piece:
+            by_cause[cause] = merge_intervals(by_cause[cause] + piece)
+            rest = subtract(rest, piece)
+
+    take("input", inputs)
+    take("pageable_copy", _spans(pageable_host))
+    take("sync", _spans(blocking))
+    take("allocator", _spans(e for e in runtime if e.name in ALLOC_CALLS))
+    if not on_gpu:
+        rest = subtract(rest, _spans(main_ops))
+    launch_spans = _spans(launching)
+    take("launch", intersect(precopy, launch_spans))
+    take("input", precopy)
+    take("launch", launch_spans)
+    take("host_code", merge_intervals(_spans(cpu_ops) + user_top))
+    take("launch", merge_intervals(framework + _spans(main_ops) + _spans(e for e in runtime if e.stream in mains)))
+    take("launch", [(a, b) for a, b in rest if b - a <= GLUE_GAP_US])
+    take("other", rest)
+
+    sites: dict = {c: {} for c in CAUSES}
+    labelled = [(a, b) for a, b, _, _ in segments]
+    for cause, intervals in by_cause.items():
+        if cause == "sync":
+            continue
+        for lo, hi, i in labelled_overlaps(intervals, labelled):
+            key = (fmt_site(frame_site(segments[i][2])), "")
+            sites[cause][key] = sites[cause].get(key, 0.0) + (hi - lo)
+    for key, (us, _) in syncs.items():
+        sites["sync"][key] = sites["sync"].get(key, 0.0) + us
+    return HostTimeline(by_cause, sites, syncs, pageable, length_us(precopy))
 
 
 # -- the analysis ----------------------------------------------------------------------------------
@@ -442,7 +670,8 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
             tf32_matmul: bool = False, tf32_cudnn: bool = False, memory: MemoryFacts | None = None,
             step_ms: float | None = None, flops_per_step: float | None = None,
             peak_tflops: float | None = None, peak_source: str = "",
-            kernel_ceiling_tflops: float | None = None) -> Facts:
+            kernel_ceiling_tflops: float | None = None, hidden_syncs: tuple = (), compile: dict | None = None,
+            stalls: StallFacts | None = None) -> Facts:
     """Facts from the events of the profiled steps (each inside a `step_name` host range)."""
     events = list(events)
     windows = step_windows(events, step_name)
@@ -450,9 +679,7 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
         raise ValueError(f"no {step_name!r} ranges among the events: profile each step inside "
                          f"torch.profiler.record_function({step_name!r}) (diagnose() does)")
     steps = len(windows)
-    # One span from the first step's start to the last one's end: the steps run back to back, and an idle
-    # stretch that began in one step (the GPU ran dry during its `.item()`) and goes on into the next is
-    # one stretch with one cause, not a new one at the next step's first line.
+    # One span from the first step's start to the last one's end: the steps run back to back.
     span = [(windows[0][0], max(hi for _, hi in windows))]
     host = [e for e in events if e.kind in (OP, RUNTIME)]
     threads = _working_threads(host, step_name)
@@ -462,15 +689,13 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
     busy = _union(work, span)
     idle = subtract(span, busy)
 
-    pageable = [e for e in gpu if is_pageable(e)]
-    activity = HostActivity(host, {e.op_id for e in pageable if e.op_id}, {e.corr for e in pageable if e.corr},
-                            step_name)
-    stretches = [piece for a, b in idle for piece in activity.charge(a, b)]
-    causes = dict.fromkeys(CAUSES, 0.0)
-    for a, b, cause in stretches:
-        causes[cause] += b - a
+    timeline = host_causes(events, windows, span, gpu, step_name, on_gpu)
+    idle_by = {c: length_us(intersect(idle, timeline.by_cause[c])) for c in CAUSES}
+    idle_by["other"] += max(length_us(idle) - sum(idle_by.values()), 0.0)
+    pieces = sorted((a, b, c) for c, iv in timeline.by_cause.items() for a, b in iv)
 
     ops = {e.corr: e for e in events if e.kind == OP and e.corr}
+    calls = {e.corr: e for e in events if e.kind == RUNTIME and e.corr}
     classes = {e: _class_of(e, ops, tf32_matmul, tf32_cudnn) for e in gpu}
     comm = _union([e for e in gpu if classes[e] == "communication"], span)
     rest = _union([e for e in gpu if classes[e] != "communication"], span)
@@ -478,22 +703,125 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
                         lambda e: classes[e] != "communication")
     kernels = [e.dur_us for e in gpu if classes[e] != "copy"]
     per_step = 1e3 * steps      # us in total -> ms per step
+
+    def top(rows: dict, n: int = 5) -> tuple:
+        return tuple((site, via, us / per_step) for (site, via), us in
+                     sorted(rows.items(), key=lambda kv: -kv[1])[:n] if us > 0)
+
+    patterns = _patterns(events, gpu, classes, ops, calls, windows, span, step_name)
     return Facts(
         on_gpu=on_gpu, steps=steps, window_ms=length_us(span) / per_step,
         busy_ms=length_us(busy) / per_step, idle_ms=length_us(idle) / per_step,
-        idle_by_cause={c: v / per_step for c, v in causes.items()},
+        idle_by_cause={c: v / per_step for c, v in idle_by.items()},
         busy_by_class={c: length_us(_union([e for e in gpu if classes[e] == c], span)) / per_step for c in CLASSES},
         kernels_per_step=len(kernels) / steps,
         launches_per_step=sum(1 for e in host if e.kind == RUNTIME and e.name in KERNEL_LAUNCHES
-                              and any(a <= e.start_us <= b for a, b in span)) / steps, median_kernel_us=statistics.median(kernels) if kernels else None,
-        pageable_copy_ms=length_us(_union(pageable, span)) / per_step,
+                              and any(a <= e.start_us <= b for a, b in span)) / steps,
+        median_kernel_us=statistics.median(kernels) if kernels else None,
+        pageable_copy_ms=length_us(_union([e for e in gpu if is_pageable(e)], span)) / per_step,
         comm_ms=length_us(comm) / per_step, comm_exposed_ms=length_us(intersect(subtract(comm, rest), waiting)) / per_step,
-        gemms=tuple(_gemm_facts(gpu, classes, ops, steps)), tf32_matmul=tf32_matmul, tf32_cudnn=tf32_cudnn,
+        gemms=tuple(_gemm_facts(gpu, classes, ops, steps, tf32_matmul, tf32_cudnn)), tf32_matmul=tf32_matmul, tf32_cudnn=tf32_cudnn,
         memory=memory, step_ms=step_ms, flops_per_step=flops_per_step, peak_tflops=peak_tflops,
         peak_source=peak_source, kernel_ceiling_tflops=kernel_ceiling_tflops,
-        intervals={"windows": windows, "busy": busy, "idle": stretches,
+        host_by_cause={c: length_us(iv) / per_step for c, iv in timeline.by_cause.items()},
+        host_sites={c: top(rows) for c, rows in timeline.sites.items()},
+        syncs=tuple((site, via, us / per_step, n / steps) for (site, via), (us, n) in
+                    sorted(timeline.syncs.items(), key=lambda kv: -kv[1][0])),
+        hidden_syncs=tuple(hidden_syncs),
+        pageable_copies=tuple((site, us / per_step, nbytes / steps) for site, (us, nbytes) in
+                              sorted(timeline.pageable.items(), key=lambda kv: -kv[1][0])),
+        precopy_ms=timeline.precopy_us / per_step,
+        compile=dict(compile or {}), stalls=stalls,
+        **{k: (v / per_step if k.endswith("_ms") else v) for k, v in patterns.items()},
+        intervals={"windows": windows, "busy": busy, "idle": [(a, b, "idle") for a, b in idle], "host": pieces,
                    "work": [(e.stream, e.start_us, e.end_us) for e in work]},
     )
+
+
+# -- patterns of the later lessons --------------------------------------------------------------------
+# cuDNN's layout conversions around a convolution whose tensors are NCHW while its fast kernels want NHWC
+# (Tensor Core convolutions in 16-bit): kernel names, lower case.
+TRANSPOSE_NAMES = ("nchwtonhwc", "nhwctonchw", "nchw2nhwc", "nhwc2nchw")
+# Attention computed by hand: a softmax over a (..., T, T) score matrix, T at least this. Below it the
+# scores are small and the fused kernels buy little (FlashAttention's tiles are 64 or 128 rows).
+ATTENTION_MIN_T = 128
+SOFTMAX_OPS = ("aten::_softmax", "aten::softmax", "aten::_softmax_backward_data", "aten::_masked_softmax",
+               "aten::_safe_softmax")
+OPTIMIZER_RANGE = "Optimizer.step#"
+DDP_FORWARD = "DistributedDataParallel.forward"
+COMPILED_REGION = "Torch-Compiled Region"
+# A copy worth overlapping: at least a MiB (a smaller one is over in microseconds).
+OVERLAP_COPY_MIN_BYTES = 2**20
+
+
+def _score_shape(shapes: Sequence[tuple]) -> tuple | None:
+    for s in shapes:
+        if len(s) >= 3 and s[-1] == s[-2] and s[-1] >= ATTENTION_MIN_T:
+            return tuple(s)
+    return None
+
+
+def _patterns(events, gpu, classes, ops, calls, windows, span, step_name) -> dict:
+    """GPU time (us in total) and counts of the later lessons' patterns; `analyze` divides by the steps."""
+    steps = len(windows)
+    mains = {e.stream for e in events if e.kind == OP and e.name == step_name}
+    annotations = [e for e in events if e.kind == OP and e.stream in mains and "::" not in e.name]
+    out = {}
+    out["transpose_ms"] = length_us(_union([e for e in gpu if any(t in e.name.lower() for t in TRANSPOSE_NAMES)], span))
+    # attention by hand: the score shapes its softmax sees; the kernels of ops on tensors of those shapes
+    scores = {_score_shape(op.shapes) for op in ops.values() if op.name in SOFTMAX_OPS} - {None}
+    tails = {s[-2:] for s in scores}
+
+    def on_scores(op: Event | None) -> bool:
+        if op is None or op.name.startswith("aten::_scaled_dot_product"):
+            return False
+        if op.name in SOFTMAX_OPS or any(tuple(s) in scores for s in op.shapes):
+            return True
+        dims = mnk(op.name, op.shapes)       # the score and context products: (T x D) @ (D x T), (T x T) @ (T x D)
+        return dims is not None and ((dims[1], dims[2]) in tails or (dims[1], dims[3]) in tails)
+    attention = [e for e in gpu if on_scores(ops.get(e.op_id))]
+    out["attention_math_ms"] = length_us(_union(attention, span))
+    counted = {e.op_id for e in attention if classes[e].startswith("gemm")}
+    out["attention_math_flops"] = sum(gemm_flops(ops[i].name, ops[i].shapes) for i in counted if i in ops) / steps
+    out["attention_shape"] = max(tails, default=())
+    # the optimizer: its range on the host and the kernels queued inside it
+    ranges = [e for e in annotations if e.name.startswith(OPTIMIZER_RANGE)]
+    spans = _spans(ranges)
+    queued = [g for g in gpu if g.corr in calls and any(a <= calls[g.corr].start_us <= b for a, b in spans)]
+    out["optimizer_host_ms"] = length_us(spans)
+    out["optimizer_gpu_ms"] = length_us(_union(queued, span))
+    out["optimizer_kernels"] = len(queued) / steps
+    out["optimizer_fused"] = (any("fused" in g.name.lower() for g in queued) if ranges else None)
+    out["optimizer_name"] = (ranges[0].name[len(OPTIMIZER_RANGE):].split(".")[0] if ranges else "")
+    # copies that no kernel runs beside (not pageable: that is its own rule)
+    big = [g for g in gpu if classes[g] == "copy" and g.name.lower().startswith("memcpy") and not is_pageable(g)
+           and (g.nbytes == 0 or g.nbytes >= OVERLAP_COPY_MIN_BYTES) and ("htod" in g.name.lower() or "dtoh" in g.name.lower())]
+    compute = _union([g for g in gpu if classes[g] != "copy"], span)
+    out["copy_exposed_ms"] = length_us(subtract(_union(big, span), compute))
+    # DDP: forwards per step, and communication queued before a step's last forward (all-reduce per micro-batch)
+    forwards = [e for e in annotations if e.name.startswith(DDP_FORWARD)]
+    out["ddp_forwards"] = len(forwards) / steps
+    early = []
+    for lo, hi in windows:
+        starts = [f.start_us for f in forwards if lo <= f.start_us <= hi]
+        if len(starts) > 1:
+            last = max(starts)
+            early += [g for g in gpu if classes[g] == "communication" and g.corr in calls
+                      and lo <= calls[g.corr].start_us < last]
+    out["comm_early_ms"] = length_us(_union(early, span))
+    # nn.DataParallel: the host inside its forward (replicate, scatter, parallel_apply, gather)
+    dp = [e for e in events if e.kind == PY and e.code and e.code[2] == "forward"
+          and e.code[0].replace(os.sep, "/").endswith("nn/parallel/data_parallel.py")]
+    out["data_parallel_ms"] = length_us(_union(dp, span))
+    # torch.compile: regions entered per step, and the host time between two of them inside a step
+    regions = [e for e in annotations if e.name.startswith(COMPILED_REGION)]
+    out["compiled_regions"] = len(regions) / steps
+    between = 0.0
+    for lo, hi in windows:
+        inside = _outermost([r for r in regions if lo <= r.start_us <= hi])
+        between += sum(max(b.start_us - a.end_us, 0.0) for a, b in zip(inside, inside[1:]))
+    out["between_regions_ms"] = between
+    return out
 
 
 def waited_on(gpu: Sequence[Event], launched: dict, counts) -> list[tuple[float, float]]:
@@ -540,36 +868,84 @@ def _cpu_work(host: Sequence[Event]) -> list[Event]:
     return out
 
 
+def _tf32_for(op: Event | None, name: str, tf32_matmul: bool, tf32_cudnn: bool) -> bool:
+    """Whether TF32 was allowed for this op: cuBLAS's switch as the profiler recorded it for the op (a step
+    may switch it itself); for a convolution cuDNN's switch as read when diagnose ran (the kernel's name,
+    read first, settles it where it says tf32 or fp32)."""
+    if name in CONV_OPS:
+        return tf32_cudnn
+    return op.tf32 if op is not None and op.tf32 is not None else tf32_matmul
+
+
 def _class_of(e: Event, ops: dict, tf32_matmul: bool, tf32_cudnn: bool) -> str:
     op = ops.get(e.op_id)
     name = op.name if op is not None else e.op
     dtype = dtype_of(op.dtypes) if op is not None else ""
-    if name in CONV_OPS:
-        tf32 = tf32_cudnn               # cuDNN's switch, read when diagnose ran
-    else:                               # cuBLAS's, as the profiler recorded it for the op, else as read
-        tf32 = op.tf32 if op is not None and op.tf32 is not None else tf32_matmul
-    return kernel_class(e.name, name, dtype, tf32)
+    return kernel_class(e.name, name, dtype, _tf32_for(op, name, tf32_matmul, tf32_cudnn))
 
 
-def _gemm_facts(gpu: Sequence[Event], classes: dict, ops: dict, steps: int) -> list[GemmFact]:
-    """GEMM kernels grouped by their launching op instance, then by (op, dtype, shapes)."""
+def conv_flops(ops: dict) -> dict:
+    """{op corr: FLOPs} of the convolutions, from their recorded shapes: 2 x N x K x P x Q x C/groups x R
+    x S forward (input N C H W, weight K C/g R S, output N K P Q) and twice that backward (the input's
+    and the weight's gradients). The output's P x Q comes from the matching backward op's grad_output;
+    without one (no backward), P x Q is taken as H x W (stride 1), an overestimate for strided ones."""
+    out, spatial = {}, {}
+    for op in ops.values():
+        if op.name == "aten::convolution_backward" and len(op.shapes) >= 3:
+            grad, x, w = op.shapes[:3]
+            if len(grad) >= 3 and len(w) >= 3:
+                spatial[(tuple(x), tuple(w))] = tuple(grad[2:])
+                fwd = 2 * math.prod(grad) * math.prod(w[1:])
+                out[op.corr] = 2.0 * fwd
+    for op in ops.values():
+        if op.name in CONV_OPS and op.name != "aten::convolution_backward" and len(op.shapes) >= 2:
+            x, w = tuple(op.shapes[0]), tuple(op.shapes[1])
+            if len(x) >= 3 and len(w) >= 3:
+                pq = spatial.get((x, w), x[2:])
+                out[op.corr] = 2.0 * x[0] * w[0] * math.prod(pq) * math.prod(w[1:])
+    return out
+
+
+def _gemm_facts(gpu: Sequence[Event], classes: dict, ops: dict, steps: int, tf32_matmul: bool = False,
+                tf32_cudnn: bool = False) -> list[GemmFact]:
+    """GEMM kernels grouped by their launching op instance, then by (op, dtype, shapes, math)."""
     per_op: dict = {}
     for e in gpu:
         if classes[e].startswith("gemm"):
             key = e.op_id if e.op_id in ops else ("?", e.op, e.name)
             per_op.setdefault(key, []).append(e)
+    convs = conv_flops(ops)
     groups: dict = {}
     for key, kernels in per_op.items():
         op = ops.get(key) if not isinstance(key, tuple) else None
         name = op.name if op is not None else kernels[0].op
         shapes = op.shapes if op is not None else ()
         dtype = dtype_of(op.dtypes) if op is not None else ""
-        flops = (op.flops or gemm_flops(name, shapes)) if op is not None else 0.0
+        flops = (op.flops or gemm_flops(name, shapes) or convs.get(op.corr, 0.0)) if op is not None else 0.0
         tc = all(classes[k] == "gemm_tensor_core" for k in kernels)
-        g = groups.setdefault((name, dtype, shapes, tc), [0, 0.0, 0.0])
+        tf32 = _tf32_for(op, name, tf32_matmul, tf32_cudnn)
+        maths = {kernel_math(k.name, dtype, tf32) for k in kernels}
+        math_ = maths.pop() if len(maths) == 1 else ""
+        g = groups.setdefault((name, dtype, shapes, tc, math_), [0, 0.0, 0.0])
         g[0] += 1
         g[1] += length_us(merge_intervals((k.start_us, k.end_us) for k in kernels))
         g[2] += flops
     return [GemmFact(op=name, dtype=dtype, shapes=shapes, calls=n / steps, gpu_ms=t / 1e3 / steps,
-                     flops=f / steps, tensor_cores=tc, misaligned=misaligned(name, shapes, dtype))
-            for (name, dtype, shapes, tc), (n, t, f) in sorted(groups.items(), key=lambda kv: -kv[1][1])]
+                     flops=f / steps, tensor_cores=tc, misaligned=misaligned(name, shapes, dtype), math=m)
+            for (name, dtype, shapes, tc, m), (n, t, f) in sorted(groups.items(), key=lambda kv: -kv[1][1])]
+
+
+def stall_site(typical: Sequence[Event], slow: Sequence[Event]) -> tuple[str, float]:
+    """(the user's line, ms) whose time grew most from a typical step to a slow one: each step's Python
+    frames cut into innermost pieces, their time summed by the user's line they belong to."""
+    def per_site(events) -> dict:
+        out: dict = {}
+        frames = [e for e in events if e.kind == PY]
+        for thread in {e.stream for e in frames}:
+            for a, b, f, _ in innermost_frames([e for e in frames if e.stream == thread]):
+                key = fmt_site(frame_site(f))
+                out[key] = out.get(key, 0.0) + (b - a)
+        return out
+    grew = changes(per_site(typical), per_site(slow))
+    grew = [(k, us) for k, us in grew if k and us > 0]
+    return (grew[0][0], grew[0][1] / 1e3) if grew else ("", 0.0)

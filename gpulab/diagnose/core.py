@@ -13,19 +13,23 @@ trains on it, the way their loop does. `diagnose` then
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import statistics
+import sys
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
 from gpulab.core.device import pick_device, sync
 from gpulab.core.memory import fmt_bytes, free_memory
-from gpulab.core.timing import benchmark
-from gpulab.diagnose.analyze import CAUSES, CLASSES, Facts, MemoryFacts, analyze
-from gpulab.diagnose.events import STEP_RANGE, from_profiler
+from gpulab.core.timing import benchmark, summarize
+from gpulab.diagnose.analyze import CAUSES, CLASSES, Facts, MemoryFacts, StallFacts, analyze
+from gpulab.diagnose.events import STEP_RANGE, Record
 from gpulab.diagnose.rules import Verdict, run_rules
 
 
@@ -132,9 +136,18 @@ def _run(step: Callable, phase: str) -> None:
 
 # The unprofiled step is timed as a training loop runs: steps back to back, the host clock read after
 # a synchronize at the end of each chunk of `steps` steps (a sync after every step would drain the GPU's
-# queue each time and charge the refill to every step): `benchmark(..., clock="host", calls=steps)`.
-# CHUNKS chunks give a median and a spread.
+# queue each time and charge the refill to every step): `benchmark(..., clock="host", calls=steps)`,
+# for at least WINDOW_S seconds (at least CHUNKS chunks, at most MAX_CHUNKS), so that a step that stalls
+# every few dozen steps (a log line, a checkpoint, the garbage collector) falls inside the window.
 CHUNKS = 3
+WINDOW_S = 2.0
+MAX_CHUNKS = 40
+# A step of the window longer than this many times the median one is a slow step (`StallFacts`). A
+# judgement: steps back to back on the host clock vary by tens of percent (a collection, a page fault),
+# not by a factor of three.
+STALL_FACTOR = 3.0
+# A slow step that comes back every N steps is profiled once if N is at most this (steps run to reach it).
+STALL_PERIOD_MAX = 60
 
 
 # NVML's utilization is averaged over its own sample period (1/6 s to 1 s, by product); over less than a
@@ -156,51 +169,184 @@ def _memory_stats(device: torch.device) -> dict | None:
     return torch.cuda.memory_stats(device) if device.type == "cuda" else None
 
 
-def _memory_facts(before: dict | None, after: dict | None, device: torch.device) -> MemoryFacts | None:
+def memory_cap(device: torch.device) -> tuple[int, str]:
+    """(bytes, where from) of the GPU memory this process may use: the GPU's, or less under a per-process
+    cap (`torch.cuda.set_per_process_memory_fraction`, which a GPULAB_PROFILE sets too)."""
+    free_total = free_memory(device)
+    total = int(free_total[1]) if free_total else 0
+    source = "the GPU's memory"
+    fraction = None
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if getter is not None:
+        try:
+            fraction = float(getter(device))
+        except Exception:      # noqa: BLE001 - an older build without it
+            fraction = None
+    if fraction is not None and 0 < fraction < 1:
+        capped = int(torch.cuda.get_device_properties(device).total_memory * fraction)
+        if capped < total or not total:
+            total, source = capped, f"this process's cap (set_per_process_memory_fraction({fraction:.3g}))"
+    return total, source
+
+
+def _memory_facts(before: dict | None, after: dict | None, device: torch.device, steps: int = 1) -> MemoryFacts | None:
     if before is None or after is None:
         return None
-    _, total = free_memory(device)       # the GPU's memory (a GPULAB_PROFILE's cap where one is set)
+    total, source = memory_cap(device)
     return MemoryFacts(
         alloc_retries=int(after.get("num_alloc_retries", 0) - before.get("num_alloc_retries", 0)),
         inactive_split_bytes=int(after.get("inactive_split_bytes.all.current", 0)),
-        peak_reserved_bytes=int(after.get("reserved_bytes.all.peak", 0)), total_bytes=int(total))
+        peak_reserved_bytes=int(after.get("reserved_bytes.all.peak", 0)), total_bytes=int(total),
+        peak_allocated_bytes=int(after.get("allocated_bytes.all.peak", 0)), cap_source=source, steps=steps)
 
 
-def _profile(step: Callable, steps: int, device: torch.device, trace_path: str | None, record: bool = True):
-    """The events of `steps` profiled steps, and the allocator's statistics around them. With `record`
-    False the same steps run without the profiler, and (None, None) comes back."""
+@dataclass
+class Profiled:
+    """One profiled stretch: its records (plain values, see events.Record), and the allocator around it."""
+
+    records: list
+    trace_start_ns: int
+    memory: MemoryFacts | None
+    events: list = field(default_factory=list, repr=False)
+
+
+def _profile(step: Callable, steps: int, device: torch.device, trace_path: str | None, record: bool = True,
+             cuda: bool = True) -> Profiled | None:
+    """`steps` profiled steps (CPU and, on a GPU, CUDA activity, shapes, FLOPs and Python stacks), and the
+    caching allocator's statistics around them. With `record` False the same steps run without the
+    profiler, and None comes back."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    from gpulab.diagnose.events import parse, records_from_profiler
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" and cuda else [])
     if device.type == "cuda":
         sync(device)
         torch.cuda.reset_peak_memory_stats(device)
     before = _memory_stats(device)
-    with profile(activities=activities, record_shapes=True, with_flops=True) if record else nullcontext() as prof:
+    context = profile(activities=activities, record_shapes=True, with_flops=True, with_stack=True) if record else nullcontext()
+    with context as prof:
         _run(step, "profiled steps")     # unmarked: the marked steps then start with work queued, as in training
         for _ in range(steps):
             with record_function(STEP_RANGE):
                 _run(step, "profiled steps")
         sync(device)
     if not record:
-        return None, None
+        return None
     after = _memory_stats(device)
-    events = from_profiler(prof)         # before the export: kineto's save may consume its trace
+    records, start = records_from_profiler(prof)   # before the export: kineto's save may consume its trace
     if trace_path is not None:
         prof.export_chrome_trace(str(trace_path))
-    return events, _memory_facts(before, after, device)
+    return Profiled(records, start, _memory_facts(before, after, device, steps), parse(records, start or None))
 
 
-def count_flops(step: Callable) -> float | None:
-    """FLOPs of one step as `torch.utils.flop_counter.FlopCounterMode` counts them (matrix products,
-    convolutions, attention); None if it counted nothing."""
+def scan_step(step: Callable, device: torch.device, flops: bool = True,
+              phase: str = "warm-up steps") -> tuple[float | None, list[tuple[str, str]]]:
+    """One step run under `torch.utils.flop_counter.FlopCounterMode` (with `flops`) and
+    `torch.cuda.set_sync_debug_mode("warn")`: (its FLOPs, or None if nothing was counted; every call that
+    synchronized the host with the GPU as (the user's line, the innermost line of any file), in order).
+
+    FlopCounterMode counts matrix products, convolutions and attention. PyTorch warns of a synchronizing
+    call as it returns to Python, so the Python stack at the warning is the caller's: hidden syncs show
+    too (GradScaler's `.item()`, a boolean mask, `torch.nonzero`). No syncs are looked for on the CPU.
+    `diagnose` runs this as its last warm-up step, which it runs anyway: no extra training step."""
+    import traceback
+    import warnings
+    from contextlib import ExitStack
+
     from torch.utils.flop_counter import FlopCounterMode
 
-    counter = FlopCounterMode(display=False)
-    with counter:
-        _run(step, "FLOP-counting step")
-    total = counter.get_total_flops()
-    return float(total) if total else None
+    from gpulab.diagnose.events import fmt_site, is_user_file
+
+    found: list = []
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return
+        frames = [f for f in traceback.extract_stack()[:-1] if not f.filename.endswith("warnings.py")]
+        user = next((f for f in reversed(frames) if is_user_file(f.filename)), None)
+        inner = frames[-1] if frames else None
+        as_site = lambda f: fmt_site((f.filename, f.lineno, f.name)) if f is not None else ""   # noqa: E731
+        found.append((as_site(user), as_site(inner)))
+
+    counter = FlopCounterMode(display=False) if flops else None
+    with ExitStack() as stack:
+        if counter is not None:
+            stack.enter_context(counter)
+        if device.type == "cuda":
+            try:
+                previous = torch.cuda.get_sync_debug_mode()
+                stack.enter_context(warnings.catch_warnings())
+                warnings.simplefilter("always")
+                shown = warnings.showwarning
+                warnings.showwarning = record
+                torch.cuda.set_sync_debug_mode("warn")
+                stack.callback(lambda: (torch.cuda.set_sync_debug_mode(previous), setattr(warnings, "showwarning", shown)))
+            except Exception:       # noqa: BLE001 - no sync debug mode in this build: the step runs without it
+                found.append(("", "set_sync_debug_mode unavailable"))
+        _run(step, phase)
+    total = counter.get_total_flops() if counter is not None else 0
+    return (float(total) if total else None), found
+
+
+def count_flops(step: Callable, phase: str = "FLOP-counting step") -> float | None:
+    """FLOPs of one step as FlopCounterMode counts them (`scan_step`); None if it counted nothing."""
+    return scan_step(step, torch.device("cpu"), True, phase)[0]
+
+
+def compile_counters() -> dict:
+    """torch.compile's counters (torch._dynamo.utils.counters), or {} where dynamo is not loaded: graphs
+    compiled, CUDA graphs inductor skipped, graph breaks by reason."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is None:
+        return {}
+    try:
+        c = dynamo.counters
+        return {"graphs": int(c["stats"].get("unique_graphs", 0)),
+                "cudagraph_skips": int(c["inductor"].get("cudagraph_skips", 0)),
+                "graph_breaks": {str(k): int(v) for k, v in c["graph_break"].items()}}
+    except Exception:          # noqa: BLE001 - counters are torch internals; without them no compile facts
+        return {}
+
+
+def _timed(step: Callable, steps: int, device: torch.device, window_s: float):
+    """The unprofiled window: (Timing per step, every chunk's host ms per step in order, each chunk's ms per
+    step). benchmark's first chunk is its probe: its steps are in the list, its time is not a sample."""
+    chunks_steps: list = []
+
+    def chunk():
+        stamps = [time.perf_counter()]
+        for _ in range(steps):
+            _run(step, "timed steps")
+            stamps.append(time.perf_counter())
+        chunks_steps.append([(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])])
+
+    timing = benchmark(chunk, warmup=0, repeat=None, budget_s=window_s, max_repeat=MAX_CHUNKS, calls=1,
+                       clock="host", device=device)
+    chunks = [ms / steps for ms in timing.samples_ms]
+    return (summarize(chunks, timing.device, f"{timing.method}, chunks of {steps} steps back to back"),
+            chunks_steps, chunks)
+
+
+def stall_facts(chunks_steps: list, chunks: list) -> StallFacts | None:
+    """The window's slow steps (STALL_FACTOR x the median host step) and their period if they repeat
+    evenly. What they cost: the mean step (every chunk, the GPU's work included) over the typical one (the
+    median of the chunks without a slow step; where every chunk has one, the host steps' own excess)."""
+    per_step = [ms for c in chunks_steps for ms in c]
+    if len(per_step) < 3 or not chunks:
+        return None
+    median = statistics.median(per_step)
+    slow = tuple(i for i, ms in enumerate(per_step) if ms > STALL_FACTOR * median)
+    gaps = {b - a for a, b in zip(slow, slow[1:])}
+    period = gaps.pop() if len(gaps) == 1 else None
+    timed = chunks_steps[-len(chunks):]                   # the probe chunk is not a sample
+    clean = [ms for ms, c in zip(chunks, timed) if max(c) <= STALL_FACTOR * median]
+    mean = statistics.fmean(chunks)
+    if clean:
+        typical = statistics.median(clean)
+    else:
+        typical = mean - sum(per_step[i] - median for i in slow) / len(per_step)
+    return StallFacts(step_ms=tuple(per_step), slow=slow, median_ms=typical, mean_ms=mean, period=period)
 
 
 def fp32_modes() -> tuple[bool, bool]:
@@ -247,12 +393,26 @@ def peak_16bit(device: torch.device) -> tuple[float | None, str]:
     return found.value, f"notebook 00 {name}, {found.source}"
 
 
+def _distributed() -> bool:
+    """Whether this process is one of several in a process group: then every process must run the same
+    steps, so the window is a fixed CHUNKS chunks and no extra step is run for a slow one."""
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, device: torch.device | None = None,
              flops_per_step: float | None = None, peak_tflops: float | None = None,
-             trace_path: str | None = None, label: str = "", profile: bool = True) -> Diagnosis | None:
+             trace_path: str | None = None, label: str = "", profile: bool = True, window_s: float = WINDOW_S,
+             confirm: bool = True, record_to: str | None = None) -> Diagnosis | None:
     """Diagnose one training step (a callable with no arguments: fetch a batch, forward, backward,
     optimizer step, zero_grad). See the module docstring for what runs; `Diagnosis.report()` says
     what was found.
+
+    `window_s`: the unprofiled steps run for at least this long (a step that stalls every N steps must
+    fall inside). `confirm`: run, for each verdict that has one, a safe variant of the step (TF32 or
+    autocast, pinned staging, the same batch replayed) and rank verdicts by the measured gain
+    (`gpulab.diagnose.confirm`). `record_to`: also write what was recorded (the profile's records,
+    timings, allocator) to this gzipped JSON file, which `from_record` reads back without a GPU.
 
     `profile=False` runs every step a diagnosis runs, in the same order, without the profiler, and
     returns None: for the other processes of a multi-process job (DDP), whose collectives must meet the
@@ -261,87 +421,203 @@ def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, dev
     collectives than either runs unrecorded."""
     _check_args(step, warmup, steps, flops_per_step, peak_tflops)
     device = torch.device(device) if device is not None else pick_device()
+    distributed = _distributed()
     notes = []
-    for _ in range(warmup):
+    compile_before = compile_counters()
+    # the last warm-up step counts the FLOPs and finds the synchronizing calls: no extra training step
+    for _ in range(warmup - 1):
         _run(step, "warm-up steps")
+    if warmup == 0:
+        notes.append("no warm-up step: the FLOPs and the synchronizing calls were found in one extra step")
+    counted, hidden = scan_step(step, device, flops=flops_per_step is None)
+    compile_warm = compile_counters()
     monitor = _nvml_monitor(device)
     try:
-        timing = benchmark(lambda: _run(step, "timed steps"), warmup=0, repeat=CHUNKS, calls=steps, clock="host",
-                           device=device)
+        timing, per_step, chunks = _timed(step, steps, device, window_s if not distributed else 0.0)
     finally:
         if monitor is not None:
             monitor.stop()
     nvml = monitor.mean("busy_pct") if monitor is not None and monitor.available else None
     if monitor is not None and nvml is None:
         notes.append(f"no NVML utilization: {monitor.status}")
-    timed_s = timing.median_ms * steps * CHUNKS / 1e3
+    timed_s = sum(chunks) * steps / 1e3
     if nvml is not None and timed_s < NVML_MIN_S:
         nvml = None
         notes.append(f"NVML utilization not read: the timed steps lasted {timed_s:.2g} s, shorter than "
                      f"{NVML_MIN_S:g} s; NVML's figure is the percent of time over its past sample period (1/6 s to 1 s, "
                      "by product) during which one or more kernels ran, so over a shorter time it reads the idle "
                      "before and after")
-    events, memory = _profile(step, steps, device, trace_path, record=profile)
-    if flops_per_step is None:
-        flops_per_step = count_flops(step)
+    profiled = _profile(step, steps, device, trace_path, record=profile)
+    stalls = stall_facts(per_step, chunks)
+    if stalls is not None and stalls.period and not distributed and profile:
+        try:
+            stalls = _stall_site(step, stalls, device, max(warmup, 1), steps)
+        except DiagnoseError:
+            raise
+        except Exception as err:     # noqa: BLE001 - the slow step's line is extra
+            notes.append(f"the slow step's line was not found ({type(err).__name__}: {err})")
+    compile_after = compile_counters()
+    from gpulab.diagnose import events as _events
+    if _events.TREE_ERROR:
+        notes.append(_events.TREE_ERROR)
     if not profile:
         return None
-        if flops_per_step is None:
+    if flops_per_step is None:
+        flops_per_step = counted
+        if counted is None:
             notes.append("FlopCounterMode counted no FLOPs in the step: pass flops_per_step for an MFU")
     if peak_tflops is not None:
         source = "given by the caller"
     else:
         peak_tflops, source = peak_16bit(device)
     tf32_matmul, tf32_cudnn = fp32_modes()
-    facts = analyze(events, on_gpu=device.type == "cuda", tf32_matmul=tf32_matmul, tf32_cudnn=tf32_cudnn,
-                    memory=memory, step_ms=timing.median_ms, flops_per_step=flops_per_step,
-                    peak_tflops=peak_tflops, peak_source=source, kernel_ceiling_tflops=datasheet_16bit(device))
-    return Diagnosis.from_facts(facts, device=str(device), step_spread_ms=timing.spread_ms, nvml_util_pct=nvml,
-                                trace_path=trace_path, label=label, notes=notes)
+    compile = {"before": compile_before, "warm": compile_warm, "after": compile_after} if compile_after else {}
+    inputs = dict(on_gpu=device.type == "cuda", tf32_matmul=tf32_matmul, tf32_cudnn=tf32_cudnn,
+                  step_ms=timing.median_ms, flops_per_step=flops_per_step, peak_tflops=peak_tflops,
+                  peak_source=source, kernel_ceiling_tflops=datasheet_16bit(device), hidden_syncs=tuple(hidden),
+                  compile=compile)
+    if record_to is not None:
+        save_record(record_to, profiled, inputs, stalls, dict(device=str(device), step_spread_ms=timing.spread_ms,
+                                                             nvml_util_pct=nvml, label=label, notes=notes))
+    facts = analyze(profiled.events, memory=profiled.memory, stalls=stalls, **inputs)
+    d = Diagnosis.from_facts(facts, device=str(device), step_spread_ms=timing.spread_ms, nvml_util_pct=nvml,
+                             trace_path=trace_path, label=label, notes=notes)
+    if confirm and profile and not distributed:
+        from gpulab.diagnose.confirm import confirm_verdicts
+        confirm_verdicts(d, step, device, steps=steps)
+    return d
+
+
+def _stall_site(step: Callable, stalls: StallFacts, device: torch.device, warmup: int, steps: int) -> StallFacts:
+    """The user's line a periodic slow step spends its extra time on: steps run on to just before the next
+    slow one (if it comes within STALL_PERIOD_MAX steps), then a typical step and the slow one are each
+    profiled (CPU only, with stacks); the line whose time grew most is the stall's."""
+    from dataclasses import replace
+
+    from gpulab.diagnose.analyze import stall_site
+
+    done = warmup + len(stalls.step_ms) + steps + 1          # steps run so far
+    slow_global = [warmup + i for i in stalls.slow]           # the timed window follows the warm-up steps
+    nxt = slow_global[-1]
+    while nxt <= done + 1:
+        nxt += stalls.period
+    if nxt - done - 2 > STALL_PERIOD_MAX:
+        return stalls
+    for _ in range(nxt - done - 1):
+        _run(step, "steps to the next slow one")
+    typical = _profile(step, 0, device, None, cuda=False)     # one unmarked step: the one before the slow one
+    slow = _profile(step, 0, device, None, cuda=False)
+    site, ms = stall_site(typical.events, slow.events)
+    return replace(stalls, site=site, site_ms=ms)
+
+
+def save_record(path: str, profiled: Profiled, inputs: dict, stalls, meta: dict) -> None:
+    """What a diagnosis recorded, as gzipped JSON: the profile's records, the allocator, the timings."""
+    names = [f.name for f in fields(Record)]
+    data = {"fields": names, "rows": [[getattr(r, n) for n in names] for r in profiled.records],
+            "trace_start_ns": profiled.trace_start_ns,
+            "memory": asdict(profiled.memory) if profiled.memory else None, "inputs": inputs,
+            "stalls": asdict(stalls) if stalls else None, "meta": meta, "torch": torch.__version__}
+    with gzip.open(path, "wt", encoding="utf-8", compresslevel=9) as f:
+        json.dump(_plain(data), f, separators=(",", ":"))
+
+
+def from_record(path: str, **overrides) -> Diagnosis:
+    """The Diagnosis of a recorded run (`diagnose(..., record_to=path)`), analysed again here: the rules as
+    they are now, on what the GPU recorded then. No confirmation is run (that needs the step)."""
+    from gpulab.diagnose.events import parse
+
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        data = json.load(f)
+    rows = [dict(zip(data["fields"], row)) for row in data["rows"]]
+    records = [Record(**{**r, "shapes": tuple(tuple(s) for s in r["shapes"]), "dtypes": tuple(r["dtypes"]),
+                         "site": tuple(r.get("site") or ()), "via": tuple(r.get("via") or ()),
+                         "code": tuple(r.get("code") or ())}) for r in rows]
+    memory = MemoryFacts(**data["memory"]) if data.get("memory") else None
+    stalls = data.get("stalls")
+    if stalls:
+        stalls = StallFacts(**{**stalls, "step_ms": tuple(stalls["step_ms"]), "slow": tuple(stalls["slow"])})
+    inputs = dict(data["inputs"])
+    inputs["hidden_syncs"] = tuple(tuple(x) for x in inputs.get("hidden_syncs", ()))
+    inputs.update(overrides)
+    meta = data["meta"]
+    facts = analyze(parse(records, data["trace_start_ns"] or None), memory=memory, stalls=stalls, **inputs)
+    return Diagnosis.from_facts(facts, device=meta["device"], step_spread_ms=meta["step_spread_ms"],
+                                nvml_util_pct=meta["nvml_util_pct"], label=meta["label"], notes=meta["notes"])
 
 
 # -- the report ------------------------------------------------------------------------------------
 def report_text(d: Diagnosis) -> str:
-    """The plain-text summary: split, classes, memory, MFU, ranked verdicts, skipped rules."""
+    """The plain-text summary: the step, where the host's time went (with your lines), the GPU's busy time
+    by kernel class, memory, MFU, the ranked verdicts (expected, at most, measured), skipped rules."""
+    f = d.facts
     lines = [f"gpulab.diagnose{': ' + d.label if d.label else ''} on {d.device}",
-             (f"step {d.step_ms:.3g} ms (unprofiled: steps back to back, spread {d.step_spread_ms:.2g} ms over "
-              f"{CHUNKS} chunks); profiled step {d.profiled_step_ms:.3g} ms (the profiler adds host overhead)")]
+             (f"step {d.step_ms:.3g} ms (unprofiled: steps back to back, spread {d.step_spread_ms:.2g} ms); "
+              f"profiled step {d.profiled_step_ms:.3g} ms (the profiler adds host time to every op and Python call)")]
+    if f.stalls is not None and f.stalls.slow:
+        s = f.stalls
+        lines.append(f"slow steps: {len(s.slow)} of {len(s.step_ms)} timed steps took over {STALL_FACTOR:g}x the median"
+                     + (f", every {s.period} steps" if s.period else "")
+                     + f"; mean step {s.mean_ms:.3g} ms" + (f"; the slow step's extra time: {s.site} ({s.site_ms:.3g} ms)"
+                                                           if s.site else ""))
     share = (lambda ms: 100 * ms / d.profiled_step_ms) if d.profiled_step_ms else (lambda ms: 0.0)
     if d.on_gpu:
-        lines.append(f"GPU busy {d.busy_ms:.3g} ms ({share(d.busy_ms):.0f} %, all streams merged), idle "
-                     f"{d.idle_ms:.3g} ms ({share(d.idle_ms):.0f} %), charged to what the host was doing:")
+        lines.append(f"GPU busy {d.busy_ms:.3g} ms ({share(d.busy_ms):.0f} % of the profiled step, all streams merged), "
+                     f"idle {d.idle_ms:.3g} ms; without the profiler idle {f.base_idle_ms:.3g} ms of {f.base_ms:.3g}")
     else:
         lines.append(f"on the CPU the device is the host: busy inside aten ops {d.busy_ms:.3g} ms "
-                     f"({share(d.busy_ms):.0f} %), outside them {d.idle_ms:.3g} ms ({share(d.idle_ms):.0f} %: "
-                     "Python, the dispatcher, data loading):")
-    lines += [f"  idle, {c:<14} {d.idle_by_cause[c]:8.3g} ms ({share(d.idle_by_cause[c]):4.1f} %)"
-              for c in CAUSES if d.idle_by_cause.get(c)]
+                     f"({share(d.busy_ms):.0f} %), outside them {d.idle_ms:.3g} ms ({share(d.idle_ms):.0f} %)")
+    lines.append("the host's time per profiled step, by what it was doing (and, while the GPU idled):")
+    for c in CAUSES:
+        ms = f.host_by_cause.get(c, 0.0)
+        if ms <= 0:
+            continue
+        where = f.sites(c, top=2)
+        idle = f"; GPU idle meanwhile {d.idle_by_cause.get(c, 0.0):.3g} ms" if d.on_gpu else ""
+        lines.append(f"  {c:<14} {ms:8.3g} ms{idle}" + (f"  <- {where}" if where else ""))
+    if f.hidden_syncs:
+        seen = {}
+        for site, via in f.hidden_syncs:
+            seen[(site, via)] = seen.get((site, via), 0) + 1
+        lines.append("synchronizing calls in one step (torch.cuda.set_sync_debug_mode): "
+                     + "; ".join(f"{site or '(no line of yours)'}" + (f" via {via}" if via and via != site else "")
+                                 + (f" x{n}" if n > 1 else "") for (site, via), n in seen.items()))
     if d.on_gpu:
         lines.append("busy by kernel class (streams merged per class; classes may overlap):")
         lines += [f"  {c:<20} {d.busy_by_class[c]:8.3g} ms" for c in CLASSES if d.busy_by_class.get(c)]
+        math = {}
+        for g in f.gemms:
+            math[g.math or "unknown"] = math.get(g.math or "unknown", 0.0) + g.gpu_ms
+        if math:
+            lines.append("  matrix products by math (read per kernel): "
+                         + ", ".join(f"{k} {v:.3g} ms" for k, v in sorted(math.items(), key=lambda kv: -kv[1])))
     if d.nvml_util_pct is not None:
         lines.append(f"NVML utilization {d.nvml_util_pct:.0f} % over the timed steps: the percent of time over "
                      "NVML's past sample period (1/6 s to 1 s, by product) during which one or more kernels ran - "
                      "coarser than the profiler's busy share, usually higher, and its period may reach beyond the steps")
     if d.memory is not None:
         m = d.memory
-        lines.append(f"memory: {m.alloc_retries} allocation retries, inactive split {fmt_bytes(m.inactive_split_bytes)}, "
-                     f"peak reserved {fmt_bytes(m.peak_reserved_bytes)} of {fmt_bytes(m.total_bytes)}")
+        lines.append(f"memory: peak allocated {fmt_bytes(m.peak_allocated_bytes)} of {fmt_bytes(m.total_bytes)} "
+                     f"({m.cap_source}), the allocator's cache {fmt_bytes(m.cached_bytes)} more (reserved "
+                     f"{fmt_bytes(m.peak_reserved_bytes)}); {m.alloc_retries} allocation retries in {m.steps} steps")
     if d.mfu is not None:
         lines.append(f"model {d.tflops:.3g} TFLOP/s, MFU {100 * d.mfu:.1f} % of {d.peak_tflops:.3g} TFLOP/s "
                      f"({d.peak_source})")
     else:
         lines.append("MFU unknown: " + (d.peak_source if not d.peak_tflops else "no FLOP count for the step"))
-    f = d.facts
-    if f is not None and f.idle_ms > 0:
-        lines.append(f"the verdicts' shares are of the unprofiled step ({f.base_ms:.3g} ms): its idle, "
-                     f"{max(f.base_ms - f.busy_ms, 0):.3g} ms (step minus busy), shared among the causes above "
-                     f"as under the profiler (x{f.idle_scale:.2f} their profiled ms)")
-    lines.append("verdicts, largest possible gain first:" if d.verdicts else "verdicts: no rule fired")
+    lines.append("verdicts, by measured gain where a variant ran, else expected gain:" if d.verdicts
+                 else "verdicts: no rule fired")
     for i, v in enumerate(d.verdicts, 1):
-        lines += [(f"{i}. {v.bottleneck} [lesson {v.lesson}]: at most {v.bound:.3g}x "
-                  f"(removes up to {100 * v.share:.1f} % of the step)"),
+        gain = (f"measured {v.measured:.3g}x, expected {v.expected_gain:.3g}x" if v.measured is not None
+                else f"expected {v.expected_gain:.3g}x")
+        head = (f"{i}. {v.bottleneck} [lesson {v.lesson}]: "
+                + (f"{gain}, at most {v.bound:.3g}x (removes up to {100 * v.share:.1f} % of the step)"
+                   if v.actionable else "a note, not a speed fix" if v.rule != "compute_bound"
+                   else f"what is left: up to {100 * v.share:.1f} % at the measured peak"))
+        lines += [head + (" - DEMOTED" if v.demoted else "") + (f" - after {v.blocked_by}" if v.blocked_by else ""),
                   f"   evidence: {v.evidence}", f"   fix: {v.fix}"]
+        if v.confirmation:
+            lines.append(f"   check: {v.confirmation}")
     if d.skipped:
         lines.append("not checked:")
         lines += [f"  {name}: {why}" for name, why in d.skipped.items()]
@@ -352,12 +628,12 @@ def report_text(d: Diagnosis) -> str:
 
 
 # -- the plot --------------------------------------------------------------------------------------
-CAUSE_COLORS = dict(zip(CAUSES, ("#e07b24", "#c23b3b", "#7d5ba6", "#8c6d31", "#d45fa5", "#bbbbbb")))
+CAUSE_COLORS = dict(zip(CAUSES, ("#e07b24", "#c23b3b", "#7d5ba6", "#8c6d31", "#d45fa5", "#3b8c6e", "#bbbbbb")))
 
 
 def timeline_figure(d: Diagnosis):
     """The profiled steps on one time axis: GPU work per stream (or, on the CPU, the host threads'
-    aten ops), the idle stretches coloured by their cause, and each step's window as a marker."""
+    aten ops), the host's time coloured by what it was doing, and each step's window as a marker."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
@@ -375,7 +651,7 @@ def timeline_figure(d: Diagnosis):
         for y, (_, spans) in enumerate(rows):
             ax.broken_barh(spans, (y - 0.35, 0.7), color=COLORS[0], linewidth=0)
         y_idle = len(rows)
-        for a, b, cause in iv.get("idle", []):
+        for a, b, cause in iv.get("host", []):
             ax.broken_barh([((a - t0) / 1e3, (b - a) / 1e3)], (y_idle - 0.35, 0.7),
                            color=CAUSE_COLORS.get(cause, "#bbbbbb"), linewidth=0)
         y_steps = y_idle + 1
@@ -383,7 +659,7 @@ def timeline_figure(d: Diagnosis):
             ax.broken_barh([((a - t0) / 1e3, (b - a) / 1e3)], (y_steps - 0.2, 0.4),
                            color="#888888" if i % 2 == 0 else "#bbbbbb", linewidth=0)
             ax.axvline((a - t0) / 1e3, color="#555555", lw=0.6, ls=":")
-        labels = [r for r, _ in rows] + ["idle (cause)", "steps"]
+        labels = [r for r, _ in rows] + ["host (cause)", "steps"]
         ax.set_yticks(range(len(labels)), labels)
         ax.set_ylim(-0.6, len(labels) - 0.4)
         ax.invert_yaxis()
@@ -393,6 +669,6 @@ def timeline_figure(d: Diagnosis):
                      fontsize=10)
         ax.grid(axis="y", visible=False)
         handles = [Patch(color=COLORS[0], label="GPU work" if d.on_gpu else "aten ops")]
-        handles += [Patch(color=CAUSE_COLORS[c], label=f"idle: {c}") for c in CAUSES if d.idle_by_cause.get(c)]
+        handles += [Patch(color=CAUSE_COLORS[c], label=f"host: {c}") for c in CAUSES if d.facts.host_by_cause.get(c)]
         ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return styled(fig)

@@ -20,11 +20,20 @@ recognise it keeps with an empty op name rather than guessing.
 from __future__ import annotations
 
 import json
+import os
+import re
+import site as site_module
+import sys
+import sysconfig
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
-GPU, OP, RUNTIME = "gpu", "op", "runtime"
-KINDS = (GPU, OP, RUNTIME)
+GPU, OP, RUNTIME, PY = "gpu", "op", "runtime", "py"
+KINDS = (GPU, OP, RUNTIME, PY)
+# A Python frame taken from the profiler's event tree (with_stack=True): our own activity name for it.
+# kineto's own "python_function" records carry no call-site lines and are dropped.
+PY_FRAME = "python_frame"
 
 
 STEP_RANGE = "gpulab.step"      # the record_function range diagnose() puts around each profiled step
@@ -36,7 +45,8 @@ class Event:
     """One thing that happened during the profiled steps, in microseconds from the trace's start."""
 
     kind: str        # "gpu" (kernel, memcpy, memset on the device), "op" (a CPU-side aten op or
-                     # record_function range), "runtime" (a CUDA runtime/driver call on the host)
+                     # record_function range), "runtime" (a CUDA runtime/driver call on the host),
+                     # "py" (a Python frame: a function of the user's code, or a call from it into a library)
     name: str
     start_us: float
     end_us: float
@@ -50,6 +60,11 @@ class Event:
                                  # call; op: the op's own id (0 if unknown)
     op_id: int = 0               # gpu, runtime: the `corr` of the op that launched it (0 if unknown)
     tf32: bool | None = None     # op: whether cuBLAS could use TF32 when it ran (None if unknown)
+    site: tuple = ()             # op, py: (file, line, function) of the innermost line of the user's code that
+                                 # led to it (`Site`); () if unknown or none (see `is_user_file`)
+    via: tuple = ()              # op: the innermost Python line of any file (a library's, e.g. GradScaler's)
+    code: tuple = ()             # py: (file, first line, name) of the function the frame runs; () for a C call
+    user: bool = False           # py: the frame's time is the user's own work (see `frame_records`)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -82,6 +97,10 @@ class Record:
     metadata: str = ""           # metadata_json(), where torch fills it (memcpy bytes)
     user_annotation: bool = False  # is_user_annotation(): a record_function range (host or its GPU copy)
     tf32: bool | None = None     # an op's allow_tf32_cublas, from the profiler's event tree
+    site: tuple = ()             # an op's or Python frame's call site in the user's code, from the event tree
+    via: tuple = ()              # an op's innermost Python call site of any file
+    code: tuple = ()             # a Python frame's function (file, first line, name)
+    user: bool = False           # a Python frame that is the user's own work
 
 
 # kineto's ActivityType enum (libkineto/include/ActivityType.h). torch 2.13 reports the name, older
@@ -124,21 +143,31 @@ def _device(value) -> str:
 
 def records_from_profiler(prof) -> tuple[list[Record], int]:
     """(records, trace start in ns) of a finished `torch.profiler.profile`, read through
-    `prof.profiler.kineto_results.events()`; each accessor is optional (defaults when absent)."""
+    `prof.profiler.kineto_results.events()`; each accessor is optional (defaults when absent). With
+    `with_stack=True` the profiler's event tree adds each op's call site and the Python frames of the
+    user's code (`tree_facts`)."""
     inner = getattr(prof, "profiler", prof)
     results = getattr(inner, "kineto_results", None)
     if results is None:
         raise ValueError("no profiler results to read: pass a torch.profiler.profile that has finished "
                          "(left its `with` block or had .stop() called)")
-    tf32 = _tf32_by_op(results)
+    global TREE_ERROR
+    try:
+        tf32, sites, frames = tree_facts(_call(results, "experimental_event_tree", ()) or ())
+        TREE_ERROR = ""
+    except Exception as err:      # noqa: BLE001 - the call sites are extra: the profile stands without them
+        tf32, sites, frames = {}, {}, []
+        TREE_ERROR = f"the profiler's event tree could not be read ({type(err).__name__}: {err}): no call sites"
     records = []
     for e in results.events():
         start = int(_call(e, "start_ns", 0) or 0)
         end = _call(e, "end_ns")
         if end is None:
             end = start + int(_call(e, "duration_ns", 0) or 0)
+        name = str(_call(e, "name", ""))
+        user_site, via = sites.get((name, start), ((), ()))
         records.append(Record(
-            name=str(_call(e, "name", "")), device_type=_device(_call(e, "device_type", "cpu")),
+            name=name, device_type=_device(_call(e, "device_type", "cpu")),
             activity=activity_name(_call(e, "activity_type")), start_ns=start, end_ns=int(end),
             thread=int(_call(e, "start_thread_id", 0) or 0), resource=int(_call(e, "device_resource_id", 0) or 0),
             correlation_id=int(_call(e, "correlation_id", 0) or 0),
@@ -146,21 +175,148 @@ def records_from_profiler(prof) -> tuple[list[Record], int]:
             shapes=_shapes(_call(e, "shapes", ())), dtypes=tuple(str(d) for d in (_call(e, "dtypes", ()) or ())),
             flops=float(_call(e, "flops", 0) or 0), metadata=str(_call(e, "metadata_json", "") or ""),
             user_annotation=bool(_call(e, "is_user_annotation", False)),
-            tf32=tf32.get((str(_call(e, "name", "")), start))))
-    return records, int(_call(results, "trace_start_ns", 0) or 0)
+            tf32=tf32.get((name, start)), site=user_site, via=via))
+    return records + frames, int(_call(results, "trace_start_ns", 0) or 0)
 
 
-def _tf32_by_op(results) -> dict:
-    """{(op name, start ns): allow_tf32_cublas} from the profiler's event tree: whether cuBLAS could use
-    TF32 when each op ran (a step may switch it for its own matrix products, as lesson 06's does)."""
-    out, todo = {}, list(_call(results, "experimental_event_tree", ()) or ())
+TREE_ERROR = ""      # why the last profile's event tree gave no call sites ("" when it did)
+
+
+# -- the user's code, and where in it things happened ----------------------------------------------------
+# gpulab's own harness: its frames are not the learner's code (the lessons and models are: they are the
+# training code notebook 15 diagnoses, as a learner's own would be).
+HARNESS = tuple(os.path.join("gpulab", part) + os.sep for part in ("diagnose", "core", "notebook", "tools"))
+
+
+@lru_cache(maxsize=None)
+def _library_roots() -> tuple[str, ...]:
+    """Folders whose files are libraries, not the user's code: the standard library, site-packages."""
+    roots = set()
+    paths = sysconfig.get_paths()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        if paths.get(key):
+            roots.add(os.path.realpath(paths[key]))
+    try:
+        roots.update(os.path.realpath(p) for p in site_module.getsitepackages())
+    except AttributeError:          # some virtualenvs' site module lacks it
+        pass
+    for p in sys.path:
+        if p and os.path.basename(p.rstrip(os.sep)) in ("site-packages", "dist-packages"):
+            roots.add(os.path.realpath(p))
+    return tuple(sorted(roots))
+
+
+@lru_cache(maxsize=4096)
+def resolve_file(name: str) -> str:
+    """The path of a file as the profiler names it: torch shortens a file's path by the sys.path entry
+    it was found under ("torch/nn/modules/module.py", "train.py"); the first entry holding it."""
+    if not name or name.startswith("<") or os.path.isabs(name):
+        return name
+    for base in sys.path:
+        candidate = os.path.join(base or os.getcwd(), name)
+        if os.path.exists(candidate):
+            return os.path.realpath(candidate)
+    return name
+
+
+@lru_cache(maxsize=4096)
+def is_user_file(name: str) -> bool:
+    """Whether a Python file is the user's own code: not the standard library, not an installed package
+    (site-packages: torch, numpy...), not frozen or generated code ("<...>"), not gpulab's harness."""
+    if not name or name.startswith("<"):
+        return False
+    path = resolve_file(name)
+    if not os.path.isabs(path):            # not found on sys.path: an installed library's shortened name
+        return False
+    real = os.path.realpath(path)
+    if any(real == root or real.startswith(root + os.sep) for root in _library_roots()):
+        return False
+    return not any(h in real for h in HARNESS)
+
+
+def fmt_site(site: tuple) -> str:
+    """(file, line, function) as "train.py:12 (make_batch)"; "" for ()."""
+    if not site:
+        return ""
+    file, line, func = site
+    return f"{os.path.basename(file) if os.path.isabs(file) else file}:{line}" + (f" ({func})" if func else "")
+
+
+def _site(frame_state) -> tuple:
+    return (str(getattr(frame_state, "file_name", "")), int(getattr(frame_state, "line_number", 0) or 0),
+            str(getattr(frame_state, "function_name", "")))
+
+
+_C_NAME = re.compile(r"<built-in (?:method|function) (\w+)(?: of (.*?) (?:object|type object) at 0x[0-9a-f]+)?>")
+
+
+def c_call_name(name: str) -> str:
+    """A C function as the profiler names it, shorter: "<built-in method astype of numpy.ndarray object at
+    0x7f..>" -> "astype (numpy.ndarray)"."""
+    m = _C_NAME.match(name)
+    if not m:
+        return name
+    return m.group(1) + (f" ({m.group(2)})" if m.group(2) else "")
+
+
+def _kind(node) -> str:
+    return type(getattr(node, "extra_fields", None)).__name__
+
+
+def _contains_op(node) -> bool:
+    todo = list(getattr(node, "children", ()) or ())
     while todo:
-        e = todo.pop()
-        todo.extend(getattr(e, "children", ()) or ())
-        flag = getattr(getattr(e, "extra_fields", None), "allow_tf32_cublas", None)
-        if flag is not None:
-            out[(str(getattr(e, "name", "")), int(getattr(e, "start_time_ns", 0)))] = bool(flag)
-    return out
+        n = todo.pop()
+        if _kind(n) == "_ExtraFields_TorchOp":
+            return True
+        todo.extend(getattr(n, "children", ()) or ())
+    return False
+
+
+def tree_facts(roots) -> tuple[dict, dict, list[Record]]:
+    """From the profiler's event tree: ({(op name, start ns): allow_tf32_cublas}, {(op name, start ns):
+    (user site, via)}, the Python frame records).
+
+    - tf32: whether cuBLAS could use TF32 when each op ran (a step may switch it itself).
+    - sites: for every op, the innermost line of the user's code on its Python stack (the line a learner
+      can change) and the innermost line of any file (GradScaler's `.item()` is in torch/amp, called from
+      the user's `scaler.step(opt)`). Needs `with_stack=True`; without it both are ().
+    - frames: the Python frames the analysis reads (activity PY_FRAME): every call of a function defined
+      in the user's code, every call the user's code makes into a library (`model(x)`, `opt.step()`,
+      numpy's `astype`), nothing deeper inside libraries. `user` is True for the user's own functions and
+      for calls into C code that runs no PyTorch op (numpy, a dict, `gc.collect`): time the host spends
+      on the user's own work. A call that runs ops (`x.to(device)`, `model(x)`) is PyTorch's work."""
+    tf32, sites, frames = {}, {}, []
+    todo = [(n, (), ()) for n in roots]
+    while todo:
+        n, user_site, any_site = todo.pop()
+        kind, ef = _kind(n), getattr(n, "extra_fields", None)
+        start, end = int(getattr(n, "start_time_ns", 0) or 0), int(getattr(n, "end_time_ns", 0) or 0)
+        thread = int(getattr(n, "start_tid", 0) or 0)
+        if kind == "_ExtraFields_PyCall":
+            caller, code = _site(ef.caller), _site(ef.callsite)
+            any_site = caller
+            caller_user, code_user = is_user_file(caller[0]), is_user_file(code[0])
+            if caller_user:
+                user_site = caller
+            if caller_user or code_user:
+                frames.append(Record(code[2], "cpu", PY_FRAME, start, max(end, start), thread=thread, site=caller,
+                                     code=code, user=code_user))
+        elif kind == "_ExtraFields_PyCCall":
+            caller = _site(ef.caller)
+            any_site = caller
+            if is_user_file(caller[0]):
+                user_site = caller
+                frames.append(Record(c_call_name(str(n.name)), "cpu", PY_FRAME, start, max(end, start), thread=thread,
+                                     site=caller, user=not _contains_op(n)))
+        elif kind == "_ExtraFields_TorchOp":
+            key = (str(n.name), start)
+            sites[key] = (user_site, any_site)
+            flag = getattr(ef, "allow_tf32_cublas", None)
+            if flag is not None:
+                tf32[key] = bool(flag)
+        todo.extend((c, user_site, any_site) for c in getattr(n, "children", ()) or ())
+    return tf32, sites, frames
 
 
 def _shapes(shapes) -> tuple:
@@ -178,6 +334,8 @@ def record_kind(r: Record) -> str | None:
     """"gpu", "op", "runtime", or None for what the rules do not read (memory events, Python frames,
     device-side annotations and syncs). Uses kineto's activity type; where this torch build does not
     report it (its `_KinetoEvent` has no `activity_type`), the name, the device and the ids."""
+    if r.activity == PY_FRAME:
+        return PY
     if r.device_type == "cuda":
         if r.activity:
             return GPU if r.activity in DEVICE_WORK else None
@@ -253,7 +411,12 @@ def parse(records: Iterable[Record], trace_start_ns: int | None = None) -> list[
         end = max(r.end_ns, r.start_ns)
         if kind == OP:
             events.append(Event(OP, r.name, us(r.start_ns), us(end), stream=r.thread, shapes=r.shapes,
-                                dtypes=r.dtypes, flops=r.flops, corr=r.correlation_id, tf32=r.tf32))
+                                dtypes=r.dtypes, flops=r.flops, corr=r.correlation_id, tf32=r.tf32, site=r.site,
+                                via=r.via))
+            continue
+        if kind == PY:
+            events.append(Event(PY, r.name, us(r.start_ns), us(end), stream=r.thread, site=r.site, code=r.code,
+                                user=r.user))
             continue
         op_id = launching_op(r)
         op = ops[op_id].name if op_id in ops else ""

@@ -1,24 +1,30 @@
-"""The rules: which bottleneck is yours, and the most fixing it can buy.
+"""The rules: which bottleneck is yours, and what fixing it is expected to buy.
 
 Each rule is a small function `rule(facts) -> Verdict | None` that reads `Facts` (analyze.py) and fires
 when its evidence crosses a threshold. Every threshold is a named constant with its reason.
 
-A fired rule names the share of the (unprofiled) step its fix can remove at most (`share`), so the step
-can get at most `bound = 1 / (1 - share)` times faster (Amdahl's law). Each rule's docstring says why its
-share is an upper bound by construction. Measured gains can still exceed it: by the timings' own noise,
-and where a fix also speeds up what the rule did not count (16-bit autocast also halves the bytes of the
-elementwise kernels between the matrix products). `gpulab bench`'s suite measures how often.
+A fired rule names two shares of the (unprofiled) step:
 
-`run_rules(facts)` runs them all (skipping, with the reason, those that need a GPU when there is none)
-and ranks what fired by its bound, largest first; "compute_bound" is not a fix but what is left, so it
-comes last and only when nothing else fired.
+- `share`, the most its fix can remove: the time its cause took on the host's path (at most the GPU's
+  idle time), or the time its kernels took beyond what the fastest kernel could do. The step can get at
+  most `bound = 1 / (1 - share)` times faster (Amdahl's law): a ceiling, kept beside the estimate.
+- `expected`, what the fix is expected to remove: the same where the fix removes the cause whole, less
+  where it cannot (a 16-bit product still takes its FLOPs at the peak this GPU measured; a fused
+  optimizer still reads and writes every parameter once).
+
+Where a safe variant of the step can be run (TF32 or autocast, pinned staging, the same batch replayed),
+`gpulab.diagnose.confirm` runs it and the verdict carries the measured gain; a verdict whose measured gain
+is under half its expectation is demoted, and says so. `run_rules(facts)` runs every rule (skipping, with
+the reason, those that need a GPU when there is none) and `rank` orders what fired: by measured gain, else
+expected gain; a fix that cannot work until another verdict's fix is made ("blocked_by": a CUDA graph
+cannot capture a step that synchronizes) comes after that one; demoted ones and "compute_bound" (what is
+left, not a fix) last.
 """
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 
 from gpulab.core.memory import fmt_bytes
 from gpulab.diagnose.analyze import Facts
@@ -28,73 +34,127 @@ from gpulab.diagnose.analyze import Facts
 # (torch_tb_profiler, RunProfile.analyze) recommends DataLoader workers when "X % of the step time is in
 # DataLoader" exceeds 5 %; below it, tuning the pipeline buys too little to be worth a lesson.
 INPUT_SHARE_MIN = 0.05
-# The same 5 % for idle time behind a synchronizing call: the host stops queueing work while it waits,
-# so the GPU idles once per sync; as for input, a smaller share is not worth chasing first.
+# The same 5 % for the other host-side causes whose fix is a line or two: a synchronization, a pageable
+# copy, the allocator, the user's own Python, a periodic stall, an exposed copy, DataParallel.
 SYNC_SHARE_MIN = 0.05
-# Pageable copies (their GPU time plus the GPU's idle wait while the host staged them) above 5 %: the
-# same "worth fixing" share; the fix (pinned memory, non_blocking=True) is one line (lesson 05).
 PAGEABLE_SHARE_MIN = 0.05
+ALLOCATOR_SHARE_MIN = 0.05
+HOST_CODE_SHARE_MIN = 0.05
+STALL_SHARE_MIN = 0.05
+COPY_EXPOSED_SHARE_MIN = 0.05
+DATA_PARALLEL_SHARE_MIN = 0.05
 # Host-side launch overhead above 10 % of the step. The fix (CUDA graphs, torch.compile) changes how the
 # step is built, so it must buy more than the one-line fixes above before it is suggested.
 LAUNCH_SHARE_MIN = 0.10
-# ...and only when the median kernel is shorter than this: a kernel shorter than the host's cost of
-# issuing the next one (the dispatcher plus cudaLaunchKernel, tens of microseconds per op with Python
-# around it; lesson 11 measures it) lets the GPU run dry; with longer kernels the queue stays ahead.
-LAUNCH_KERNEL_US_MAX = 20.0
 # ...and only when the host launched most kernels one at a time: at least half as many launch calls as
 # kernels. A step replayed from a CUDA graph (one cudaGraphLaunch for all its kernels) already has the
 # fix; what idles it is the loop around it, not kernel launches.
 LAUNCHES_PER_KERNEL_MIN = 0.5
-# fp32 matrix products without Tensor Cores above 10 % of the step: TF32 or 16-bit autocast speeds them
-# up (lesson 06 measures by how much on this GPU) but changes numerics, so it must be a real share.
+# fp32 matrix products (on the CUDA cores, or TF32 Tensor Cores) above 10 % of the step: 16-bit autocast
+# speeds them up (lesson 06 measures by how much on this GPU) but changes numerics, so it must be a real
+# share.
 FP32_GEMM_SHARE_MIN = 0.10
 # Misaligned 16-bit GEMMs above 5 %: padding a dimension to a multiple of 8 (or 64, lesson 07) is a
 # one-line change, so the "worth fixing" share of the one-line fixes applies.
 MISALIGNED_SHARE_MIN = 0.05
-# The GPU idle inside cudaMalloc/cudaFree above 5 % of the step: the same "worth fixing" share.
-ALLOCATOR_SHARE_MIN = 0.05
-# Peak reserved memory at or above 90 % of the GPU's: a judgement, not a measured edge - with under a
-# tenth left, the allocator has little room to find blocks and retries (frees its cache, synchronizes)
-# as soon as the allocation pattern shifts; lesson 09's checkpointing frees room.
-PEAK_RESERVED_FRAC_MAX = 0.90
+# Layout conversions (NCHW <-> NHWC) above 5 %: channels_last is two lines (lesson 07).
+TRANSPOSE_SHARE_MIN = 0.05
+# Attention by hand (matmul + softmax over T x T scores) above 5 %: F.scaled_dot_product_attention is one
+# line (lesson 13).
+ATTENTION_SHARE_MIN = 0.05
+# An unfused optimizer whose phase (host and GPU) takes 5 % of the step: fused=True is one argument.
+OPTIMIZER_SHARE_MIN = 0.05
+# A fused AdamW reads a parameter, its gradient and two moments and writes three: 7 tensor passes. The
+# foreach one runs about eight elementwise ops over the same tensors (lerp, mul, addcmul, sqrt, div, add,
+# addcdiv, the weight decay's mul): about 21 passes. So fused takes about a third of the GPU time.
+FUSED_OPTIMIZER_FRACTION = 1 / 3
+# Elementwise and normalization kernels above 25 % of the step, outside torch.compile: fusing them is a
+# compile away (lesson 12), and a quarter of the step is where that beats the one-line fixes' 5 %.
+ELEMENTWISE_SHARE_MIN = 0.25
+# A fused chain moves its tensors once instead of once per op. Lesson 12's (x + y).relu().mean(1) on the
+# H200 went from 0.41 to 0.18 ms compiled (the course plan's reference): about half saved. A judgement for
+# a model's mixed elementwise work, where some kernels (reductions, norms) are already single passes.
+FUSION_SAVING = 0.5
 # Communication not hidden behind compute above 10 % of the step: bucketing and overlap (DDP's
 # defaults, lesson 14) restructure the backward pass, so as for launch overhead the bar is 10 %.
 COMM_EXPOSED_SHARE_MIN = 0.10
+# All-reduces of micro-batches before the last one (accumulation without no_sync) above 5 %: no_sync is
+# one `with` (lesson 10).
+NO_SYNC_SHARE_MIN = 0.05
+# Graph breaks whose eager stretches take 5 % of the step, and CUDA graphs that inductor skipped while
+# the host spends 5 % launching: both are found by reading compile's own reasons (TORCH_LOGS).
+GRAPH_BREAK_SHARE_MIN = 0.05
+CUDAGRAPH_SKIP_SHARE_MIN = 0.05
+# Peak *allocated* memory at or above 90 % of what this process may use: a judgement, not a measured edge
+# - with under a tenth left, the allocator has little room to find blocks and retries (frees its cache,
+# synchronizes) as soon as the allocation pattern shifts. Reserved memory is not the measure: its cache of
+# free blocks is reused and given back under pressure.
+PEAK_ALLOCATED_FRAC_MAX = 0.90
 # The GPU busy at least 90 % of the step: the host keeps it fed, so what is left is the kernels' own
 # speed (MFU). Below it, idle time is a larger lever than any kernel.
 COMPUTE_BUSY_MIN = 0.90
+# Two verdicts expected to buy within this much of each other are ranked by how small their fix is
+# (FIX_ORDER): a judgement on the timings' own spread (a few percent).
+TIE = 0.02
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """A fired rule: the bottleneck, where the course teaches it, and what fixing it can buy at most."""
+    """A fired rule: the bottleneck, where the course teaches it, what its fix is expected to buy, what it
+    can buy at most, and (after `confirm`) what a run of the fixed variant measured."""
 
     rule: str
     bottleneck: str           # a human name
     lesson: str               # "03"
-    share: float              # the share of the step the fix can remove (0..1), an upper bound
+    share: float              # the most of the step the fix can remove (0..1)
     bound: float              # 1 / (1 - share): the most the step can speed up
-    evidence: str             # the numbers that fired it
+    evidence: str             # the numbers that fired it, and the user's lines they came from
     fix: str                  # what to change, one line
-    actionable: bool = True   # False for "compute_bound": the ceiling that is left, not a fix
+    actionable: bool = True   # False for "compute_bound" and a memory warning: no speed to win
+    expected: float = -1.0    # the share the fix is expected to remove (-1: the same as share)
+    blocked_by: str = ""      # the rule whose fix must come first (this one cannot work until then)
+    measured: float | None = None   # the speed-up a run of the fixed variant measured (confirm.py)
+    confirmation: str = ""    # how it was measured, or why it was not
+    demoted: bool = False     # measured under half its expectation: ranked last, with why
+
+    @property
+    def expected_share(self) -> float:
+        return self.share if self.expected < 0 else self.expected
+
+    @property
+    def expected_gain(self) -> float:
+        s = self.expected_share
+        return 1.0 / (1.0 - s) if s < 1.0 else math.inf
+
+    @property
+    def gain(self) -> float:
+        """What ranks it: the measured speed-up where a variant was run, else the expected one."""
+        return self.measured if self.measured is not None else self.expected_gain
 
     def to_dict(self) -> dict:
-        """Plain values; an infinite bound (a share of 1) becomes None."""
-        return {"rule": self.rule, "bottleneck": self.bottleneck, "lesson": self.lesson, "share": self.share,
-                "bound": self.bound if self.bound != float("inf") else None, "evidence": self.evidence,
-                "fix": self.fix, "actionable": self.actionable}
+        """Plain values; an infinite gain (a share of 1) becomes None."""
+        out = asdict(self)
+        finite = lambda x: x if x is None or math.isfinite(x) else None      # noqa: E731
+        out.update(bound=finite(self.bound), expected=self.expected_share, expected_gain=finite(self.expected_gain),
+                   gain=finite(self.gain))
+        return out
 
 
 def verdict(rule: str, bottleneck: str, lesson: str, share: float, evidence: str, fix: str,
-            actionable: bool = True) -> Verdict:
+            actionable: bool = True, expected: float | None = None, blocked_by: str = "") -> Verdict:
     """A Verdict with its Amdahl bound: a step that loses `share` of its time runs 1 / (1 - share) faster."""
     share = min(max(share, 0.0), 1.0)
     bound = 1.0 / (1.0 - share) if share < 1.0 else float("inf")
-    return Verdict(rule, bottleneck, lesson, share, bound, evidence, fix, actionable)
+    expected = share if expected is None else min(max(expected, 0.0), share)
+    return Verdict(rule, bottleneck, lesson, share, bound, evidence, fix, actionable, expected, blocked_by)
 
 
 def pct(x: float) -> str:
     return f"{100 * x:.1f} %"
+
+
+def _lines(rows, n: int = 3) -> str:
+    return "; ".join(rows[:n])
 
 
 # -- a fix against its promise -----------------------------------------------------------------------
@@ -107,12 +167,13 @@ NOISE_FLOOR = 0.01
 
 def judge_gain(before_ms: float, after_ms: float, bound: float | None, spread_before: float = 0.0,
                spread_after: float = 0.0) -> dict:
-    """A fix's measured gain against its verdict's Amdahl bound (None: no bound, infinite), from two
-    unprofiled step times and their relative spreads. In time: `promised_ms` = before - before / bound
-    (what the bound allowed the fix to save), `saved_ms` = before - after, `of_promised` their ratio.
-    `within`: it saved at most the promise, give or take the steps' spread (the ratio before / after
-    magnifies a small error in `after` when the promise is most of the step); `enough`: it saved at
-    least PROMISE_KEPT_MIN of the promise; `of_promised_max`: the largest `of_promised` still within."""
+    """A fix's measured gain against a promised speed-up (its verdict's bound or expected gain; None: no
+    bound, infinite), from two unprofiled step times and their relative spreads. In time: `promised_ms` =
+    before - before / bound (what the promise allowed the fix to save), `saved_ms` = before - after,
+    `of_promised` their ratio. `within`: it saved at most the promise, give or take the steps' spread (the
+    ratio before / after magnifies a small error in `after` when the promise is most of the step);
+    `enough`: it saved at least PROMISE_KEPT_MIN of the promise; `of_promised_max`: the largest
+    `of_promised` still within."""
     bound = math.inf if bound is None else bound
     promised = before_ms - before_ms / bound
     saved = before_ms - after_ms
@@ -124,130 +185,322 @@ def judge_gain(before_ms: float, after_ms: float, bound: float | None, spread_be
             "within": saved <= promised + noise * before_ms, "enough": of_promised >= PROMISE_KEPT_MIN}
 
 
-# -- the rules -------------------------------------------------------------------------------------
+# -- host-side rules: a cause on the host's path ---------------------------------------------------------
 def input_bound(f: Facts) -> Verdict | None:
-    """The GPU waits for the next batch. Share: that idle time, and the launch gaps after it: once the GPU
-    has waited, its queue is empty and the rest of the step runs at the pace the host issues work, gaps a
-    pipeline that keeps up also removes. A faster input pipeline can at best remove both, never more."""
-    share = f.share(f.idle("input"))
+    """The host makes or waits for the next batch while the GPU waits: a DataLoader's `__next__`, or the
+    batch made in the main thread before it is copied. Share: that host time, at most the GPU's idle
+    (`Facts.idle`): with the batches made elsewhere, the step needs the rest of the host's work and the
+    GPU's, and no less."""
+    ms = f.idle("input")
+    share = f.share(ms)
     if share < INPUT_SHARE_MIN:
         return None
-    share = f.share(f.idle("input") + f.idle("launch"))
-    return verdict("input_bound", "input pipeline (waiting for the DataLoader)", "03", share,
-                   f"GPU idle {f.idle('input'):.3g} ms per step ({pct(f.share(f.idle('input')))}) while the host "
-                   f"waited for the next batch (threshold {pct(INPUT_SHARE_MIN)}), and {f.idle('launch'):.3g} ms "
-                   "of launch gaps",
-                   "DataLoader(num_workers>0, pin_memory=True, persistent_workers=True, prefetch_factor)")
+    where = f.sites("input")
+    main = f.precopy_ms > 0.5 * f.host_by_cause.get("input", 0.0)
+    how = ("made in the main thread before its copy to the GPU" if main else "waited for from the DataLoader")
+    fix = ("move the batch making into a Dataset and load it with DataLoader(num_workers>0, pin_memory=True, "
+           "persistent_workers=True)" if main else
+           "DataLoader(num_workers>0, pin_memory=True, persistent_workers=True, prefetch_factor)")
+    return verdict("input_bound", "input pipeline (the host makes the batch while the GPU waits)", "03", share,
+                   f"the host spent {f.host('input'):.3g} ms per step on the batch ({how}), the GPU idle "
+                   f"{f.base_idle_ms:.3g} ms; at most {ms:.3g} ms ({pct(share)}) to win (threshold "
+                   f"{pct(INPUT_SHARE_MIN)})" + (f"; where: {where}" if where else ""), fix)
+
+
+def _sync_rows(f: Facts) -> list[str]:
+    rows = [f"{site or '(no line of yours)'}" + (f" via {via}" if via and via != site else "")
+            + f": blocked {ms:.3g} ms, {n:.2g} call(s) per step" for site, via, ms, n in f.syncs if ms > 0]
+    if not rows and f.hidden_syncs:
+        rows = [f"{site or '(no line of yours)'}" + (f" via {via}" if via and via != site else "")
+                for site, via, *_ in f.hidden_syncs]
+    return rows
 
 
 def host_sync(f: Facts) -> Verdict | None:
-    """The host waits for the GPU (`.item()`, `print(tensor)`, `torch.cuda.synchronize()`), so the
-    queue runs empty. Share: the idle time that followed such waits; removing them can at best remove it."""
-    share = f.share(f.idle("sync"))
+    """The host waits for the GPU (`.item()`, `.cpu()`, a blocking copy, `torch.cuda.synchronize()`), so
+    nothing is queued ahead and the host's other work runs while the GPU idles. Share: the time the host
+    was blocked, at most the GPU's idle: without the wait, that other work overlaps the GPU's."""
+    ms = f.idle("sync")
+    share = f.share(ms)
     if share < SYNC_SHARE_MIN:
         return None
-    return verdict("host_sync", "host synchronization (.item(), synchronize)", "01", share,
-                   f"GPU idle {f.idle('sync'):.3g} ms per step ({pct(share)}) right after the host "
-                   f"waited on it (threshold {pct(SYNC_SHARE_MIN)})",
-                   "keep values on the GPU (no .item()/print per step; read them every N steps)")
+    rows = _sync_rows(f)
+    scaler = any("grad_scaler" in via for _, via, *_ in f.syncs)
+    fix = ("keep values on the GPU (no .item()/.cpu()/print per step; read them every N steps); "
+           "copy with non_blocking=True from pinned memory")
+    if scaler:
+        fix += "; GradScaler's own .item() goes with a fused optimizer (fused=True)"
+    return verdict("host_sync", "host synchronization (.item(), .cpu(), a blocking copy)", "01", share,
+                   f"the host was blocked {f.host('sync'):.3g} ms per step waiting for the GPU, the GPU idle "
+                   f"{f.base_idle_ms:.3g} ms; at most {ms:.3g} ms ({pct(share)}) to win (threshold "
+                   f"{pct(SYNC_SHARE_MIN)}); where: {_lines(rows) or 'not found'}", fix)
 
 
 def pageable_copy(f: Facts) -> Verdict | None:
-    """Host<->device copies from pageable memory: staged by the CPU, and they block the host. Share:
-    their GPU time plus the idle time while the host staged them; pinned, asynchronous copies can at
-    best hide all of it behind compute."""
-    share = min(f.busy_share(f.pageable_copy_ms) + f.share(f.idle("pageable_copy")), 1.0)
+    """Host<->device copies from pageable memory: the host stages them through a pinned buffer and waits.
+    Share: that host time, at most the step minus the GPU's other work (the copy itself still runs on the
+    GPU, from pinned memory faster and beside compute)."""
+    other_gpu = max(f.busy_ms - f.pageable_copy_ms, 0.0)
+    ms = min(f.host("pageable_copy"), max(f.base_ms - other_gpu, 0.0))
+    share = f.share(ms)
     if share < PAGEABLE_SHARE_MIN:
         return None
+    rows = [f"{site or '(no line of yours)'}: {fmt_bytes(int(nbytes))} per step, {host_ms:.3g} ms on the host"
+            for site, host_ms, nbytes in f.pageable_copies]
     return verdict("pageable_copy", "pageable host<->device copies", "05", share,
-                   f"pageable copies {f.pageable_copy_ms:.3g} ms on the GPU + {f.idle('pageable_copy'):.3g} ms "
-                   f"GPU idle while staging, per step ({pct(share)}; threshold {pct(PAGEABLE_SHARE_MIN)})",
-                   "pin the host tensors (pin_memory=True) and copy with .to(device, non_blocking=True)")
+                   f"the host staged pageable copies for {f.host('pageable_copy'):.3g} ms per step ({pct(share)} "
+                   f"of the step at most; threshold {pct(PAGEABLE_SHARE_MIN)}); where: {_lines(rows) or 'not found'}",
+                   "pin the host tensors (pin_memory=True, or a pinned buffer reused after its copy's event) and "
+                   "copy with .to(device, non_blocking=True)")
+
+
+def _has_syncs(f: Facts) -> bool:
+    return any(ms > 0 for _, _, ms, _ in f.syncs) or bool(f.hidden_syncs)
 
 
 def launch_bound(f: Facts) -> Verdict | None:
-    """The host cannot issue kernels as fast as the GPU runs them. Fires on the idle time while the host
-    was issuing work. Share: that and the idle while the host ran its own code ("other"): a replayed CUDA
-    graph runs none of the step's host work, so at best the step shrinks to its busy time."""
+    """The host cannot issue kernels as fast as the GPU runs them: PyTorch's ops and the framework's Python
+    on the host's path. Share: that host time, at most the GPU's idle: a replayed CUDA graph runs none of
+    it. A step that synchronizes cannot be captured: the verdict is then blocked by host_sync."""
     ms = f.idle("launch")
-    if f.share(ms) < LAUNCH_SHARE_MIN or f.median_kernel_us is None or f.median_kernel_us >= LAUNCH_KERNEL_US_MAX:
+    if f.share(ms) < LAUNCH_SHARE_MIN:
         return None
     if f.launches_per_step is not None and f.launches_per_step < LAUNCHES_PER_KERNEL_MIN * f.kernels_per_step:
         return None
-    share = f.share(ms + f.idle("other"))
-    return verdict("launch_bound", "kernel launch overhead (many short kernels)", "11", share,
-                   f"GPU idle {ms:.3g} ms per step ({pct(f.share(ms))}) while the host issued work, "
-                   f"{f.idle('other'):.3g} ms in its own code; "
-                   f"{f.kernels_per_step:.0f} kernels per step, median {f.median_kernel_us:.3g} us "
-                   f"(thresholds {pct(LAUNCH_SHARE_MIN)}, < {LAUNCH_KERNEL_US_MAX:g} us)",
-                   "capture the step in a CUDA graph (torch.compile(mode='reduce-overhead')) or fuse small ops")
+    blocked = "host_sync" if _has_syncs(f) else ""
+    fix = "capture the step in a CUDA graph (torch.compile(mode='reduce-overhead')) or fuse small ops"
+    if blocked:
+        fix = f"first remove the synchronizations (a graph cannot capture them: {_lines(_sync_rows(f), 1)}); then " + fix
+    return verdict("launch_bound", "kernel launch overhead (the host issues work slower than the GPU runs it)", "11",
+                   f.share(ms), f"the host spent {f.host('launch'):.3g} ms per step issuing GPU work, the GPU idle "
+                   f"{f.base_idle_ms:.3g} ms; {f.kernels_per_step:.0f} kernels per step, median "
+                   f"{f.median_kernel_us or 0:.3g} us (threshold {pct(LAUNCH_SHARE_MIN)})"
+                   + (f"; where: {f.sites('launch')}" if f.sites("launch") else ""), fix, blocked_by=blocked)
 
 
-def _above_peak(ms: float, flops: float, f: Facts) -> float:
-    """What remains of `ms` beyond the time `flops` take at the fastest a 16-bit matrix product can run
-    (`kernel_ceiling_tflops`, the datasheet's dense peak, else the measured one): the most a faster kernel
-    can save (all of `ms` when the ceiling or the FLOPs are unknown)."""
-    ceiling = max(f.kernel_ceiling_tflops or 0.0, f.peak_tflops or 0.0)
-    if ceiling and flops:
-        return max(ms - flops / (ceiling * 1e12) * 1e3, 0.0)
-    return ms
-
-
-def fp32_no_tensor_cores(f: Facts) -> Verdict | None:
-    """fp32 matrix products on the CUDA cores. Share: their time minus what their FLOPs take at the
-    16-bit Tensor Core peak; no precision setting beats that peak, so the fix saves at most the rest."""
-    ms, flops = f.gemm_ms(lambda g: g.dtype == "fp32" and not g.tensor_cores)
-    if f.busy_share(ms) < FP32_GEMM_SHARE_MIN:
+def host_code(f: Facts) -> Verdict | None:
+    """The host runs the user's own Python (outside PyTorch, after the batch is on the GPU: logging,
+    metrics, bookkeeping, the garbage collector) while the GPU waits. Share: that time, at most the idle."""
+    ms = f.idle("host_code")
+    share = f.share(ms)
+    if share < HOST_CODE_SHARE_MIN:
         return None
-    share = f.busy_share(_above_peak(ms, flops, f))
-    return verdict("fp32_no_tensor_cores", "Tensor Cores unused (fp32 matrix products)", "06", share,
-                   f"fp32 GEMMs without Tensor Cores {ms:.3g} ms per step ({pct(f.busy_share(ms))}; threshold "
-                   f"{pct(FP32_GEMM_SHARE_MIN)}); TF32 for matmuls {'on' if f.tf32_matmul else 'off'}",
-                   "train under torch.amp.autocast('cuda', dtype=torch.bfloat16) (fp16 + GradScaler "
-                   "without bf16), or allow TF32")
+    return verdict("host_code", "your own Python on the host's path", "03", share,
+                   f"the host ran your code for {f.host('host_code'):.3g} ms per step while the GPU idled "
+                   f"{f.base_idle_ms:.3g} ms (threshold {pct(HOST_CODE_SHARE_MIN)}); where: "
+                   f"{f.sites('host_code') or 'not found'}",
+                   "take it off the step: do it every N steps, in a DataLoader worker or a thread, or on the GPU")
 
 
-def misaligned_gemm(f: Facts) -> Verdict | None:
-    """16-bit GEMMs with a dimension that is not a multiple of 8. Share: their time minus what their
-    FLOPs take at the 16-bit peak: padding cannot make them faster than the peak."""
-    ms, flops = f.gemm_ms(lambda g: g.misaligned)
-    if f.busy_share(ms) < MISALIGNED_SHARE_MIN:
-        return None
-    worst = max((g for g in f.gemms if g.misaligned), key=lambda g: g.gpu_ms)
-    share = f.busy_share(_above_peak(ms, flops, f))
-    return verdict("misaligned_gemm", "misaligned matrix shapes (Tensor Core tiles)", "07", share,
-                   f"16-bit GEMMs with M, N or K not a multiple of 8: {ms:.3g} ms per step "
-                   f"({pct(f.busy_share(ms))}; threshold {pct(MISALIGNED_SHARE_MIN)}), largest {worst.op} "
-                   f"{list(worst.shapes)}",
-                   "pad the odd dimension (vocabulary, hidden size, batch x sequence) to a multiple of 64")
-
-
-def memory_pressure(f: Facts) -> Verdict | None:
-    """The caching allocator struggles: retries (cudaFree of its cache, a synchronize, cudaMalloc
-    again), time in cudaMalloc/cudaFree, or almost no memory left. Share: the idle time inside the
-    allocator, all a better allocation pattern can give back (0 when only the warning signs fired)."""
+def allocator(f: Facts) -> Verdict | None:
+    """The host waits in cudaMalloc / cudaFree (the caching allocator asking the driver, its retries, an
+    `empty_cache()`). Share: that host time, at most the idle."""
     m = f.memory
     ms = f.idle("allocator")
     share = f.share(ms)
     retries = m.alloc_retries if m else 0
-    near_full = m is not None and m.peak_reserved_frac >= PEAK_RESERVED_FRAC_MAX
-    if not (retries > 0 or share >= ALLOCATOR_SHARE_MIN or near_full):
+    if not (retries > 0 or share >= ALLOCATOR_SHARE_MIN):
         return None
-    evidence = [f"GPU idle in the allocator {ms:.3g} ms per step ({pct(share)})"]
+    evidence = [f"the host waited in the allocator {f.host('allocator'):.3g} ms per step ({pct(share)}; threshold "
+                f"{pct(ALLOCATOR_SHARE_MIN)})"]
     if m is not None:
-        evidence.append(f"{retries} allocation retries; inactive split {fmt_bytes(m.inactive_split_bytes)}; "
-                        f"peak reserved {fmt_bytes(m.peak_reserved_bytes)} of {fmt_bytes(m.total_bytes)} "
-                        f"({pct(m.peak_reserved_frac)})")
-    if near_full:
-        fix, lesson = "free room: activation checkpointing, a smaller micro-batch with accumulation", "09"
-    else:
-        fix, lesson = "keep shapes steady, free what you no longer need, PYTORCH_ALLOC_CONF=expandable_segments:True", "02"
-    return verdict("memory_pressure", "memory pressure / fragmentation", lesson, share, "; ".join(evidence), fix)
+        evidence.append(f"{retries} allocation retries in {m.steps} steps; peak allocated "
+                        f"{fmt_bytes(m.peak_allocated_bytes)} of {fmt_bytes(m.total_bytes)} ({m.cap_source}), the "
+                        f"allocator's cache {fmt_bytes(m.cached_bytes)} more")
+    if f.sites("allocator"):
+        evidence.append(f"where: {f.sites('allocator')}")
+    return verdict("memory_pressure", "memory pressure / fragmentation (the allocator on the host's path)", "02",
+                   share, "; ".join(evidence),
+                   "keep shapes steady, no empty_cache() in the loop, PYTORCH_ALLOC_CONF=expandable_segments:True")
+
+
+def memory_full(f: Facts) -> Verdict | None:
+    """Tensors hold nearly all the memory this process may use (its cap where one is set): not slow yet,
+    but one larger batch or a shape change away from retries and out-of-memory. No speed to win: a note."""
+    m = f.memory
+    if m is None or not m.total_bytes or m.peak_allocated_frac < PEAK_ALLOCATED_FRAC_MAX:
+        return None
+    return verdict("memory_full", "memory nearly full", "09", 0.0,
+                   f"peak allocated {fmt_bytes(m.peak_allocated_bytes)} of {fmt_bytes(m.total_bytes)} "
+                   f"({pct(m.peak_allocated_frac)}, {m.cap_source}; threshold {pct(PEAK_ALLOCATED_FRAC_MAX)}); "
+                   f"the allocator's cache {fmt_bytes(m.cached_bytes)} on top, reusable",
+                   "room for a larger batch: activation checkpointing or a smaller micro-batch with accumulation",
+                   actionable=False)
+
+
+def periodic_stall(f: Facts) -> Verdict | None:
+    """Some steps take several times the typical one (a log line with a read-back, a checkpoint, the
+    garbage collector, a recompile). Share: the slow steps' excess over the median, per step."""
+    s = f.stalls
+    if s is None or not s.slow or s.mean_ms <= 0:
+        return None
+    share = min(max(s.mean_ms - s.median_ms, 0.0) / s.mean_ms, 1.0)
+    if share < STALL_SHARE_MIN:
+        return None
+    every = f"every {s.period} steps" if s.period else "at uneven intervals"
+    slow = [s.step_ms[i] for i in s.slow]
+    where = (f"; the slow step spent {s.site_ms:.3g} ms more than a typical one in {s.site}" if s.site else "")
+    return verdict("periodic_stall", "periodic stall (a slow step every few)", "01", share,
+                   f"{len(s.slow)} of {len(s.step_ms)} timed steps took over 3x the median host step "
+                   f"({max(slow):.3g} ms at most, median {statistics_median(s.step_ms):.3g} ms), {every}; the mean "
+                   f"step {s.mean_ms:.3g} ms against the median {s.median_ms:.3g} ms (threshold "
+                   f"{pct(STALL_SHARE_MIN)}){where}",
+                   "do it less often or off the step's path (a thread, torch.distributed.checkpoint.async_save; "
+                   "gc.freeze() after start-up)")
+
+
+def statistics_median(values) -> float:
+    import statistics
+    return statistics.median(values)
+
+
+def data_parallel(f: Facts) -> Verdict | None:
+    """nn.DataParallel: one process replicates the model and scatters and gathers every step (lesson 14).
+    Share: its host time, at most the idle."""
+    ms = min(f.data_parallel_ms * f.host_scale, f.base_idle_ms)
+    share = f.share(ms)
+    if f.data_parallel_ms <= 0 or share < DATA_PARALLEL_SHARE_MIN:
+        return None
+    return verdict("data_parallel", "nn.DataParallel (one process drives every GPU)", "14", share,
+                   f"the host spent {f.data_parallel_ms * f.host_scale:.3g} ms per step in DataParallel.forward "
+                   f"(threshold {pct(DATA_PARALLEL_SHARE_MIN)})",
+                   "DistributedDataParallel, one process per GPU (torchrun)")
+
+
+# -- GPU-side rules: kernels that could be faster --------------------------------------------------------
+def _above(ms: float, flops: float, tflops: float | None) -> float:
+    """What remains of `ms` beyond the time `flops` take at `tflops` (all of `ms` when unknown)."""
+    if tflops and flops:
+        return max(ms - flops / (tflops * 1e12) * 1e3, 0.0)
+    return ms
+
+
+def _ceilings(f: Facts) -> tuple[float | None, float | None]:
+    """(the fastest a 16-bit product runs: the datasheet's peak where known, else the measured; the
+    measured peak, what an expected gain assumes)."""
+    ceiling = max(f.kernel_ceiling_tflops or 0.0, f.peak_tflops or 0.0) or None
+    return ceiling, f.peak_tflops or ceiling
+
+
+def fp32_matmuls(f: Facts) -> Verdict | None:
+    """Matrix products and convolutions in fp32: on the CUDA cores, or as TF32 on the Tensor Cores (cuDNN
+    allows TF32 for convolutions by default), at half or less of the 16-bit rate. Share: their time minus
+    what their FLOPs take at the 16-bit ceiling; expected: minus what they take at this GPU's measured
+    16-bit peak."""
+    ms, flops = f.gemm_ms(lambda g: g.dtype == "fp32")
+    if f.busy_share(ms) < FP32_GEMM_SHARE_MIN:
+        return None
+    ieee, _ = f.gemm_ms(lambda g: g.dtype == "fp32" and g.math == "fp32")
+    tf32, _ = f.gemm_ms(lambda g: g.dtype == "fp32" and g.math == "tf32")
+    ceiling, peak = _ceilings(f)
+    return verdict("fp32_matmuls", "fp32 matrix products (not 16-bit)", "06", f.busy_share(_above(ms, flops, ceiling)),
+                   f"fp32 GEMMs and convolutions {ms:.3g} ms per step ({pct(f.busy_share(ms))}; threshold "
+                   f"{pct(FP32_GEMM_SHARE_MIN)}): {ieee:.3g} ms on the CUDA cores, {tf32:.3g} ms as TF32 "
+                   "(math mode read per kernel)",
+                   "train under torch.amp.autocast('cuda', dtype=torch.bfloat16) (fp16 + GradScaler without bf16)"
+                   + (", or allow TF32" if ieee > tf32 else ""),
+                   expected=f.busy_share(_above(ms, flops, peak)))
+
+
+def misaligned_gemm(f: Facts) -> Verdict | None:
+    """16-bit GEMMs with a dimension that is not a multiple of 8. Share: their time minus what their
+    FLOPs take at the 16-bit ceiling: padding cannot make them faster than that."""
+    ms, flops = f.gemm_ms(lambda g: g.misaligned)
+    if f.busy_share(ms) < MISALIGNED_SHARE_MIN:
+        return None
+    worst = max((g for g in f.gemms if g.misaligned), key=lambda g: g.gpu_ms)
+    ceiling, peak = _ceilings(f)
+    return verdict("misaligned_gemm", "misaligned matrix shapes (Tensor Core tiles)", "07",
+                   f.busy_share(_above(ms, flops, ceiling)),
+                   f"16-bit GEMMs with M, N or K not a multiple of 8: {ms:.3g} ms per step "
+                   f"({pct(f.busy_share(ms))}; threshold {pct(MISALIGNED_SHARE_MIN)}), largest {worst.op} "
+                   f"{list(worst.shapes)}",
+                   "pad the odd dimension (vocabulary, hidden size, batch x sequence) to a multiple of 64",
+                   expected=f.busy_share(_above(ms, flops, peak)))
+
+
+def layout_transposes(f: Facts) -> Verdict | None:
+    """cuDNN converting NCHW tensors to NHWC and back around its Tensor Core convolutions. Share: those
+    kernels' time; channels_last removes them."""
+    share = f.busy_share(f.transpose_ms)
+    if share < TRANSPOSE_SHARE_MIN:
+        return None
+    return verdict("layout_transposes", "NCHW layout conversions around convolutions", "07", share,
+                   f"layout conversion kernels (nchwToNhwc / nhwcToNchw) {f.transpose_ms:.3g} ms per step "
+                   f"(threshold {pct(TRANSPOSE_SHARE_MIN)})",
+                   "model.to(memory_format=torch.channels_last) and the inputs likewise")
+
+
+def attention_math(f: Facts) -> Verdict | None:
+    """Attention written as matmul, softmax, matmul over a (T, T) score matrix: the scores go to memory and
+    back several times. Share: those kernels' time minus their FLOPs at the 16-bit ceiling (a fused kernel
+    keeps the scores on chip)."""
+    ms = f.attention_math_ms
+    if f.busy_share(ms) < ATTENTION_SHARE_MIN:
+        return None
+    ceiling, peak = _ceilings(f)
+    t = "x".join(str(x) for x in f.attention_shape)
+    return verdict("attention_math", "attention by hand (scores materialized)", "13",
+                   f.busy_share(_above(ms, f.attention_math_flops, ceiling)),
+                   f"matmul + softmax over {t} scores: {ms:.3g} ms per step ({pct(f.busy_share(ms))}; threshold "
+                   f"{pct(ATTENTION_SHARE_MIN)})",
+                   "torch.nn.functional.scaled_dot_product_attention (Flash / memory-efficient kernels)",
+                   expected=f.busy_share(_above(ms, f.attention_math_flops, peak)))
+
+
+def optimizer_unfused(f: Facts) -> Verdict | None:
+    """An optimizer that updates parameters with many kernels (foreach or a loop), not one fused kernel.
+    Share: its phase on the host's path (its host time beyond its GPU time, at most the idle) plus its GPU
+    time; expected: the host part and two thirds of the GPU time (FUSED_OPTIMIZER_FRACTION)."""
+    if f.optimizer_fused is None or f.optimizer_fused:
+        return None
+    host_ms = f.optimizer_host_ms * f.host_scale
+    gpu_ms = f.optimizer_gpu_ms
+    exposed_host = min(max(host_ms - gpu_ms, 0.0), f.base_idle_ms)
+    scaler = sum(min(ms * f.host_scale, f.base_idle_ms) for _, via, ms, _ in f.syncs if "grad_scaler" in via)
+    share = f.share(exposed_host + f.busy_share(gpu_ms) * f.base_ms + scaler)
+    expected = f.share(exposed_host + gpu_ms * (1 - FUSED_OPTIMIZER_FRACTION) + scaler)
+    if expected < OPTIMIZER_SHARE_MIN:
+        return None
+    name = f.optimizer_name or "the optimizer"
+    return verdict("optimizer_unfused", "unfused optimizer", "12", share,
+                   f"{name}.step: {f.optimizer_kernels:.0f} kernels, {gpu_ms:.3g} ms on the GPU, {host_ms:.3g} ms on "
+                   f"the host per step" + (f"; GradScaler's .item() blocked {scaler:.3g} ms" if scaler else "")
+                   + f" (threshold {pct(OPTIMIZER_SHARE_MIN)})",
+                   f"torch.optim.{f.optimizer_name or 'AdamW'}(..., fused=True)", expected=expected)
+
+
+def elementwise_unfused(f: Facts) -> Verdict | None:
+    """Elementwise and normalization kernels take a large part of the step outside torch.compile: each
+    moves its tensors through memory once. Share: their time; expected: FUSION_SAVING of it."""
+    ms = f.busy_by_class.get("elementwise_norm", 0.0)
+    share = f.busy_share(ms)
+    if f.compiled_regions > 0 or share < ELEMENTWISE_SHARE_MIN:
+        return None
+    return verdict("elementwise_unfused", "unfused elementwise work", "12", share,
+                   f"elementwise and normalization kernels {ms:.3g} ms per step ({pct(share)}; threshold "
+                   f"{pct(ELEMENTWISE_SHARE_MIN)}), no torch.compile'd region",
+                   "torch.compile the model (or the loss), which fuses elementwise chains",
+                   expected=share * FUSION_SAVING)
+
+
+def copy_not_overlapped(f: Facts) -> Verdict | None:
+    """Large copies between host and GPU while no kernel runs: the copy engine could run them beside
+    compute. Share: that time, at most the compute there is to hide it under."""
+    compute = max(f.busy_ms - f.copy_exposed_ms, 0.0)
+    share = f.busy_share(min(f.copy_exposed_ms, compute))
+    if share < COPY_EXPOSED_SHARE_MIN:
+        return None
+    return verdict("copy_not_overlapped", "copies not overlapped with compute", "08", share,
+                   f"copies of 1 MiB or more with no kernel beside them {f.copy_exposed_ms:.3g} ms per step "
+                   f"(threshold {pct(COPY_EXPOSED_SHARE_MIN)})",
+                   "copy the next batch on a side stream while this one trains (torch.cuda.Stream, wait_stream, "
+                   "record_stream; pinned memory, non_blocking=True)")
 
 
 def comm_not_overlapped(f: Facts) -> Verdict | None:
-    """Collectives (NCCL) that run while no compute runs beside them. Share: that exposed time;
-    overlapping communication with the backward pass can at best hide all of it."""
+    """Collectives (NCCL) that queued work waited for. Share: that exposed time; overlapping communication
+    with the backward pass can at best hide all of it."""
     share = f.busy_share(f.comm_exposed_ms)
     if share < COMM_EXPOSED_SHARE_MIN:
         return None
@@ -257,14 +510,86 @@ def comm_not_overlapped(f: Facts) -> Verdict | None:
                    "let DDP overlap: gradient buckets (bucket_cap_mb), no_sync() while accumulating")
 
 
+def no_sync_accumulation(f: Facts) -> Verdict | None:
+    """Gradient accumulation under DDP that all-reduces every micro-batch: only the last one's all-reduce
+    is needed. Share: the communication before the step's last forward."""
+    share = f.busy_share(f.comm_early_ms)
+    if f.ddp_forwards <= 1 or share < NO_SYNC_SHARE_MIN:
+        return None
+    return verdict("no_sync_accumulation", "gradient accumulation all-reducing every micro-batch", "10", share,
+                   f"{f.ddp_forwards:.2g} DDP forwards per step; communication before the last one "
+                   f"{f.comm_early_ms:.3g} ms per step (threshold {pct(NO_SYNC_SHARE_MIN)})",
+                   "with model.no_sync(): around every micro-batch but the last")
+
+
+# -- torch.compile ----------------------------------------------------------------------------------------
+def _compiled(f: Facts, key: str) -> tuple[int, int]:
+    """(during warm-up, during the measured steps) of a compile counter."""
+    c = f.compile or {}
+    before, warm, after = (c.get(k, {}) for k in ("before", "warm", "after"))
+    return warm.get(key, 0) - before.get(key, 0), after.get(key, 0) - warm.get(key, 0)
+
+
+def compile_recompiles(f: Facts) -> Verdict | None:
+    """torch.compile compiled new graphs during the measured steps: the step's shapes (or guarded values)
+    keep changing. Share: the slow steps' excess over the median, per step (a compile is a stall)."""
+    _, measured = _compiled(f, "graphs")
+    if measured <= 0:
+        return None
+    s = f.stalls
+    share = min(max(s.mean_ms - s.median_ms, 0.0) / s.mean_ms, 1.0) if s and s.mean_ms > 0 else 0.0
+    return verdict("compile_recompiles", "torch.compile recompiling during training", "12", share,
+                   f"{measured} new graph(s) compiled during the measured steps"
+                   + (f"; the mean step {s.mean_ms:.3g} ms against the median {s.median_ms:.3g} ms" if s else ""),
+                   "give the compiled code few shapes: pad to a few bucket lengths, or mark the dimension dynamic "
+                   "(torch._dynamo.mark_dynamic)")
+
+
+def compile_graph_breaks(f: Facts) -> Verdict | None:
+    """A compiled model split into several graphs (graph breaks): Python runs between them every step,
+    and nothing fuses across a break. Share: the host time between the compiled regions, at most the idle."""
+    if f.compiled_regions < 2:
+        return None
+    ms = min(f.between_regions_ms * f.host_scale, f.base_idle_ms)
+    share = f.share(ms)
+    if share < GRAPH_BREAK_SHARE_MIN:
+        return None
+    reasons = list((f.compile.get("after") or {}).get("graph_breaks", {}))[:2]
+    return verdict("compile_graph_breaks", "torch.compile graph breaks", "12", share,
+                   f"{f.compiled_regions:.2g} compiled regions per step, {f.between_regions_ms * f.host_scale:.3g} ms "
+                   f"of host time between them (threshold {pct(GRAPH_BREAK_SHARE_MIN)})"
+                   + (f"; dynamo's reasons: {'; '.join(reasons)}" if reasons else ""),
+                   "remove what breaks the graph (.item(), print, data-dependent Python); TORCH_LOGS=graph_breaks "
+                   "names each one")
+
+
+def cudagraphs_skipped(f: Facts) -> Verdict | None:
+    """torch.compile(mode="reduce-overhead") where inductor skipped its CUDA graphs: the kernels are still
+    launched one at a time. Share: the host's launch time, at most the idle (what the graphs would save)."""
+    warm, measured = _compiled(f, "cudagraph_skips")
+    if warm + measured <= 0 or f.compiled_regions <= 0:
+        return None
+    if f.launches_per_step is not None and f.launches_per_step < LAUNCHES_PER_KERNEL_MIN * f.kernels_per_step:
+        return None
+    ms = f.idle("launch")
+    share = f.share(ms)
+    if share < CUDAGRAPH_SKIP_SHARE_MIN:
+        return None
+    return verdict("cudagraphs_skipped", "CUDA graphs skipped by torch.compile", "11", share,
+                   f"inductor skipped CUDA graphs {warm + measured} time(s); the host spent {f.host('launch'):.3g} ms "
+                   f"per step launching (threshold {pct(CUDAGRAPH_SKIP_SHARE_MIN)})",
+                   "remove what inductor names (TORCH_LOGS=perf_hints): CPU tensors passed in, inputs mutated, "
+                   "dynamic shapes")
+
+
 def compute_bound(f: Facts) -> Verdict | None:
     """The device is kept busy: what is left is how fast its kernels run. Share: 1 - MFU, the time the
     step would lose if it ran at the measured 16-bit peak - no kernel runs faster (0 when unknown).
-    `run_rules` shows it last, and only when no other rule fired."""
+    `rank` shows it last, and only when no other rule fired."""
     busy = f.share(f.busy_ms)
     if busy < COMPUTE_BUSY_MIN:
         return None
-    gemm = f.busy_by_class["gemm_tensor_core"] + f.busy_by_class["gemm_no_tensor_core"]
+    gemm = sum(f.busy_by_class.get(c, 0.0) for c in ("gemm_tensor_core", "gemm_no_tensor_core", "gemm_unknown"))
     elementwise = f.busy_by_class["elementwise_norm"] > gemm
     lesson = "12" if elementwise else "13"
     if f.mfu is None:
@@ -281,9 +606,14 @@ def compute_bound(f: Facts) -> Verdict | None:
                    actionable=False)
 
 
+# memory_pressure's function is `allocator` (the name says what it reads); the rule keeps its name.
+allocator.__name__ = "memory_pressure"
+
 RULES: list[Callable[[Facts], Verdict | None]] = [
-    input_bound, host_sync, pageable_copy, launch_bound, fp32_no_tensor_cores, misaligned_gemm,
-    memory_pressure, comm_not_overlapped, compute_bound,
+    input_bound, host_sync, pageable_copy, launch_bound, host_code, periodic_stall, fp32_matmuls, misaligned_gemm,
+    layout_transposes, attention_math, optimizer_unfused, elementwise_unfused, allocator, memory_full,
+    copy_not_overlapped, comm_not_overlapped, no_sync_accumulation, data_parallel, compile_recompiles,
+    compile_graph_breaks, cudagraphs_skipped, compute_bound,
 ]
 
 
@@ -292,15 +622,50 @@ GPU_ONLY = {
     "host_sync": "needs a GPU: on the CPU the host never waits for a device",
     "pageable_copy": "needs a GPU: on the CPU there are no host<->device copies",
     "launch_bound": "needs a GPU: on the CPU there are no kernels to launch or time",
-    "fp32_no_tensor_cores": "needs a GPU: Tensor Cores and their kernel names exist only there",
+    "fp32_matmuls": "needs a GPU: Tensor Cores and their kernel names exist only there",
     "misaligned_gemm": "needs a GPU: Tensor Core tile alignment matters only there",
+    "layout_transposes": "needs a GPU: cuDNN's layout conversions run only there",
+    "attention_math": "needs a GPU: the fused attention kernels it compares with run there",
+    "optimizer_unfused": "needs a GPU: fused optimizers are CUDA kernels",
+    "elementwise_unfused": "needs a GPU: kernel times exist only there",
     "memory_pressure": "needs a GPU: the CUDA caching allocator's statistics exist only there",
+    "memory_full": "needs a GPU: the CUDA caching allocator's statistics exist only there",
+    "copy_not_overlapped": "needs a GPU: on the CPU there are no host<->device copies",
     "comm_not_overlapped": "needs a GPU: NCCL communication kernels run only there",
+    "no_sync_accumulation": "needs a GPU: NCCL communication kernels run only there",
+    "cudagraphs_skipped": "needs a GPU: CUDA graphs exist only there",
 }
+
+# Among verdicts expected to buy about as much (TIE), the smaller fix first.
+FIX_ORDER = ("host_sync", "pageable_copy", "misaligned_gemm", "layout_transposes", "optimizer_unfused",
+             "attention_math", "host_code", "periodic_stall", "input_bound", "fp32_matmuls", "memory_pressure",
+             "copy_not_overlapped", "no_sync_accumulation", "compile_graph_breaks", "compile_recompiles",
+             "cudagraphs_skipped", "elementwise_unfused", "launch_bound", "comm_not_overlapped", "data_parallel")
+
+
+def rank(verdicts: list[Verdict]) -> list[Verdict]:
+    """Fixes by gain (measured, else expected), the smaller fix first among near-equals; a blocked fix after
+    the one blocking it; demoted fixes after the rest; what is not a fix last."""
+    fixes = [v for v in verdicts if v.actionable and not v.demoted]
+    order = {r: i for i, r in enumerate(FIX_ORDER)}
+
+    def key(v: Verdict):
+        return (-round(math.log(v.gain) / math.log1p(TIE)) if v.gain > 1 and math.isfinite(v.gain) else
+                (-math.inf if v.gain == math.inf else 0), order.get(v.rule, len(order)))
+    fixes.sort(key=key)
+    present = {v.rule for v in fixes}
+    out = [v for v in fixes if not (v.blocked_by and v.blocked_by in present)]
+    for v in fixes:                    # a blocked fix right after the fix that unblocks it
+        if v.blocked_by and v.blocked_by in present:
+            at = next(i for i, w in enumerate(out) if w.rule == v.blocked_by)
+            out.insert(at + 1, v)
+    out += sorted((v for v in verdicts if v.actionable and v.demoted), key=key)
+    return out + [v for v in verdicts if not v.actionable]
 
 
 def run_rules(f: Facts, rules: list | None = None) -> tuple[list[Verdict], dict[str, str]]:
-    """(verdicts ranked by bound, largest first; {rule: why it was skipped})."""
+    """(verdicts, ranked; {rule: why it was skipped}). "compute_bound" shows only when no fix fired; a
+    skipped CUDA graph replaces the general launch verdict."""
     fired, skipped = [], {}
     for rule in rules if rules is not None else RULES:
         name = rule.__name__
@@ -310,6 +675,17 @@ def run_rules(f: Facts, rules: list | None = None) -> tuple[list[Verdict], dict[
         v = rule(f)
         if v is not None:
             fired.append(v)
-    fixes = sorted((v for v in fired if v.actionable), key=lambda v: -v.bound)
-    rest = [v for v in fired if not v.actionable] if not fixes else []
-    return fixes + rest, skipped
+    names = {v.rule for v in fired}
+    if "cudagraphs_skipped" in names:
+        fired = [v for v in fired if v.rule != "launch_bound"]
+    if any(v.actionable for v in fired):
+        fired = [v for v in fired if v.rule != "compute_bound"]
+    return rank(fired), skipped
+
+
+def demote(v: Verdict, measured: float, why: str) -> Verdict:
+    """`v` with a measured gain: demoted when it saved under PROMISE_KEPT_MIN of what it was expected to."""
+    kept = (1 - 1 / measured) / v.expected_share if v.expected_share > 0 else math.inf
+    low = kept < PROMISE_KEPT_MIN
+    note = why + (f"; demoted: it saved {kept:.0%} of the expected {pct(v.expected_share)}" if low else "")
+    return replace(v, measured=measured, confirmation=note, demoted=low)

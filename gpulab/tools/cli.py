@@ -176,6 +176,19 @@ def doctor_findings(cpu_ok: bool = False) -> list[Finding]:
             else "valid (its 'auto' depends on the device setting above)")
     except SettingError as err:
         add("GPULAB_SCALE", FAIL, str(err), "unset GPULAB_SCALE, or set tiny, full or auto")
+    from gpulab.core.device import profile
+    from gpulab.core.profiles import PROFILES
+    try:
+        prof = profile()
+        if prof is None:
+            add("GPULAB_PROFILE", OK, "unset: this GPU as it is")
+        else:
+            major, minor = prof.compute_capability
+            add("GPULAB_PROFILE", OK, f"emulating {prof.key}, {prof.name} (compute capability {major}.{minor}, "
+                                      f"{prof.memory_gib:g} GiB): its code paths and memory; timings stay this machine's")
+    except SettingError as err:
+        add("GPULAB_PROFILE", FAIL, str(err),
+            f"unset GPULAB_PROFILE (this GPU as it is), or set one of {', '.join(PROFILES)}")
     return found
 
 
@@ -209,7 +222,7 @@ def _has_gpu() -> bool:
 
 def bench(argv: list[str] | None = None) -> int:
     """`gpulab bench`: exit 0, or 1 with --check when a row fails; 2 for bad arguments, bands or settings
-    (GPULAB_DEVICE, GPULAB_SCALE) or a JSON path that cannot be written, each as one line on stderr.
+    (GPULAB_DEVICE, GPULAB_SCALE, GPULAB_PROFILE) or a JSON path that cannot be written, each as one line on stderr.
     A results store that cannot be written is one line on stderr too; the bench still reports."""
     from gpulab.core.bands import load_bands
     from gpulab.core.device import SCALES
@@ -229,13 +242,14 @@ def bench(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-suite", action="store_true",
                         help="leave out lesson 15, gpulab.diagnose's suite of labelled bad/fixed steps")
     args = parser.parse_args(argv)
-    from gpulab.core.device import pick_device, resolve_scale
+    from gpulab.core.device import pick_device, profile, resolve_scale
     from gpulab.core.results import UnusableResultsWarning, default_path, results_store
     try:
         experiments = B.select(args.lessons.split(",") if args.lessons else None)
         bands = load_bands(args.bands)
         pick_device()                  # GPULAB_DEVICE: a bad value, or cuda without a GPU
         resolve_scale(args.scale)      # GPULAB_SCALE, unless --scale overrides it
+        profile()                      # GPULAB_PROFILE: a profile gpulab does not know
         if args.json:
             _check_writable(args.json, "the JSON")
         elif why := _folder_problem(default_path().parent / "bench"):
@@ -359,35 +373,120 @@ def report(argv: list[str] | None = None) -> int:
 STEP_NAMES = ("make_step", "step")
 
 
+class ScriptError(ValueError):
+    """The script given to `gpulab diagnose` cannot give a step: missing, a folder, a notebook, or its code
+    fails while loading (a syntax error, a failing import, `make_step()` raising). One line, naming the
+    user's file and line where there is one."""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _error_text(err: BaseException) -> str:
+    """`ValueError: bad width`, on one line (the type alone when the error has no message)."""
+    said = _one_line(str(err))
+    return f"{type(err).__name__}: {said}" if said else type(err).__name__
+
+
+def _same_file(a: str, b: str | os.PathLike) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def user_frame(tb, script: str | os.PathLike) -> str | None:
+    """Where in the user's code a traceback went last: "train.py:20 in make_step" (the innermost frame in
+    `script`; its module level is "train.py:20"), else the innermost frame in a file beside the script
+    (a helper module of theirs), else None. Files are named as the user gave the script's path."""
+    import traceback
+    script = Path(script)
+    folder = os.path.realpath(script.parent)
+    frames = [(f.f_code.co_filename, line, f.f_code.co_name) for f, line in traceback.walk_tb(tb)]
+    for in_script in (True, False):
+        for filename, line, name in reversed(frames):
+            if in_script and _same_file(filename, script):
+                shown = str(script)
+            elif not in_script and os.path.dirname(os.path.realpath(filename)) == folder:
+                shown = str(script.parent / Path(filename).name)
+            else:
+                continue
+            return f"{shown}:{line}" + ("" if name == "<module>" else f" in {name}")
+    return None
+
+
+def _load_error(err: BaseException, script: Path, during: str) -> ScriptError:
+    """The one line for a script whose code failed `during` loading ("" at its module level, else
+    "make_step()"): SyntaxError at its own file and line, anything else at the user's innermost frame."""
+    if isinstance(err, SyntaxError) and err.filename and err.lineno and os.path.isfile(err.filename):
+        shown = str(script) if _same_file(err.filename, script) else err.filename
+        return ScriptError(f"{shown}:{err.lineno}: {type(err).__name__}: {_one_line(err.msg)}")
+    where = user_frame(err.__traceback__, script) or (f"{script}: in {during}" if during else str(script))
+    if isinstance(err, SystemExit):     # sys.exit() or argparse at module level: say where, not just quit
+        return ScriptError(f"{where}: the script called sys.exit({err.code!r}) while loading; move its "
+                           "command-line handling under `if __name__ == \"__main__\":`")
+    return ScriptError(f"{where}: {_error_text(err)}")
+
+
+def check_script(script: str | os.PathLike) -> Path:
+    """The script's path, or ScriptError: it is missing, a folder, or a notebook."""
+    path = Path(script)
+    if path.is_dir():
+        raise ScriptError(f"{os.fspath(script)} is a folder, not a script: give a Python file that defines make_step()")
+    if not path.is_file():
+        raise ScriptError(f"no script {path}")
+    if path.suffix == ".ipynb":
+        raise ScriptError(f"{path} is a notebook, not a script: `jupyter nbconvert --to script {path}` makes one; "
+                          "give a Python file that defines make_step()")
+    return path
+
+
 def load_step(script: str | os.PathLike, entry: str | None = None):
     """The training step a script defines, for `gpulab diagnose`: the script runs as a module (its
     `if __name__ == "__main__":` block does not), then `entry` is looked up; by default `make_step`
-    (called with no arguments, it returns the step) and else `step` (the step itself). ValueError,
-    in one sentence, for a missing script or entry and for an entry that is not callable."""
+    (called with no arguments, it returns the step) and else `step` (the step itself). ScriptError (a
+    ValueError), in one line, for a missing script, a folder or a notebook, a script whose code fails
+    while loading or whose `make_step()` raises (naming the user's file and line), a missing entry
+    and an entry that is not callable."""
     import runpy
-    path = Path(script)
-    if not path.is_file():
-        raise ValueError(f"no script {path}")
-    namespace = runpy.run_path(str(path), run_name="__gpulab_diagnose__")
+    path = check_script(script)
+    try:
+        namespace = runpy.run_path(str(path), run_name="__gpulab_diagnose__")
+    except (Exception, SystemExit) as err:
+        raise _load_error(err, path, "") from err
     names = (entry,) if entry else STEP_NAMES
     found = next((n for n in names if n in namespace), None)
     if found is None:
-        raise ValueError(f"{path} defines no {' or '.join(repr(n) for n in names)}: give it a function "
-                         "`step()` that fetches one batch and trains on it (or `make_step()` that returns one), "
-                         "or name yours with --entry")
+        raise ScriptError(f"{path} defines no {' or '.join(repr(n) for n in names)}: give it a function "
+                          "`step()` that fetches one batch and trains on it (or `make_step()` that returns one), "
+                          "or name yours with --entry")
     obj = namespace[found]
     if not callable(obj):
-        raise ValueError(f"{path}: {found!r} is not callable")
+        raise ScriptError(f"{path}: {found!r} is not callable")
     if found == "make_step" and not entry:
-        obj = obj()
+        try:
+            obj = obj()
+        except (Exception, SystemExit) as err:
+            raise _load_error(err, path, "make_step()") from err
         if not callable(obj):
-            raise ValueError(f"{path}: make_step() returned {type(obj).__name__}, not a callable step")
+            raise ScriptError(f"{path}: make_step() returned {type(obj).__name__}, not a callable step")
     return obj
 
 
+def check_settings() -> None:
+    """SettingError (a ValueError), in one line, for a GPULAB_DEVICE, GPULAB_SCALE or GPULAB_PROFILE this
+    machine cannot honour: a value not understood, or cuda without a GPU."""
+    from gpulab.core.device import pick_device, profile, resolve_scale
+    pick_device()                      # GPULAB_DEVICE: a bad value, or cuda without a GPU
+    resolve_scale()                    # GPULAB_SCALE
+    profile()                          # GPULAB_PROFILE
+
+
 def diagnose(argv: list[str] | None = None) -> int:
-    """`gpulab diagnose SCRIPT`: diagnose the training step a script defines; exit 0, 2 for a bad
-    script, entry or output path (one line on stderr), 1 when the step itself raised."""
+    """`gpulab diagnose SCRIPT`: diagnose the training step a script defines; exit 0; 2, as one line on
+    stderr, for a setting this machine cannot honour (GPULAB_DEVICE, GPULAB_SCALE, GPULAB_PROFILE), bad
+    counts, an output path that cannot be written, or a script that gives no step (missing, a folder, a
+    syntax error, a failing import, `make_step()` raising: with the user's file and line); 1, as one line
+    with the file and line, when the step itself raised while being diagnosed. The trace and the timeline
+    go beside the script unless --trace / --plot name a path."""
     parser = argparse.ArgumentParser(
         prog="gpulab diagnose",
         description="Which bottleneck is your training step's, and what would fixing it buy? "
@@ -397,32 +496,45 @@ def diagnose(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="unprofiled steps first (default 3)")
     parser.add_argument("--steps", type=int, default=5, help="steps timed, and steps profiled (default 5)")
     parser.add_argument("--trace", metavar="PATH", default=None,
-                        help="the profiler trace, for Perfetto or chrome://tracing (default: SCRIPT-trace.json here)")
+                        help="the profiler trace, for Perfetto or chrome://tracing "
+                             "(default: beside SCRIPT, named STEM-trace.json: train.py gives train-trace.json)")
     parser.add_argument("--plot", metavar="PATH", default=None,
-                        help="the timeline picture (default: SCRIPT-timeline.png here)")
+                        help="the timeline picture (default: beside SCRIPT, named STEM-timeline.png)")
     parser.add_argument("--json", metavar="PATH", default=None, help="also write the diagnosis as JSON")
     args = parser.parse_args(argv)
-    stem = Path(args.script).stem
-    trace = args.trace or f"{stem}-trace.json"
-    plot = args.plot or f"{stem}-timeline.png"
+    script = Path(args.script)
+    stem = script.stem
+    trace = args.trace or str(script.parent / f"{stem}-trace.json")
+    plot = args.plot or str(script.parent / f"{stem}-timeline.png")
     try:
+        check_settings()               # first: a bad setting is said before anything of the script runs
         if args.warmup < 0 or args.steps < 1:
             raise ValueError(f"--warmup must be >= 0 and --steps >= 1 (got {args.warmup} and {args.steps})")
-        for target, what in ((trace, "the trace"), (plot, "the timeline"), (args.json, "the JSON")):
+        check_script(args.script)      # before the output paths, which default to the script's folder
+        for target, what, flag in ((trace, "the trace", args.trace is None and "--trace"),
+                                   (plot, "the timeline", args.plot is None and "--plot"),
+                                   (args.json, "the JSON", False)):
             if target:
-                _check_writable(target, what)
-                if not Path(target).parent.is_dir():
-                    raise ValueError(f"cannot write {what} to {target} (no folder {Path(target).parent})")
-        sys.path.insert(0, str(Path(args.script).resolve().parent))   # the script's own imports
+                try:
+                    _check_writable(target, what)
+                    if not Path(target).parent.is_dir():
+                        raise ValueError(f"cannot write {what} to {target} (no folder {Path(target).parent})")
+                except ValueError as err:
+                    raise ValueError(f"{err}; give another place with {flag} PATH" if flag else str(err)) from None
+        sys.path.insert(0, str(script.resolve().parent))   # the script's own imports
         step = load_step(args.script, args.entry)
-    except ValueError as err:
-        print(f"gpulab diagnose: {err}", file=sys.stderr)
+    except ValueError as err:          # SettingError and ScriptError are ValueErrors
+        print(f"gpulab diagnose: {_one_line(err)}", file=sys.stderr)
         return 2
     from gpulab.diagnose import DiagnoseError, diagnose as run_diagnosis
     try:
         d = run_diagnosis(step, warmup=args.warmup, steps=args.steps, trace_path=trace, label=stem)
-    except DiagnoseError as err:      # the learner's step raised: say so, in one line (it names the step's error)
-        print(f"gpulab diagnose: {err}", file=sys.stderr)
+    except DiagnoseError as err:      # the learner's step raised: say so, in one line, where in their code
+        where, cause = None, err.__cause__
+        while cause is not None and where is None:   # the step's own error, under any DiagnoseError wrapping it
+            where = user_frame(cause.__traceback__, script)
+            cause = cause.__cause__
+        print(f"gpulab diagnose: {where + ': ' if where else ''}{_one_line(err)}", file=sys.stderr)
         return 1
     print(d.report())
     d.plot().savefig(plot, dpi=120)

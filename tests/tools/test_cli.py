@@ -81,7 +81,7 @@ def test_doctor_json(capsys):
 def test_doctor_lists_checks_in_order():
     checks = list(findings())
     assert checks[:2] == ["python", "torch"]
-    assert checks[-3:] == ["JupyterLab widget extension", "GPULAB_DEVICE", "GPULAB_SCALE"]
+    assert checks[-4:] == ["JupyterLab widget extension", "GPULAB_DEVICE", "GPULAB_SCALE", "GPULAB_PROFILE"]
     assert {"GPU", "NVIDIA driver / NVML", "Triton", "ipywidgets", "nvidia-ml-py"} <= set(checks)
 
 
@@ -311,3 +311,157 @@ def test_diagnose_says_in_one_line_when_the_step_raises(tmp_path, capsys, monkey
     assert main(["diagnose", "s.py"]) == 1
     err = capsys.readouterr().err
     assert "my bug" in err and "Traceback" not in err
+
+
+# -- bad input, as a new user gives it: one line on stderr naming their file and line, no traceback (issue 7) --
+def one_line(capsys, code, expected_code):
+    """stderr, checked: the exit status, one line starting `gpulab diagnose: `, no traceback."""
+    err = capsys.readouterr().err
+    assert code == expected_code, err
+    assert err.startswith("gpulab diagnose: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err.rstrip("\n")
+
+
+@pytest.mark.parametrize("body, line", [
+    ("import torch\n\ndef make_step(:\n    pass\n", "train.py:3: SyntaxError: "),
+    ("def make_step():\n    x = 1\n      return x\n", "train.py:3: IndentationError: unexpected indent"),
+    ('"""my step"""\nimport os\nimport gpulab_no_such_module\n',
+     "train.py:3: ModuleNotFoundError: No module named 'gpulab_no_such_module'"),
+    ("import torch\nWIDTH = 1 / 0\n", "train.py:2: ZeroDivisionError: division by zero"),
+    ("def make_step():\n    width = -1\n    raise ValueError('bad width')\n",
+     "train.py:3 in make_step: ValueError: bad width"),
+    ("def check(w):\n    if w < 0:\n        raise ValueError('bad\\nwidth')\n\ndef make_step():\n    check(-1)\n",
+     "train.py:3 in check: ValueError: bad width"),          # the innermost frame in the script; one line
+    ("import sys\nsys.exit(3)\n", "train.py:2: the script called sys.exit(3) while loading"),
+])
+def test_diagnose_names_the_file_and_line_of_a_script_that_cannot_load(tmp_path, capsys, monkeypatch, body, line):
+    (tmp_path / "train.py").write_text(body)
+    monkeypatch.chdir(tmp_path)
+    err = one_line(capsys, main(["diagnose", "train.py"]), 2)
+    assert err.startswith(f"gpulab diagnose: {line}"), err
+    assert not list(tmp_path.glob("train-*"))             # no step ran: no trace, no timeline
+
+
+def test_diagnose_names_the_script_as_given_from_another_folder(tmp_path, capsys, monkeypatch):
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "train.py").write_text("x = 1\ny = undefined_name\n")
+    monkeypatch.chdir(tmp_path)
+    err = one_line(capsys, main(["diagnose", "proj/train.py"]), 2)
+    assert err == "gpulab diagnose: proj/train.py:2: NameError: name 'undefined_name' is not defined"
+
+
+def test_diagnose_of_a_folder_says_it_is_no_script(tmp_path, capsys, monkeypatch):
+    (tmp_path / "zoo").mkdir()
+    (tmp_path / "zoo" / "__main__.py").write_text("raise SystemExit('a folder must not run')\n")
+    monkeypatch.chdir(tmp_path)
+    err = one_line(capsys, main(["diagnose", "zoo/"]), 2)
+    assert err == ("gpulab diagnose: zoo/ is a folder, not a script: give a Python file that defines make_step()")
+    assert one_line(capsys, main(["diagnose", "missing.py"]), 2) == "gpulab diagnose: no script missing.py"
+
+
+def test_diagnose_of_a_notebook_says_how_to_make_a_script(tmp_path, capsys, monkeypatch):
+    (tmp_path / "mine.ipynb").write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    monkeypatch.chdir(tmp_path)
+    err = one_line(capsys, main(["diagnose", "mine.ipynb"]), 2)
+    assert "mine.ipynb is a notebook, not a script" in err and "nbconvert --to script mine.ipynb" in err
+
+
+@pytest.mark.parametrize("name, value, words", [
+    ("GPULAB_DEVICE", "nonsense", "GPULAB_DEVICE='nonsense' is not understood; allowed values are auto, cuda, cpu"),
+    ("GPULAB_DEVICE", "cuda", "GPULAB_DEVICE=cuda but PyTorch sees no CUDA GPU"),
+    ("GPULAB_SCALE", "huge", "GPULAB_SCALE='huge' is not understood; allowed values are tiny, full, auto"),
+    ("GPULAB_PROFILE", "nonsense", "GPULAB_PROFILE='nonsense' is not understood; allowed values are v100, t4"),
+])
+def test_diagnose_refuses_a_bad_setting_before_running_the_script(tmp_path, capsys, monkeypatch, name, value, words):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)      # GPULAB_DEVICE=cuda on a machine without one
+    monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)                             # were it to run anyway, its files stay in tmp_path
+    script = tmp_path / "train.py"
+    script.write_text("open(__file__ + '.ran', 'w').close()\n" + STEP_SCRIPT)
+    err = one_line(capsys, main(["diagnose", str(script)]), 2)
+    assert words in err
+    assert not (tmp_path / "train.py.ran").exists()         # the setting is said first: the script never ran
+
+
+RAISING_STEP = "import torch\ndef step():\n    x = torch.ones(2)\n    raise ValueError('my\\nbug')\n"
+
+
+def test_diagnose_says_where_the_step_raised_in_one_line(tmp_path, capsys, monkeypatch):
+    (tmp_path / "s.py").write_text(RAISING_STEP)
+    monkeypatch.chdir(tmp_path)
+    err = one_line(capsys, main(["diagnose", "s.py"]), 1)
+    assert err.startswith("gpulab diagnose: s.py:4 in step: step() raised ValueError during the "), err
+    assert "my bug" in err
+
+
+def test_diagnose_names_the_step_line_inside_make_step(tmp_path, capsys, monkeypatch):
+    (tmp_path / "t.py").write_text("def make_step():\n    def step():\n        return {}['batch']\n    return step\n")
+    monkeypatch.chdir(tmp_path)
+    err = one_line(capsys, main(["diagnose", "t.py", "--warmup", "0"]), 1)
+    assert err.startswith("gpulab diagnose: t.py:3 in step: step() raised KeyError during the "), err
+    assert "'batch'" in err
+
+
+def test_diagnose_writes_trace_and_timeline_beside_the_script(tmp_path, capsys, monkeypatch):
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "train.py").write_text(STEP_SCRIPT)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(["diagnose", "../proj/train.py", "--warmup", "0", "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert json.loads((tmp_path / "proj" / "train-trace.json").read_text())
+    assert (tmp_path / "proj" / "train-timeline.png").stat().st_size > 0
+    assert "timeline: ../proj/train-timeline.png" in out
+    assert list((tmp_path / "elsewhere").iterdir()) == []    # nothing in the current folder
+
+
+def test_diagnose_help_says_where_the_trace_and_timeline_go(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")                       # argparse wraps at hyphens otherwise
+    with pytest.raises(SystemExit):
+        main(["diagnose", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "default: beside SCRIPT, named STEM-trace.json" in out
+    assert "default: beside SCRIPT, named STEM-timeline.png" in out and " here)" not in out
+
+
+def test_bench_with_a_bad_gpulab_profile_exits_2_in_one_line_before_running(monkeypatch, capsys):
+    from gpulab.tools import bench as B
+    monkeypatch.setenv("GPULAB_PROFILE", "nonsense")
+    monkeypatch.setattr(B, "run", lambda *a, **kw: pytest.fail("bench ran under a bad GPULAB_PROFILE"))
+    assert main(["bench", "--no-progress", "--lessons", "01"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpulab bench: GPULAB_PROFILE='nonsense' is not understood; allowed values are v100, t4")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_gpulab_profile_unset_is_this_gpu_as_it_is(monkeypatch):
+    monkeypatch.delenv("GPULAB_PROFILE", raising=False)
+    row = findings()["GPULAB_PROFILE"]
+    assert (row.status, row.detail) == (OK, "unset: this GPU as it is")
+
+
+def test_gpulab_profile_says_what_it_emulates(monkeypatch):
+    monkeypatch.setenv("GPULAB_PROFILE", "T4")
+    row = findings()["GPULAB_PROFILE"]
+    assert row.status == OK
+    assert row.detail.startswith("emulating t4, Tesla T4 (compute capability 7.5, 15 GiB)"), row.detail
+
+
+def test_bad_gpulab_profile_is_a_failure_with_the_allowed_values(monkeypatch, capsys):
+    from gpulab.core.profiles import PROFILES
+    monkeypatch.setenv("GPULAB_PROFILE", "nonsense")
+    row = findings(cpu_ok=True)["GPULAB_PROFILE"]
+    assert row.status == FAIL and "GPULAB_PROFILE='nonsense' is not understood" in row.detail
+    assert row.fix == f"unset GPULAB_PROFILE (this GPU as it is), or set one of {', '.join(PROFILES)}"
+    code, out = run_main(["doctor", "--cpu-ok"], capsys)
+    assert code == 1 and "FAIL  GPULAB_PROFILE" in out
+
+
+def test_readme_settings_table_lists_every_profile():
+    from pathlib import Path
+    from gpulab.core.profiles import PROFILES
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    (row,) = [line for line in readme.splitlines() if line.startswith("| `GPULAB_PROFILE` |")]
+    assert all(f"`{key}`" in row for key in PROFILES), row
+    assert "timings stay this GPU's" in row
+    assert "beside the script" in readme and "train-timeline.png" in readme

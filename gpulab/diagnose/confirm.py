@@ -1,0 +1,266 @@
+"""Confirm a verdict by measuring: run a safe variant of the step that has the fix, and time it.
+
+A rule's promise is an estimate from one profile; where the fix can be made to the step from outside,
+without editing the learner's code, `confirm_verdicts` runs the step with it and ranks the verdicts by
+what it measured. Each variant is undone when it ends (nothing it changes outlives it), and runs real
+training steps: the model trains on, as it does during the rest of the diagnosis.
+
+| verdict | the variant | when it cannot be made |
+|---|---|---|
+| fp32_matmuls | the step under `torch.autocast(dtype=bfloat16)`; TF32 allowed where the GPU has no bf16 | a GPU with neither (Turing, Volta) |
+| pageable_copy | every pageable host-to-GPU `.to()`/`.cuda()` staged through a pinned buffer (reused after its copy's event) and copied with `non_blocking=True` | |
+| input_bound | the DataLoader's first batch handed out again every step, its tensors copied to the GPU once: what the input pipeline costs | the batch is made by the step's own code (no DataLoader): it runs anyway |
+| host_sync, host_code, periodic_stall | the step without the calls the learner marked with `skippable(...)` | nothing marked |
+
+Every other verdict says "not measured" and why, and keeps its expected gain. A verdict whose variant
+saved less than half of what it was expected to is demoted (`rules.demote`) and says so.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+
+import torch
+
+from gpulab.core.timing import benchmark
+from gpulab.diagnose.analyze import PAGEABLE_MIN_BYTES
+from gpulab.diagnose.rules import Verdict, demote, rank
+
+# The variant's timed window, and its warm-up steps (a new precision re-selects its kernels, a compiled
+# step recompiles under autocast).
+CONFIRM_WINDOW_S = 0.5
+CONFIRM_WARMUP = 2
+CONFIRM_MAX_CHUNKS = 20
+
+
+# -- marks the learner puts in their own step -------------------------------------------------------------
+_skipping = threading.local()
+
+
+def skippable(fn: Callable, *args, **kwargs):
+    """Run `fn(*args, **kwargs)` and return what it returns, except while `diagnose` measures the step
+    without it (then None). Mark a line whose cost you want measured, e.g. a log line with a read-back:
+    `skippable(lambda: print(loss.item()))`."""
+    if getattr(_skipping, "on", False):
+        _skipping.hits = getattr(_skipping, "hits", 0) + 1
+        return None
+    return fn(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def without_marked() -> Iterator[dict]:
+    _skipping.on, _skipping.hits = True, 0
+    seen = {}
+    try:
+        yield seen
+    finally:
+        seen["hits"] = _skipping.hits
+        _skipping.on = False
+
+
+# -- variants ---------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def sixteen_bit(device: torch.device) -> Iterator[str]:
+    """The step under bf16 autocast, or with TF32 allowed where the GPU has TF32 but no bf16."""
+    if device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            yield "the step under torch.autocast(dtype=torch.bfloat16)"
+        return
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0):
+        from gpulab.models.precision import fp32_math
+        with fp32_math("tf32"):
+            yield "the step with TF32 allowed for matmuls and convolutions"
+        return
+    raise Unavailable("this GPU has neither bf16 nor TF32 Tensor Cores: fp16 needs a GradScaler in the step itself")
+
+
+class Unavailable(Exception):
+    """No variant can be made for this verdict here (the message says why)."""
+
+
+def _patched(cls, name: str, new) -> Callable[[], None]:
+    """Replace cls.name with `new`; returns the undo."""
+    own = name in cls.__dict__
+    old = cls.__dict__.get(name)
+    setattr(cls, name, new)
+
+    def undo():
+        if own:
+            setattr(cls, name, old)
+        else:
+            delattr(cls, name)
+    return undo
+
+
+def _target(args, kwargs) -> tuple[torch.device | None, dict]:
+    """The device a `.to(...)` call moves to, and what else it asked for (dtype, memory format)."""
+    device, dtype, non_blocking, copy, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+    rest = {k: v for k, v in (("dtype", dtype), ("memory_format", memory_format)) if v is not None}
+    return device, rest
+
+
+@contextlib.contextmanager
+def pinned_staging(device: torch.device) -> Iterator[str]:
+    """Every `.to(cuda)` / `.cuda()` of a pageable CPU tensor of at least PAGEABLE_MIN_BYTES is staged
+    through a pinned buffer of its shape and copied with non_blocking=True. A buffer is reused only after
+    the GPU has finished copying out of it (an event recorded after each copy is waited on first)."""
+    if device.type != "cuda":
+        raise Unavailable("pinned memory is for copies to a GPU")
+    buffers: dict = {}
+    to, cuda = torch.Tensor.to, torch.Tensor.cuda
+
+    def staged(t: torch.Tensor, target: torch.device) -> torch.Tensor:
+        key = (tuple(t.shape), t.dtype)
+        buf, done = buffers.get(key, (None, None))
+        if buf is None:
+            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        elif done is not None:
+            done.synchronize()                  # the last copy out of this buffer has finished
+        buf.copy_(t)
+        out = to(buf, target, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        buffers[key] = (buf, done)
+        return out
+
+    def wants(t: torch.Tensor, target) -> bool:
+        return (target is not None and torch.device(target).type == "cuda" and t.device.type == "cpu"
+                and not t.is_pinned() and t.numel() * t.element_size() >= PAGEABLE_MIN_BYTES)
+
+    def new_to(self, *args, **kwargs):
+        target, rest = _target(args, kwargs)
+        if wants(self, target):
+            out = staged(self, torch.device(target))
+            return to(out, **rest) if rest else out
+        return to(self, *args, **kwargs)
+
+    def new_cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+        target = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
+        if wants(self, target):
+            return staged(self, target)
+        return cuda(self, device, non_blocking, memory_format=memory_format)
+
+    undo = [_patched(torch.Tensor, "to", new_to), _patched(torch.Tensor, "cuda", new_cuda)]
+    try:
+        yield "pageable host-to-GPU copies staged through pinned buffers, copied with non_blocking=True"
+    finally:
+        for u in reversed(undo):
+            u()
+
+
+def _tensors(batch) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, dict):
+        return [t for v in batch.values() for t in _tensors(v)]
+    if isinstance(batch, (list, tuple)):
+        return [t for v in batch for t in _tensors(v)]
+    return []
+
+
+@contextlib.contextmanager
+def replayed_batch(device: torch.device) -> Iterator[str]:
+    """Every DataLoader hands out its first batch again (from the variant's start), and its tensors'
+    copies to the GPU are made once and handed out again: the step without its input pipeline."""
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    first: dict = {}
+    on_gpu: dict = {}
+    next_ = _BaseDataLoaderIter.__next__
+    to = torch.Tensor.to
+
+    def new_next(self):
+        if id(self) not in first:
+            first[id(self)] = next_(self)
+            for t in _tensors(first[id(self)]):
+                on_gpu[id(t)] = None
+        return first[id(self)]
+
+    def new_to(self, *args, **kwargs):
+        if id(self) in on_gpu:
+            if on_gpu[id(self)] is None:
+                on_gpu[id(self)] = to(self, *args, **kwargs)
+            return on_gpu[id(self)]
+        return to(self, *args, **kwargs)
+
+    undo = [_patched(_BaseDataLoaderIter, "__next__", new_next), _patched(torch.Tensor, "to", new_to)]
+    try:
+        yield "the DataLoader's batch handed out again every step, its copy to the GPU made once"
+    finally:
+        for u in reversed(undo):
+            u()
+    if not first:
+        raise Unavailable("the step read no batch from a DataLoader")
+
+
+def _variant(v: Verdict, facts, device: torch.device):
+    """The context manager that makes `v`'s fix, or Unavailable(why)."""
+    if v.rule == "fp32_matmuls":
+        return sixteen_bit(device)
+    if v.rule == "pageable_copy":
+        return pinned_staging(device)
+    if v.rule == "input_bound":
+        if facts.precopy_ms > 0.5 * facts.host_by_cause.get("input", 0.0):
+            raise Unavailable("the batch is made by the step's own code before its copy to the GPU (no DataLoader "
+                              "to replay): the variant would make it anyway")
+        return replayed_batch(device)
+    if v.rule in ("host_sync", "host_code", "periodic_stall"):
+        return without_marked()
+    raise Unavailable("no variant of the step can make this fix from outside the step")
+
+
+def measure(step: Callable, steps: int, device: torch.device, context) -> float:
+    """ms per step of `step` run inside `context` (steps back to back, chunks of `steps`, host clock)."""
+    with context:
+        timing = benchmark(step, warmup=CONFIRM_WARMUP, repeat=None, budget_s=CONFIRM_WINDOW_S,
+                           max_repeat=CONFIRM_MAX_CHUNKS, calls=steps, clock="host", device=device)
+    return timing.median_ms
+
+
+def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) -> None:
+    """Measure every verdict of diagnosis `d` that has a variant (see the module's table), in place:
+    each gets `measured` and `confirmation` (or why not), is demoted if it saved under half its
+    expectation, and the verdicts are ranked again."""
+    out = []
+    for v in d.verdicts:
+        if not v.actionable:
+            out.append(v)
+            continue
+        try:
+            context = _variant(v, d.facts, device)
+            hits: dict = {}
+            if v.rule in ("host_sync", "host_code", "periodic_stall"):
+                context = _counting(context, hits)
+            ms = measure(step, steps, device, context)
+        except Unavailable as why:
+            out.append(_note(v, f"not measured: {why}"))
+            continue
+        except Exception as err:       # noqa: BLE001 - a variant that fails leaves the verdict unmeasured
+            out.append(_note(v, f"not measured: the variant failed ({type(err).__name__}: {str(err)[:200]})"))
+            continue
+        if hits.get("hits") == 0:
+            out.append(_note(v, "not measured: nothing in the step is marked with gpulab.diagnose.skippable(...); "
+                                "mark the line to measure what removing it buys"))
+            continue
+        measured = d.step_ms / ms if ms > 0 else float("inf")
+        out.append(demote(v, measured, f"measured {measured:.3g}x ({d.step_ms:.3g} -> {ms:.3g} ms per step) with "
+                                       f"{_describe(v)}"))
+    d.verdicts = rank(out)
+
+
+@contextlib.contextmanager
+def _counting(context, hits: dict):
+    with context as seen:
+        yield seen
+    hits.update(seen)
+
+
+def _describe(v: Verdict) -> str:
+    return {"fp32_matmuls": "16-bit math", "pageable_copy": "pinned staging",
+            "input_bound": "the batch replayed", }.get(v.rule, "the marked calls skipped")
+
+
+def _note(v: Verdict, text: str) -> Verdict:
+    from dataclasses import replace
+    return replace(v, confirmation=text)

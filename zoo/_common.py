@@ -1,0 +1,59 @@
+"""What every step of the zoo shares: the device and size it runs at, its 16-bit type, a seeded
+generator and the row order of the noise-floor run. Nothing here is a training habit: the habits are
+in each step's own file, written the way practitioners write them."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gpulab.core.device import pick_device, resolve_scale
+
+
+def setup(device=None, scale: str | None = None, seed: int = 0) -> tuple[torch.device, str]:
+    """(device, scale) for a step: the course's device and size unless given; seeds torch."""
+    device = torch.device(device) if device is not None else pick_device()
+    scale = resolve_scale(scale)
+    torch.manual_seed(seed)
+    return device, scale
+
+
+def half_dtype(device: torch.device) -> torch.dtype:
+    """bf16 where the GPU runs it natively (and on the CPU), else fp16 (which needs a GradScaler).
+    ZOO_FP32=1 makes it fp32 (autocast then disables itself): the zoo's correctness check runs a variant
+    so to see how far its 16-bit rounding alone moves the parameters."""
+    import os
+    if os.environ.get("ZOO_FP32"):
+        return torch.float32
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        return torch.float16
+    return torch.bfloat16
+
+
+def rng(seed: int, step: int = 0) -> np.random.Generator:
+    """A numpy generator for batch `step` of a run seeded `seed`: every variant of a step (as written,
+    fixed, reordered) sees the same data in the same order."""
+    return np.random.default_rng([seed, step])
+
+
+def rows(n: int, reorder: bool) -> torch.Tensor | None:
+    """The row order of a batch of n rows: None as given, or a fixed permutation (`reorder=True`), which
+    changes only the order of the reductions over the batch: the zoo's noise floor."""
+    if not reorder:
+        return None
+    return torch.randperm(n, generator=torch.Generator().manual_seed(12345))
+
+
+def reordered(perm: torch.Tensor | None, *tensors):
+    """`tensors` with their rows in `perm`'s order (unchanged when perm is None)."""
+    if perm is None:
+        return tensors if len(tensors) > 1 else tensors[0]
+    out = tuple(t[perm.to(t.device)] for t in tensors)
+    return out if len(out) > 1 else out[0]
+
+
+def compile_backend(device: torch.device) -> str:
+    """torch.compile's backend: inductor on a GPU; on the CPU aot_eager (no C++ compiler needed, and
+    seconds instead of minutes at the tiny size CI runs). ZOO_COMPILE_BACKEND overrides it: the zoo's
+    correctness check compares code paths, not compilers, and sets aot_eager to spare inductor compiles."""
+    import os
+    return os.environ.get("ZOO_COMPILE_BACKEND") or ("inductor" if device.type == "cuda" else "aot_eager")

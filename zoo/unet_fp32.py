@@ -1,0 +1,45 @@
+"""A UNet (4 levels, width 64) for semantic segmentation of 256x256 images into 6 classes, batch 8,
+trained in fp32 with PyTorch's defaults and Adam; images and masks already on the GPU."""
+import torch
+import torch.nn.functional as F
+
+from _common import half_dtype, reordered, rows, setup
+from _convnets import UNet
+
+FIXES = {
+    "fp32_matmuls": "the forward and loss in bf16 autocast",
+}
+
+SIZES = {"tiny": dict(width=4, depth=2, image=32, classes=3, batch=4),
+         "full": dict(width=64, depth=4, image=256, classes=6, batch=8)}
+N_BATCHES = 4
+
+
+def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
+    device, scale = setup(device, scale, seed)
+    cfg = SIZES[scale]
+    model = UNet(3, cfg["classes"], cfg["width"], cfg["depth"], device=device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    dtype = half_dtype(device)
+
+    B, S = cfg["batch"], cfg["image"]
+    g = torch.Generator(device=device).manual_seed(seed)
+    images = torch.randn(N_BATCHES * B, 3, S, S, device=device, generator=g)
+    masks = torch.randint(0, cfg["classes"], (N_BATCHES * B, S, S), device=device, generator=g)
+    perm = rows(B, reorder)
+    k = 0
+
+    def step():
+        nonlocal k
+        i = (k % N_BATCHES) * B
+        x, y = reordered(perm, images[i:i + B], masks[i:i + B])
+        k += 1
+        with torch.autocast(device.type, dtype=dtype, enabled=fix == "fp32_matmuls"):
+            loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    step.model = model
+    return step

@@ -1,0 +1,49 @@
+"""A ViT-B/16 (224 x 224 images, 16 x 16 patches, 12 layers, 12 heads, 768 wide, 1000 classes, batch 64)
+trained in bf16 autocast with fused AdamW on images drawn on the GPU. Its attention is written out by
+hand, as in minGPT: q @ k^T * scale, softmax, @ v, so each layer writes and reads the
+(64, 12, 197, 197) score and probability tensors, forward and backward."""
+import torch
+import torch.nn.functional as F
+
+from _common import half_dtype, reordered, rng, rows, setup
+from _transformers import ViT
+
+FIXES = {
+    "attention_math": "F.scaled_dot_product_attention (attention='sdpa'): one fused flash-attention kernel",
+}
+
+SIZES = {"tiny": dict(image=32, patch=8, layers=2, heads=2, width=64, classes=10, batch=8),
+         "full": dict(image=224, patch=16, layers=12, heads=12, width=768, classes=1000, batch=64)}
+
+
+def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
+    device, scale = setup(device, scale, seed)
+    cfg = SIZES[scale]
+    B, S = cfg["batch"], cfg["image"]
+    attention = "sdpa" if fix == "attention_math" else "manual"
+    model = ViT(S, cfg["patch"], cfg["layers"], cfg["heads"], cfg["width"], cfg["classes"],
+                attention=attention, device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05, fused=True)
+    dtype = half_dtype(device)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    g = torch.Generator(device=device)
+    perm = rows(B, reorder)
+    k = 0
+
+    def step():
+        nonlocal k
+        g.manual_seed(int(rng(seed, k).integers(2**62)))
+        images = torch.randn(B, 3, S, S, device=device, generator=g)
+        labels = torch.randint(0, cfg["classes"], (B,), device=device, generator=g)
+        k += 1
+        images, labels = reordered(perm, images, labels)
+        with torch.autocast(device.type, dtype=dtype):
+            loss = F.cross_entropy(model(images), labels)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    step.model = model
+    return step
