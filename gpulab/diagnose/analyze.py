@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from gpulab.core.timing import intersect, merge_intervals, subtract
 from gpulab.diagnose.events import (
     DATA_RANGE,
+    HARNESS,
     GPU,
     OP,
     PY,
@@ -114,11 +115,16 @@ ATTENTION_OPS = ("aten::_flash_attention_forward", "aten::_flash_attention_backw
 # ("cutlass_80_tensorop_bf16_s16816gemm_..."), the xmma kernels of cuBLAS/cuDNN ("sm90_xmma_gemm_...",
 # "sm80_xmma_fprop_implicit_gemm_..."), cuDNN's own ("implicit_convolve_sgemm", "cudnn::..."), and
 # attention (flash / memory-efficient, "fmha_cutlass...").
-GEMM_NAMES = ("gemm", "gemv", "splitk", "xmma", "cutlass", "nvjet", "s16816", "s1688", "h884", "h1688",
+GEMM_NAMES = ("gemm", "gemv", "splitk", "xmma", "cutlass", "nvjet", "winograd", "s16816", "s1688", "h884", "h1688",
               "h16816", "hmma", "wmma", "tensorop", "dot_kernel", "convolve", "fprop", "dgrad", "wgrad",
               "flash", "fmha", "triton_tem_")
 # ...that never run on Tensor Cores: fp32 SIMT kernels and matrix-vector products.
-NO_TENSOR_CORE_NAMES = ("sgemm", "simt", "gemv", "dgemm", "dot_kernel", "gemmsn", "gemmk1", "convolve_sgemm")
+# On Hopper (H200, torch 2.11, CUDA 13: results/zoo/kernels-h200-2026-12-01.json) an IEEE fp32 product is
+# "sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_..." (FFMA: fused multiply-add on the CUDA cores) and an fp32
+# convolution's weight gradient "cudnn::winograd_nonfused::winogradWgrad..."; with TF32 the same products
+# are "sm90_xmma_gemm_f32f32_tf32f32_f32_..." and "..._tf32f32_tf32f32_f32_..._tensor16x8x8_...".
+NO_TENSOR_CORE_NAMES = ("sgemm", "simt", "gemv", "dgemm", "dot_kernel", "gemmsn", "gemmk1", "convolve_sgemm", "ffma",
+                        "winograd")
 # ...that run TF32 (an fp32 op on the Tensor Cores, whatever switch was read when): cuBLAS / cuDNN names.
 TF32_NAMES = ("tf32",)
 # ...that do: the MMA instruction shapes in cuBLAS/CUTLASS names (s16816 = bf16/fp16 m16n8k16,
@@ -224,7 +230,7 @@ class Facts:
     host_by_cause: dict = field(default_factory=dict)
     host_sites: dict = field(default_factory=dict)       # cause -> ((user's line, library line, ms), ...)
     syncs: tuple = ()               # (user's line, library line, ms blocked per step, calls per step)
-    hidden_syncs: tuple = ()        # (user's line, library line, calls): torch.cuda.set_sync_debug_mode's finds
+    hidden_syncs: tuple = ()        # (user's line, innermost line), one per warning of torch.cuda.set_sync_debug_mode
     pageable_copies: tuple = ()     # (user's line, ms of host time per step, bytes per step)
     precopy_ms: float = 0.0         # host time before the batch's copy to the GPU (made in the main thread)
     # -- patterns of the course's later lessons (ms per profiled step)
@@ -237,6 +243,8 @@ class Facts:
     optimizer_kernels: float = 0.0  # per step
     optimizer_fused: bool | None = None   # a fused optimizer kernel ran (None: no optimizer range seen)
     optimizer_name: str = ""
+    scaler_host_ms: float = 0.0     # GradScaler's unscale / inf checks on the host (a fused optimizer does them)
+    scaler_gpu_ms: float = 0.0
     copy_exposed_ms: float = 0.0    # non-pageable copies of >= 1 MiB while no kernel ran (lesson 08)
     ddp_forwards: float = 0.0       # DistributedDataParallel forwards per step (micro-batches)
     comm_early_ms: float = 0.0      # communication queued before the step's last DDP forward (lesson 10)
@@ -477,12 +485,19 @@ def innermost_frames(frames: Sequence[Event]) -> list[tuple[float, float, Event,
             emit(stack[-1][0].end_us)
             stack.pop()
         emit(f.start_us)
-        under = bool(stack) and (stack[-1][1] or not stack[-1][0].user)
+        parent = stack[-1] if stack else None
+        under = parent is not None and (parent[1] or (not parent[0].user and not is_harness(parent[0])))
         stack.append((f, under))
     while stack:
         emit(stack[-1][0].end_us)
         stack.pop()
     return out
+
+
+def is_harness(frame: Event) -> bool:
+    """A frame of gpulab's own harness (`diagnose()` called from the user's script or notebook): the user's
+    step inside it is not "inside a library"."""
+    return bool(frame.code) and any(h.replace(os.sep, "/") in frame.code[0].replace(os.sep, "/") for h in HARNESS)
 
 
 def frame_site(frame: Event) -> tuple:
@@ -573,7 +588,8 @@ def host_causes(events: Sequence[Event], windows: Sequence[tuple[float, float]],
     on_main = [e for e in events if e.stream in mains and e.kind in (OP, RUNTIME, PY)]
     ops = {e.corr: e for e in events if e.kind == OP and e.corr}
     calls = {e.corr: e for e in events if e.kind == RUNTIME and e.corr}
-    runtime = [e for e in events if e.kind == RUNTIME and e.stream in working]
+    inside = lambda e: bool(intersect(span, [(e.start_us, max(e.end_us, e.start_us + 1e-3))]))   # noqa: E731
+    runtime = [e for e in events if e.kind == RUNTIME and e.stream in working and inside(e)]
     frames = [e for e in on_main if e.kind == PY]
     segments = innermost_frames(frames)
 
@@ -612,8 +628,8 @@ def host_causes(events: Sequence[Event], windows: Sequence[tuple[float, float]],
     top_ops = _outermost(main_ops)
     queue_points = sorted(e.start_us for e in runtime if e.stream in mains and e.name in QUEUEING)
     launching = _contains(top_ops, queue_points)
-    launching_ids = {id(e) for e in launching}
-    cpu_ops = [e for e in top_ops if id(e) not in launching_ids and e.dur_us >= CPU_OP_US]
+    calling = {id(e) for e in _contains(top_ops, sorted(e.start_us for e in runtime if e.stream in mains))}
+    cpu_ops = [e for e in top_ops if id(e) not in calling and e.dur_us >= CPU_OP_US]
 
     # the batch's copy: each step's first host-to-device copy of some size, launched from this thread
     precopy = []
@@ -689,7 +705,10 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
     busy = _union(work, span)
     idle = subtract(span, busy)
 
-    timeline = host_causes(events, windows, span, gpu, step_name, on_gpu)
+    # the host's time is read inside the steps' own host ranges: diagnose's synchronize after the last step
+    # (while the GPU finishes) is not the step's
+    host_span = intersect(merge_intervals(step_ranges(events, step_name)), span)
+    timeline = host_causes(events, windows, host_span, gpu, step_name, on_gpu)
     idle_by = {c: length_us(intersect(idle, timeline.by_cause[c])) for c in CAUSES}
     idle_by["other"] += max(length_us(idle) - sum(idle_by.values()), 0.0)
     pieces = sorted((a, b, c) for c, iv in timeline.by_cause.items() for a, b in iv)
@@ -775,7 +794,7 @@ def _patterns(events, gpu, classes, ops, calls, windows, span, step_name) -> dic
     def on_scores(op: Event | None) -> bool:
         if op is None or op.name.startswith("aten::_scaled_dot_product"):
             return False
-        if op.name in SOFTMAX_OPS or any(tuple(s) in scores for s in op.shapes):
+        if (op.name in SOFTMAX_OPS and _score_shape(op.shapes) is not None) or any(tuple(s) in scores for s in op.shapes):
             return True
         dims = mnk(op.name, op.shapes)       # the score and context products: (T x D) @ (D x T), (T x T) @ (T x D)
         return dims is not None and ((dims[1], dims[2]) in tails or (dims[1], dims[3]) in tails)
@@ -793,6 +812,14 @@ def _patterns(events, gpu, classes, ops, calls, windows, span, step_name) -> dic
     out["optimizer_kernels"] = len(queued) / steps
     out["optimizer_fused"] = (any("fused" in g.name.lower() for g in queued) if ranges else None)
     out["optimizer_name"] = (ranges[0].name[len(OPTIMIZER_RANGE):].split(".")[0] if ranges else "")
+    # GradScaler's unscale and inf checks (ops called from torch/amp/grad_scaler.py): a fused optimizer takes
+    # the scale and the inf flag into its own kernel, so this work and its .item() go with the fix
+    scaler_ops = _outermost([op for op in ops.values() if op.stream in mains and "::" in op.name
+                             and "grad_scaler" in (op.via[0] if op.via else "")])
+    scaler_spans = _spans(scaler_ops)
+    out["scaler_host_ms"] = length_us(scaler_spans)
+    out["scaler_gpu_ms"] = length_us(_union([g for g in gpu if g.corr in calls
+                                             and any(a <= calls[g.corr].start_us <= b for a, b in scaler_spans)], span))
     # copies that no kernel runs beside (not pageable: that is its own rule)
     big = [g for g in gpu if classes[g] == "copy" and g.name.lower().startswith("memcpy") and not is_pageable(g)
            and (g.nbytes == 0 or g.nbytes >= OVERLAP_COPY_MIN_BYTES) and ("htod" in g.name.lower() or "dtoh" in g.name.lower())]

@@ -2,9 +2,9 @@
 step with the course's fix, built from the lessons' own code. `suite.py` diagnoses both and checks
 that the rule fires on the first and stays silent on the second.
 
-    from gpulab.diagnose.cases import CASES, agree
+    from gpulab.diagnose.cases import CASES, same_model
+    ok, why = same_model(CASES["host_sync"], "tiny", torch.device("cpu"))   # correct before fast
     pair = CASES["host_sync"].build("tiny", torch.device("cpu"))
-    ok, why = agree(pair)        # correct before fast: the fixed step computes what the bad one does
     pair.bad(); pair.fixed()     # one training step each (fetch a batch, forward, backward, update)
     pair.cleanup()
 
@@ -27,6 +27,7 @@ with that reason elsewhere, but every case builds and steps on the CPU.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -51,20 +52,18 @@ def _nothing() -> None:
 class Pair:
     """The two steps of a case at one scale. Each step is a callable with no arguments that fetches its
     batch and trains on it, returning the loss (a float or a tensor); both start from the same weights
-    and the same first batch, so their first losses agree within `tolerance` (relative).
+    and the same batches (`same_model` checks that they train the same model).
 
     `fixed` is None for a case without a fix (the capstone). `sizes` records what was chosen and how;
     `note` what this device cannot show (e.g. no CUDA graph on the CPU: the fixed step runs eagerly)."""
 
     bad: Callable[[], object]
     fixed: Callable[[], object] | None
-    tolerance: float = 1e-5
-    why_tolerance: str = ("the same arithmetic on the same batch, only run differently: at most the last bits "
-                          "of reductions whose order the GPU may change")
     sizes: dict = field(default_factory=dict)
     note: str = ""
     flops_per_step: float | None = None      # given to diagnose() where FlopCounterMode cannot count
     cleanup: Callable[[], None] = _nothing
+    models: tuple = ()                       # (the bad step's model, the fixed step's): what `same_model` compares
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,7 @@ class Case:
     lesson: str
     bad: str                         # one line each: what the two steps do
     fixed: str
-    build: Callable[[str, torch.device], Pair]
+    build: Callable[..., Pair]       # build(scale, device, reorder=False)
     needs_gpus: int = 1
     why_gpu: str = ""
 
@@ -103,18 +102,139 @@ def loss_value(out) -> float:
     return float(out.item()) if isinstance(out, torch.Tensor) else float(out)
 
 
-def agree(pair: Pair) -> tuple[bool, str]:
-    """Correct before fast: one step of each from the same weights on the same first batch; the
-    losses must agree within the pair's tolerance. (True, why) for a pair without a fixed step."""
-    bad = loss_value(pair.bad())
-    if pair.fixed is None:
-        ok = math.isfinite(bad)
-        return ok, f"first loss {bad:.6g} ({'finite' if ok else 'NOT finite'}); nothing to compare with"
-    fixed = loss_value(pair.fixed())
-    diff = abs(fixed - bad) / max(abs(bad), 1e-12)
-    ok = math.isfinite(diff) and diff <= pair.tolerance
-    return ok, (f"first losses {bad:.6g} and {fixed:.6g}: relative difference {diff:.1e} "
-                f"{'<=' if ok else '>'} {pair.tolerance:.0e} ({pair.why_tolerance})")
+# Correct before fast: the fixed step trains the same model as the bad one. Parameters after K_UPDATES
+# updates from the same weights on the same batches; their distance, relative to how far the parameters
+# moved, may be at most SAME_MAX_FLOOR times the noise floor: the larger of each step against itself with
+# its batch rows in another order (the reductions over the batch in another order) and against itself in
+# fp32 (`precision.fp32_only`: how far its 16-bit rounding alone moves the parameters). A fix that changes
+# only the rounding passes; one that changes anything else fails. SAME_MAX_FLOOR is a judgement: two draws
+# of rounding noise differ by a factor of about two. Below SAME_ABS two runs agree to fp32 precision.
+K_UPDATES = 3
+SAME_MAX_FLOOR = 4.0
+SAME_ABS = 1e-6
+# A noise floor as large as this share of the parameters' movement says nothing: the check then fails
+# with that reason rather than pass everything.
+FLOOR_MAX = 1.0
+
+
+def parameters(model) -> list[torch.Tensor]:
+    """A copy of a model's parameters, in fp32."""
+    return [p.detach().float().clone() for p in model.parameters()]
+
+
+def distance(a: list, b: list) -> float:
+    """|a - b| over two parameter lists; where a tensor differs in rows (a padded vocabulary), over the rows
+    both have (the padding's rows lead nowhere the loss reads)."""
+    total = 0.0
+    for x, y in zip(a, b):
+        if x.dim() and x.shape[0] != y.shape[0]:
+            rows = min(x.shape[0], y.shape[0])
+            x, y = x[:rows], y[:rows]
+        total += float((x - y).double().square().sum())
+    return math.sqrt(total)
+
+
+def compare(p0: list, bad: list, fixed: list, floors: list[tuple[list, list]], k: int = K_UPDATES) -> dict:
+    """The verdict of `same_model`'s comparison: `floors` are pairs of runs that differ only by noise (a
+    step and itself reordered, a step and itself in fp32); `ok` when bad and fixed differ by at most
+    SAME_MAX_FLOOR times the largest of them (or by under SAME_ABS), relative to how far bad moved from p0."""
+    moved = distance(bad, p0)
+    rel = lambda a, b: distance(a, b) / moved if moved > 0 else math.inf     # noqa: E731
+    diff = rel(fixed, bad)
+    floor = max((rel(a, b) for a, b in floors), default=0.0)
+    ok = math.isfinite(diff) and (diff <= SAME_MAX_FLOOR * floor or diff <= SAME_ABS) and floor < FLOOR_MAX
+    return {"diff": diff, "floor": floor, "ok": ok,
+            "why": f"after {k} updates the fixed step differs by {diff:.2e} of the parameters' movement; noise floor "
+                   f"{floor:.2e} (its batch rows reordered, its 16-bit rounding); "
+                   + (f"the floor is {floor:.2g} of the movement itself: noise this large cannot tell two models "
+                      "apart" if floor >= FLOOR_MAX else
+                      f"{'within' if ok else 'MORE than'} {SAME_MAX_FLOOR:g}x the floor")}
+
+
+def _outputs(out) -> list[torch.Tensor]:
+    """A step's returned tensors (its loss, and its gradients where it returns them), copied."""
+    items = out if isinstance(out, (tuple, list)) else [out]
+    return [t.detach().float().clone().reshape(-1) for t in items if isinstance(t, torch.Tensor)]
+
+
+def _trained(case: Case, scale: str, device: torch.device, reorder: bool, k: int) -> tuple[list, list, list, list, list]:
+    """(the bad model's parameters at the start, after k bad steps, after k fixed steps, and the last bad and
+    fixed step's returned tensors) of a fresh pair."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Aa]utocast.*")
+        torch.manual_seed(0)           # every build the same weights and the same random batches
+        pair = case.build(scale, device, reorder=reorder)
+        try:
+            p0 = parameters(pair.models[0])
+            for _ in range(k):
+                out_bad = _outputs(pair.bad())
+            for _ in range(k):
+                out_fixed = _outputs(pair.fixed())
+            return p0, parameters(pair.models[0]), parameters(pair.models[-1]), out_bad, out_fixed
+        finally:
+            pair.cleanup()
+
+
+def same_model(case: Case, scale: str, device: torch.device, k: int = K_UPDATES) -> tuple[bool, str]:
+    """Correct before fast: does the case's fixed step train the same model as its bad step? Parameters
+    after k updates (`compare`); for a step that updates nothing (it returns its gradients), the gradients
+    it returns. (True, why) for a case without a fixed step where its loss is finite."""
+    from gpulab.models.precision import fp32_only
+
+    if case.rule is None:
+        pair = case.build(scale, device)
+        try:
+            loss = loss_value(pair.bad())
+        finally:
+            pair.cleanup()
+        return math.isfinite(loss), f"first loss {loss:.6g} ({'finite' if math.isfinite(loss) else 'NOT finite'}); nothing to compare with"
+    p0, bad, fixed, out_bad, out_fixed = _trained(case, scale, device, False, k)
+    _, bad_r, fixed_r, out_bad_r, out_fixed_r = _trained(case, scale, device, True, k)
+    with fp32_only():
+        _, bad_32, fixed_32, out_bad_32, out_fixed_32 = _trained(case, scale, device, False, k)
+    if distance(bad, p0) > 0:
+        result = compare(p0, bad, fixed, [(bad_r, bad), (fixed_r, fixed), (bad_32, bad), (fixed_32, fixed)], k)
+    else:                           # no update: its gradients, relative to their size
+        zero = [torch.zeros_like(t) for t in out_bad]
+        result = compare(zero, out_bad, out_fixed, [(out_bad_r, out_bad), (out_fixed_r, out_fixed),
+                                                    (out_bad_32, out_bad), (out_fixed_32, out_fixed)], k)
+        result["why"] = result["why"].replace("the parameters' movement", "the gradients' size")
+    return result["ok"], result["why"]
+
+
+def _half(device: torch.device) -> torch.dtype:
+    """The 16-bit type a case trains in: this GPU's (`half_dtype`), bf16 on the CPU; fp32 under
+    `precision.fp32_only` (same_model's rounding floor)."""
+    from gpulab.models.precision import fp32_forced, half_dtype
+    return half_dtype() if device.type == "cuda" or fp32_forced() else torch.bfloat16
+
+
+def _half_name(device: torch.device) -> str:
+    """`_half`'s name as `train_step` takes it ("bf16", "fp16"; "fp32" under `precision.fp32_only`)."""
+    from gpulab.models.precision import best_half, fp32_forced
+    return best_half() if device.type == "cuda" or fp32_forced() else "bf16"
+
+
+def rows(n: int, reorder: bool) -> torch.Tensor | None:
+    """A fixed permutation of n batch rows (`reorder`), or None."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(12345)) if reorder else None
+
+
+def _reordered(batches, perm):
+    """Each batch (a tuple of tensors with rows first) with its rows in `perm`'s order (as given if None)."""
+    if perm is None:
+        return batches
+    return [tuple(t[perm.to(t.device)] for t in b) for b in batches]
+
+
+@functools.lru_cache(maxsize=None)
+def _calibrated(size: int, sample_ms: float) -> int:
+    """Lesson 03's `calibrate_passes`, once per process for a size and target: it times this host, and two
+    builds of a case (the correctness check's) must make the same images."""
+    from gpulab.lessons.l03_input_pipeline import calibrate_passes
+    return calibrate_passes(size, sample_ms)
 
 
 def _cycle(batches):
@@ -133,8 +253,8 @@ class LoaderStep:
     """A training step over a DataLoader: the next batch (the loader starts again when it runs out),
     copied to the device (non_blocking from pinned memory), then `train(x, y)`."""
 
-    def __init__(self, loader, train, device: torch.device):
-        self.loader, self.train, self.device, self.batches = loader, train, device, None
+    def __init__(self, loader, train, device: torch.device, perm: torch.Tensor | None = None):
+        self.loader, self.train, self.device, self.batches, self.perm = loader, train, device, None, perm
 
     def __call__(self):
         batch = next(self.batches, None) if self.batches is not None else None
@@ -142,8 +262,8 @@ class LoaderStep:
             with quiet_fork():
                 self.batches = iter(self.loader)
             batch = next(self.batches)
-        x, y = batch
-        pinned = self.loader.pin_memory
+        x, y = batch if self.perm is None else (batch[0][self.perm], batch[1][self.perm])
+        pinned = self.loader.pin_memory and self.perm is None
         return self.train(x.to(self.device, non_blocking=pinned), y.to(self.device, non_blocking=pinned))
 
     def close(self) -> None:
@@ -164,7 +284,10 @@ def _l03_model(cfg: dict, device: torch.device, at_least_ms: float = 0.0):
     while True:
         def new_step(width=width):
             torch.manual_seed(0)
-            return make_step(SmallCNN(width=width, blocks=cfg["blocks"], device=device))
+            model = SmallCNN(width=width, blocks=cfg["blocks"], device=device)
+            train = make_step(model)
+            train.model = model
+            return train
 
         ms = _compute_ms(new_step(), x, y, device)
         if ms is None or ms >= at_least_ms or width >= 8 * cfg["width"]:
@@ -172,7 +295,7 @@ def _l03_model(cfg: dict, device: torch.device, at_least_ms: float = 0.0):
         width = (width * 5 // 4 + 7) // 8 * 8            # a quarter wider, a multiple of 8
 
 
-def build_input(scale: str, device: torch.device) -> Pair:
+def build_input(scale: str, device: torch.device, reorder: bool = False) -> Pair:
     """Lesson 03's pipeline: SyntheticImages (CPU work per sample), its SmallCNN and SGD step.
 
     Full size: the CPU cost of a sample is set from the measured GPU step (`calibrate_passes`) so that
@@ -191,11 +314,12 @@ def build_input(scale: str, device: torch.device) -> Pair:
     new_step, width, compute_ms = _l03_model(cfg, device)
     batch = cfg["batch"]
     sample_ms = cfg["sample_ms"] if compute_ms is None else compute_ms * workers / (2 * batch)
-    passes = calibrate_passes(cfg["size"], sample_ms)
+    passes = _calibrated(cfg["size"], sample_ms)
     data = SyntheticImages(length=64 * batch, size=cfg["size"], passes=passes)
     pin = device.type == "cuda"
-    bad = LoaderStep(make_loader(data, batch, num_workers=0, pin_memory=pin), new_step(), device)
-    fixed = LoaderStep(make_loader(data, batch, num_workers=workers, pin_memory=pin), new_step(), device)
+    perm = rows(batch, reorder)
+    bad = LoaderStep(make_loader(data, batch, num_workers=0, pin_memory=pin), new_step(), device, perm)
+    fixed = LoaderStep(make_loader(data, batch, num_workers=workers, pin_memory=pin), new_step(), device, perm)
 
     def cleanup():
         bad.close()
@@ -204,11 +328,11 @@ def build_input(scale: str, device: torch.device) -> Pair:
     sizes = {"batch": batch, "size": cfg["size"], "width": width, "workers": workers, "passes": passes,
              "sample_ms_target": sample_ms, "compute_ms": compute_ms,
              "how": "sample cost = GPU step x workers / (2 x batch)"}
-    return Pair(bad, fixed, sizes=sizes, cleanup=cleanup)
+    return Pair(bad, fixed, sizes=sizes, cleanup=cleanup, models=(bad.train.model, fixed.train.model))
 
 
 # -- 2. host_sync: .item() every step (lesson 01) ---------------------------------------------------
-def build_host_sync(scale: str, device: torch.device) -> Pair:
+def build_host_sync(scale: str, device: torch.device, reorder: bool = False) -> Pair:
     """Lesson 03's SmallCNN step on batches the training loop builds itself on the CPU (lesson 03's
     SyntheticImages, indexed in the main process), pinned and copied without blocking. The bad step
     reads the loss with `.item()` for a log line: the host waits for the GPU, and the GPU then waits
@@ -229,24 +353,29 @@ def build_host_sync(scale: str, device: torch.device) -> Pair:
     one_pass = benchmark(lambda: SyntheticImages(8, size=size, passes=1)[7], device=CPU, budget_s=0.1)
     new_step, width, compute_ms = _l03_model(cfg, device, at_least_ms=2 * batch * one_pass.median_ms)
     sample_ms = cfg["sample_ms"] if compute_ms is None else compute_ms / (2 * batch)
-    passes = calibrate_passes(size, sample_ms)
+    passes = _calibrated(size, sample_ms)
     data = SyntheticImages(length=64 * batch, size=size, passes=passes)
+
+    perm = rows(batch, reorder)
+    within = perm.tolist() if perm is not None else range(batch)
 
     def make(log_every_step: bool):
         train, order = new_step(), itertools.count()
 
         def step():
             i = next(order) % (len(data) // batch)
-            x, y = default_collate([data[i * batch + j] for j in range(batch)])
+            x, y = default_collate([data[i * batch + j] for j in within])
             if device.type == "cuda":            # pinned: a pageable copy would be a bottleneck of its own
                 x, y = x.pin_memory(), y.pin_memory()
             loss = train(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
             return loss.item() if log_every_step else loss          # .item(): the host waits for the GPU
+        step.model = train.model
         return step
 
     sizes = {"batch": batch, "size": size, "width": width, "passes": passes, "sample_ms_target": sample_ms,
              "compute_ms": compute_ms, "how": "batch CPU cost = GPU step / 2"}
-    return Pair(make(True), make(False), sizes=sizes)
+    bad, fixed = make(True), make(False)
+    return Pair(bad, fixed, sizes=sizes, models=(bad.model, fixed.model))
 
 
 # -- 3. pageable_copy: pinned memory and non_blocking (lesson 05) ------------------------------------
@@ -254,7 +383,7 @@ PAGEABLE = {"tiny": {"nbytes": 2**20, "features": 256, "depth": 2},
             "full": {"nbytes": None, "features": 1024, "depth": 2}}     # None: lesson 05's largest copy
 
 
-def build_pageable_copy(scale: str, device: torch.device) -> Pair:
+def build_pageable_copy(scale: str, device: torch.device, reorder: bool = False) -> Pair:
     """A batch of random bytes in host memory (lesson 05's `random_bytes`: every page written, so no
     zero-page trap), copied to the GPU each step, as uint8 rows turned into floats there; lesson 11's
     MLP learns to reproduce them (bf16 autocast). Bad: copied from pageable memory (the host stages it
@@ -269,8 +398,11 @@ def build_pageable_copy(scale: str, device: torch.device) -> Pair:
     nbytes = cfg["nbytes"] or config(scale)["largest_bytes"]
     features = cfg["features"]
     pageable = random_bytes(nbytes).view(-1, features)
+    perm = rows(pageable.shape[0], reorder)
+    if perm is not None:
+        pageable = pageable[perm]
     pinned = pageable.pin_memory() if device.type == "cuda" else pageable
-    half = half_dtype() if device.type == "cuda" else torch.bfloat16
+    half = _half(device)
 
     def make(host: torch.Tensor):
         torch.manual_seed(0)
@@ -285,10 +417,12 @@ def build_pageable_copy(scale: str, device: torch.device) -> Pair:
             opt.step()
             opt.zero_grad(set_to_none=True)
             return loss.detach()
+        step.model = model
         return step
 
     sizes = {"bytes": nbytes, "rows": pageable.shape[0], "features": features, "depth": cfg["depth"]}
-    return Pair(make(pageable), make(pinned), sizes=sizes,
+    bad, fixed = make(pageable), make(pinned)
+    return Pair(bad, fixed, sizes=sizes, models=(bad.model, fixed.model),
                 note="" if device.type == "cuda" else "pinned memory needs a CUDA GPU: on the CPU both copy alike")
 
 
@@ -300,7 +434,7 @@ def build_pageable_copy(scale: str, device: torch.device) -> Pair:
 LAUNCH_BATCHES = 4
 
 
-def build_launch_bound(scale: str, device: torch.device) -> Pair:
+def build_launch_bound(scale: str, device: torch.device, reorder: bool = False) -> Pair:
     """Lesson 11's small MLP (`MLP`, `make_mlp_step`: forward and backward), bf16 autocast so its
     matrix products use Tensor Cores. Bad: eager, one launch per kernel. Fixed: the same step captured
     once (`capture`) and replayed, each batch copied into the graph's static inputs.
@@ -314,8 +448,9 @@ def build_launch_bound(scale: str, device: torch.device) -> Pair:
     w, b = cfg["mlp_width"], LAUNCH_BATCHES * cfg["mlp_batch"]
     torch.manual_seed(0)
     model = MLP(w, cfg["mlp_depth"]).to(device)
-    batches = [(torch.randn(b, w, device=device), torch.randn(b, w, device=device)) for _ in range(4)]
-    half = half_dtype() if device.type == "cuda" else torch.bfloat16
+    batches = _reordered([(torch.randn(b, w, device=device), torch.randn(b, w, device=device)) for _ in range(4)],
+                         rows(b, reorder))
+    half = _half(device)
     grads = make_mlp_step(model)
 
     def run(x, t):          # autocast's weight cache off: a CUDA graph must not keep casts from outside it
@@ -341,7 +476,7 @@ def build_launch_bound(scale: str, device: torch.device) -> Pair:
             graph.replay()
             return out
 
-    return Pair(bad, fixed, sizes={"width": w, "depth": cfg["mlp_depth"], "batch": b}, note=note)
+    return Pair(bad, fixed, sizes={"width": w, "depth": cfg["mlp_depth"], "batch": b}, note=note, models=(model, model))
 
 
 # -- 5. fp32_no_tensor_cores: mixed precision (lesson 06) -------------------------------------------
@@ -349,7 +484,7 @@ FP32 = {"tiny": {"width": 64, "depth": 4, "batch": 32, "step_ms": None},
         "full": {"width": 4096, "depth": 8, "batch": 1024, "step_ms": 40.0}}
 
 
-def build_fp32(scale: str, device: torch.device) -> Pair:
+def build_fp32(scale: str, device: torch.device, reorder: bool = False) -> Pair:
     """Lesson 11's MLP (ReLU, MSE) trained with `train_step`. Bad: precision "fp32" (TF32 off for the
     step: fp32 matmuls on the CUDA cores). Fixed: bf16 autocast, or fp16 with a GradScaler on a GPU
     without bf16 (`best_half`). `train_step` sets and restores the fp32 math mode around each step.
@@ -357,7 +492,6 @@ def build_fp32(scale: str, device: torch.device) -> Pair:
     Full size: width 4096, 8 layers; the batch makes an fp32 step take about `step_ms` at this GPU's
     fp32 matmul ceiling (notebook 00), a multiple of 64 rows, at least 256."""
     from gpulab.core.ceilings import ceilings
-    from gpulab.lessons.l06_mixed_precision import FIRST_LOSS_TOLERANCE
     from gpulab.lessons.l11_cuda_graphs import MLP
     from gpulab.models.precision import best_half, make_scaler
     from gpulab.models.step import train_step
@@ -369,8 +503,9 @@ def build_fp32(scale: str, device: torch.device) -> Pair:
     if fp32 is not None:
         batch = max(256, int(cfg["step_ms"] / 1e3 * fp32.value * 1e12 / (6 * d * w * w)) // 64 * 64)
         source = f"{cfg['step_ms']:g} ms at {fp32.value:.3g} TFLOP/s fp32 ({fp32.source})"
-    half = best_half() if device.type == "cuda" else "bf16"
-    batches = [(torch.randn(batch, w, device=device), torch.randn(batch, w, device=device)) for _ in range(2)]
+    half = _half_name(device)
+    batches = _reordered([(torch.randn(batch, w, device=device), torch.randn(batch, w, device=device))
+                          for _ in range(2)], rows(batch, reorder))
 
     def make(precision: str):
         torch.manual_seed(0)
@@ -382,16 +517,17 @@ def build_fp32(scale: str, device: torch.device) -> Pair:
         def step():
             return train_step(model, *nxt(), loss=lambda m, x, t: m(x, t), optimizer=opt, precision=precision,
                               scaler=scaler)
+        step.model = model
         return step
 
-    return Pair(make("fp32"), make(half), tolerance=FIRST_LOSS_TOLERANCE[half],
-                why_tolerance=f"{half} rounds the products' inputs (lesson 06's first-loss tolerance)",
+    bad, fixed = make("fp32"), make(half)
+    return Pair(bad, fixed, models=(bad.model, fixed.model),
                 sizes={"width": w, "depth": d, "batch": batch, "half": half, "batch_from": source,
                        "flops": 6 * batch * d * w * w})
 
 
 # -- 6. misaligned_gemm: the padded vocabulary (lesson 07) ------------------------------------------
-def build_misaligned(scale: str, device: torch.device) -> Pair:
+def build_misaligned(scale: str, device: torch.device, reorder: bool = False) -> Pair:
     """Lesson 07's GPT (GPT-2 small at full size: vocabulary 50257, 12 blocks of 768, sequences of
     1024) trained in 16-bit with AdamW, as notebook 07 does, on twice lesson 07's batch (16 at full
     size). Bad: the head multiplies over 50257 rows, not a multiple of 8. Fixed: `padded_copy(model,
@@ -402,19 +538,18 @@ def build_misaligned(scale: str, device: torch.device) -> Pair:
     host needs to launch it (30.7 to 39.1 ms a step on two H200 hosts, 2026-11-30, results/bench-h200x2-
     2026-11-30-s6.json and -s7.json), so on a slower host the fixed step turns launch-bound and the
     padding's gain hides behind the host. Twice the rows double the GPU's work, not the host's."""
-    from gpulab.lessons.l06_mixed_precision import FIRST_LOSS_TOLERANCE
     from gpulab.lessons.l07_tensor_core_alignment import config
     from gpulab.models.gpt import GPT, padded_copy, token_batches
     from gpulab.models.precision import best_half, language_model_loss, make_scaler
     from gpulab.models.step import train_step
 
     lm = config(scale)["lm"]
-    half = best_half() if device.type == "cuda" else "bf16"
+    half = _half_name(device)
     torch.manual_seed(0)
     model = GPT(lm["vocab"], lm["n_blocks"], lm["width"], lm["heads"], lm["seq"], device=device)
     padded = padded_copy(model, 64)
     batch = 2 * lm["batch"]
-    batches = token_batches(model, batch, count=2)
+    batches = _reordered(token_batches(model, batch, count=2), rows(batch, reorder))
 
     def make(m):
         opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
@@ -424,8 +559,7 @@ def build_misaligned(scale: str, device: torch.device) -> Pair:
             return train_step(m, *nxt(), loss=language_model_loss, optimizer=opt, precision=half, scaler=scaler)
         return step
 
-    return Pair(make(model), make(padded), tolerance=FIRST_LOSS_TOLERANCE[half],
-                why_tolerance=f"{half}: the padded head's products round in another order",
+    return Pair(make(model), make(padded), models=(model, padded),
                 sizes=dict(lm, batch=batch, padded_vocab=padded.padded_vocab, half=half))
 
 
@@ -437,7 +571,7 @@ def build_misaligned(scale: str, device: torch.device) -> Pair:
 MEMORY = {"tiny": {"width": 64, "depth": 4, "batch": 64}, "full": {"width": 8192, "depth": 4, "batch": 2048}}
 
 
-def build_memory(scale: str, device: torch.device) -> Pair:
+def build_memory(scale: str, device: torch.device, reorder: bool = False) -> Pair:
     """Lesson 11's MLP, forward and backward in bf16 autocast. Bad: `torch.cuda.empty_cache()` after
     every step, the usual answer to out-of-memory errors in forum code: each step gives every cached
     block back to the driver (cudaFree, which waits for the GPU) and asks for it again (cudaMalloc)
@@ -456,9 +590,10 @@ def build_memory(scale: str, device: torch.device) -> Pair:
     w, b = cfg["width"], cfg["batch"]
     gpu = device.type == "cuda"
     half = half_dtype() if gpu else torch.bfloat16
-    x, t = torch.randn(b, w, device=device), torch.randn(b, w, device=device)
+    ((x, t),) = _reordered([(torch.randn(b, w, device=device), torch.randn(b, w, device=device))], rows(b, reorder))
     torch.manual_seed(0)
-    grads = make_mlp_step(MLP(w, cfg["depth"]).to(device))
+    model = MLP(w, cfg["depth"]).to(device)
+    grads = make_mlp_step(model)
 
     def make(empty_every_step: bool):
         def step():
@@ -469,7 +604,7 @@ def build_memory(scale: str, device: torch.device) -> Pair:
             return out
         return step
 
-    return Pair(make(True), make(False), sizes={"width": w, "depth": cfg["depth"], "batch": b},
+    return Pair(make(True), make(False), sizes={"width": w, "depth": cfg["depth"], "batch": b}, models=(model, model),
                 note="" if gpu else "the caching allocator is CUDA's: on the CPU both steps allocate alike")
 
 
@@ -483,7 +618,7 @@ def build_memory(scale: str, device: torch.device) -> Pair:
 DDP_SIZES = {"tiny": {"width": 64, "depth": 4, "batch": 64}, "full": {"width": 4096, "depth": 8, "batch": 8192}}
 
 
-def build_ddp(scale: str, device: torch.device) -> Pair:
+def build_ddp(scale: str, device: torch.device, reorder: bool = False) -> Pair:
     """Lesson 11's MLP under DistributedDataParallel, one process per GPU, each on its own batch, trained
     with SGD in 16-bit autocast. Bad: one gradient bucket for the whole model (lesson 14's "whole model"
     cap), so the all-reduce starts after the backward pass and the optimizer waits for all of it. Fixed:
@@ -504,9 +639,9 @@ def build_ddp(scale: str, device: torch.device) -> Pair:
     w, b = cfg["width"], cfg["batch"]
     rank, world = dist.get_rank(), dist.get_world_size()
     gen = torch.Generator().manual_seed(1 + rank)                 # each process its own batch
-    x, t = (torch.randn(b, w, generator=gen).to(device) for _ in range(2))
+    ((x, t),) = _reordered([tuple(torch.randn(b, w, generator=gen).to(device) for _ in range(2))], rows(b, reorder))
     ids = [device.index] if device.type == "cuda" else None
-    half = half_dtype() if device.type == "cuda" else torch.bfloat16
+    half = _half(device)
 
     def make(bucket_cap_mb: float | None):
         torch.manual_seed(0)                                      # same weights in every process and both steps
@@ -522,6 +657,7 @@ def build_ddp(scale: str, device: torch.device) -> Pair:
             loss.backward()                                 # DDP all-reduces the gradient buckets here
             opt.step()                                      # ...and the optimizer waits for the last one
             return loss.detach()
+        step.model = net
         return step
 
     def cleanup():
@@ -529,11 +665,13 @@ def build_ddp(scale: str, device: torch.device) -> Pair:
             dist.destroy_process_group()
 
     params = cfg["depth"] * (w * w + w)
-    return Pair(make(None), make(25), sizes=dict(cfg, parameters=params, processes=world), cleanup=cleanup)
+    bad, fixed = make(None), make(25)
+    return Pair(bad, fixed, sizes=dict(cfg, parameters=params, processes=world), cleanup=cleanup,
+                models=(bad.model, fixed.model))
 
 
 # -- the capstone: nothing left to fix (lesson 13) ---------------------------------------------------
-def build_capstone(scale: str, device: torch.device) -> Pair:
+def build_capstone(scale: str, device: torch.device, reorder: bool = False) -> Pair:
     """Lesson 13's GPT with every toggle this device accepts (`all_on`: TF32, 16-bit autocast, padded
     vocabulary, fused AdamW, pinned DataLoader workers, torch.compile on a GPU), assembled from lesson
     13's parts as its `run_job` does; the FLOPs are lesson 13's `model_flops` (FlopCounterMode cannot see
@@ -571,7 +709,7 @@ def build_capstone(scale: str, device: torch.device) -> Pair:
         if options.compile:
             torch.compiler.reset()
 
-    return Pair(step, None, sizes=dict(cfg, options=options.label, fitted=runs.lowered.get("gpt", "")),
+    return Pair(step, None, models=(model,), sizes=dict(cfg, options=options.label, fitted=runs.lowered.get("gpt", "")),
                 flops_per_step=L.model_flops("gpt", cfg, cfg["batch"], device), cleanup=cleanup)
 
 
@@ -586,7 +724,7 @@ CASES: dict[str, Case] = {c.name: c for c in (
          why_gpu="host<->device copies cross a bus the CPU does not have"),
     Case("launch_bound", "launch_bound", "11", "small MLP step, eager", "the same step replayed from a CUDA graph",
          build_launch_bound, why_gpu="CUDA graphs replay CUDA kernel launches"),
-    Case("fp32_no_tensor_cores", "fp32_no_tensor_cores", "06", "fp32 matmuls, TF32 off",
+    Case("fp32_no_tensor_cores", "fp32_matmuls", "06", "fp32 matmuls, TF32 off",
          "16-bit autocast (bf16; fp16 + GradScaler without bf16)", build_fp32,
          why_gpu="Tensor Cores are a GPU's"),
     Case("misaligned_gemm", "misaligned_gemm", "07", "GPT head over a vocabulary of 50257 (16-bit)",

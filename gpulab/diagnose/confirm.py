@@ -210,12 +210,51 @@ def _variant(v: Verdict, facts, device: torch.device):
     raise Unavailable("no variant of the step can make this fix from outside the step")
 
 
-def measure(step: Callable, steps: int, device: torch.device, context) -> float:
-    """ms per step of `step` run inside `context` (steps back to back, chunks of `steps`, host clock)."""
+PRODUCTS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution", "cudnn_convolution",
+            "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+            "_scaled_dot_product_cudnn_attention", "_cudnn_rnn")
+
+
+def product_dtypes(step: Callable) -> set:
+    """The dtypes the matrix products and convolutions of one run of `step` received (a dispatch mode sees
+    them after autocast has cast them)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: set = set()
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in PRODUCTS:
+                first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+                if first is not None:
+                    seen.add(first.dtype)
+            return func(*args, **(kwargs or {}))
+
+    with Spy():
+        step()
+    return seen
+
+
+def measure(step: Callable, steps: int, device: torch.device, context, check=None) -> float:
+    """ms per step of `step` run inside `context` (steps back to back, chunks of `steps`, host clock).
+    `check(step)`, run first inside the context, raises Unavailable where the variant did not take."""
     with context:
+        if check is not None:
+            check(step)
         timing = benchmark(step, warmup=CONFIRM_WARMUP, repeat=None, budget_s=CONFIRM_WINDOW_S,
                            max_repeat=CONFIRM_MAX_CHUNKS, calls=steps, clock="host", device=device)
     return timing.median_ms
+
+
+def took_16bit(step: Callable) -> None:
+    """Unavailable unless one run of `step` under the variant fed some product 16-bit inputs: a step that
+    sets its own precision inside (`autocast(enabled=False)`, its own switches) overrides the variant, and
+    its time would measure nothing."""
+    dtypes = product_dtypes(step)
+    if not dtypes & {torch.bfloat16, torch.float16}:
+        raise Unavailable("the step sets its own precision (autocast(enabled=False) or its own switches) and "
+                          "overrides the variant: its matrix products stayed "
+                          + (", ".join(sorted(str(d).replace("torch.", "") for d in dtypes)) or "unseen"))
 
 
 def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) -> None:
@@ -232,7 +271,9 @@ def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) ->
             hits: dict = {}
             if v.rule in ("host_sync", "host_code", "periodic_stall"):
                 context = _counting(context, hits)
-            ms = measure(step, steps, device, context)
+            check = took_16bit if v.rule == "fp32_matmuls" and torch.cuda.is_available() and \
+                device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False) else None
+            ms = measure(step, steps, device, context, check)
         except Unavailable as why:
             out.append(_note(v, f"not measured: {why}"))
             continue

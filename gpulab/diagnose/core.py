@@ -3,13 +3,21 @@
 The learner hands over one training step, a callable with no arguments that fetches its batch and
 trains on it, the way their loop does. `diagnose` then
 
-1. runs `warmup` steps unmeasured (allocator, cuBLAS and cuDNN settle);
-2. times CHUNKS chunks of `steps` back-to-back steps on the host clock, synchronizing before and after
-   each chunk (the unperturbed step time; NVML samples the GPU's utilization meanwhile where it can);
-3. runs `steps` more under `torch.profiler` (each inside `record_function("gpulab.step")`) with the
-   caching allocator's statistics read before and after;
-4. counts one step's FLOPs with `FlopCounterMode` (unless `flops_per_step` is given);
-5. turns the profile into `Facts` (analyze.py) and runs the rules (rules.py).
+1. runs `warmup` steps unmeasured (allocator, cuBLAS and cuDNN settle); the last of them runs under
+   FlopCounterMode (the step's FLOPs) and `torch.cuda.set_sync_debug_mode("warn")` (every call that
+   synchronized, with the user's line): no extra training step is run for either;
+2. times chunks of `steps` back-to-back steps on the host clock, synchronizing before and after each chunk,
+   for at least `window_s` seconds (the unperturbed step time, each step's host time, and slow steps that
+   come back every N steps; NVML samples the GPU's utilization meanwhile where it can);
+3. runs `steps` more under `torch.profiler` (each inside `record_function("gpulab.step")`, with shapes,
+   FLOPs and Python stacks) with the caching allocator's statistics read before and after; where slow
+   steps come back every few steps, a typical step and a slow one are profiled to find the line that
+   took the slow one's extra time;
+4. turns the profile into `Facts` (analyze.py) and runs the rules (rules.py);
+5. runs, for each verdict whose fix can be made from outside the step, that variant and ranks the
+   verdicts by what it measured (confirm.py).
+
+`record_to=` keeps what was recorded (gzipped JSON); `from_record(path)` analyses it again without the GPU.
 """
 from __future__ import annotations
 
@@ -261,7 +269,7 @@ def scan_step(step: Callable, device: torch.device, flops: bool = True,
     found: list = []
 
     def record(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" not in str(message):
+        if "called a synchronizing CUDA operation" not in str(message):
             return
         frames = [f for f in traceback.extract_stack()[:-1] if not f.filename.endswith("warnings.py")]
         user = next((f for f in reversed(frames) if is_user_file(f.filename)), None)
@@ -338,14 +346,15 @@ def stall_facts(chunks_steps: list, chunks: list) -> StallFacts | None:
     median = statistics.median(per_step)
     slow = tuple(i for i, ms in enumerate(per_step) if ms > STALL_FACTOR * median)
     gaps = {b - a for a, b in zip(slow, slow[1:])}
-    period = gaps.pop() if len(gaps) == 1 else None
+    period = gaps.pop() if len(gaps) == 1 and len(slow) >= 3 else None     # the same gap twice at least
     timed = chunks_steps[-len(chunks):]                   # the probe chunk is not a sample
     clean = [ms for ms, c in zip(chunks, timed) if max(c) <= STALL_FACTOR * median]
     mean = statistics.fmean(chunks)
     if clean:
         typical = statistics.median(clean)
-    else:
-        typical = mean - sum(per_step[i] - median for i in slow) / len(per_step)
+    else:                                                 # every chunk has a slow step: their excess, per step
+        steps = [ms for c in timed for ms in c]
+        typical = mean - sum(ms - median for ms in steps if ms > STALL_FACTOR * median) / len(steps)
     return StallFacts(step_ms=tuple(per_step), slow=slow, median_ms=typical, mean_ms=mean, period=period)
 
 
@@ -518,7 +527,7 @@ def save_record(path: str, profiled: Profiled, inputs: dict, stalls, meta: dict)
             "trace_start_ns": profiled.trace_start_ns,
             "memory": asdict(profiled.memory) if profiled.memory else None, "inputs": inputs,
             "stalls": asdict(stalls) if stalls else None, "meta": meta, "torch": torch.__version__}
-    with gzip.open(path, "wt", encoding="utf-8", compresslevel=9) as f:
+    with gzip.open(path, "wt", encoding="utf-8", compresslevel=6) as f:
         json.dump(_plain(data), f, separators=(",", ":"))
 
 

@@ -95,6 +95,7 @@ class Record:
     dtypes: tuple = ()
     flops: float = 0.0
     metadata: str = ""           # metadata_json(), where torch fills it (memcpy bytes)
+    nbytes: int = 0              # nbytes(), where this torch build has it (a copy's bytes)
     user_annotation: bool = False  # is_user_annotation(): a record_function range (host or its GPU copy)
     tf32: bool | None = None     # an op's allow_tf32_cublas, from the profiler's event tree
     site: tuple = ()             # an op's or Python frame's call site in the user's code, from the event tree
@@ -174,6 +175,7 @@ def records_from_profiler(prof) -> tuple[list[Record], int]:
             linked_correlation_id=int(_call(e, "linked_correlation_id", 0) or 0),
             shapes=_shapes(_call(e, "shapes", ())), dtypes=tuple(str(d) for d in (_call(e, "dtypes", ()) or ())),
             flops=float(_call(e, "flops", 0) or 0), metadata=str(_call(e, "metadata_json", "") or ""),
+            nbytes=int(_call(e, "nbytes", 0) or 0),
             user_annotation=bool(_call(e, "is_user_annotation", False)),
             tf32=tf32.get((name, start)), site=user_site, via=via))
     return records + frames, int(_call(results, "trace_start_ns", 0) or 0)
@@ -273,6 +275,15 @@ def _contains_op(node) -> bool:
     return False
 
 
+# Python frames shorter than this are not kept: their time counts in the frame around them (a tokenizer's
+# millions of `str.lower()` calls would otherwise outnumber everything else in the profile), and a line
+# that costs the step anything is called from a frame that lasts longer.
+FRAME_MIN_US = 20.0
+# Library frames kept wherever they are called from: nn.DataParallel's forward (lesson 14), which the
+# module machinery calls, not the user's line.
+KEPT_LIBRARY_FRAMES = ("nn/parallel/data_parallel.py",)
+
+
 def tree_facts(roots) -> tuple[dict, dict, list[Record]]:
     """From the profiler's event tree: ({(op name, start ns): allow_tf32_cublas}, {(op name, start ns):
     (user site, via)}, the Python frame records).
@@ -299,7 +310,8 @@ def tree_facts(roots) -> tuple[dict, dict, list[Record]]:
             caller_user, code_user = is_user_file(caller[0]), is_user_file(code[0])
             if caller_user:
                 user_site = caller
-            if caller_user or code_user:
+            kept = caller_user or code_user or code[0].replace(os.sep, "/").endswith(KEPT_LIBRARY_FRAMES)
+            if kept and end - start >= FRAME_MIN_US * 1e3:
                 frames.append(Record(code[2], "cpu", PY_FRAME, start, max(end, start), thread=thread, site=caller,
                                      code=code, user=code_user))
         elif kind == "_ExtraFields_PyCCall":
@@ -307,8 +319,9 @@ def tree_facts(roots) -> tuple[dict, dict, list[Record]]:
             any_site = caller
             if is_user_file(caller[0]):
                 user_site = caller
-                frames.append(Record(c_call_name(str(n.name)), "cpu", PY_FRAME, start, max(end, start), thread=thread,
-                                     site=caller, user=not _contains_op(n)))
+                if end - start >= FRAME_MIN_US * 1e3:
+                        frames.append(Record(c_call_name(str(n.name)), "cpu", PY_FRAME, start, max(end, start),
+                                         thread=thread, site=caller, user=not _contains_op(n)))
         elif kind == "_ExtraFields_TorchOp":
             key = (str(n.name), start)
             sites[key] = (user_site, any_site)
@@ -421,13 +434,33 @@ def parse(records: Iterable[Record], trace_start_ns: int | None = None) -> list[
         op_id = launching_op(r)
         op = ops[op_id].name if op_id in ops else ""
         if kind == GPU:
+            nbytes = r.nbytes or _nbytes(r.metadata) or (_copy_bytes(ops[op_id]) if op_id in ops and
+                                                          r.name.lower().startswith("memcpy") else 0)
             events.append(Event(GPU, r.name, us(r.start_ns), us(end), stream=r.resource, op=op,
-                                nbytes=_nbytes(r.metadata), corr=r.correlation_id, op_id=op_id))
+                                nbytes=nbytes, corr=r.correlation_id, op_id=op_id))
         else:
             events.append(Event(RUNTIME, r.name, us(r.start_ns), us(end), stream=r.thread, op=op,
                                 corr=r.correlation_id, op_id=op_id))
     events.sort(key=lambda e: (e.start_us, -e.end_us))
     return events
+
+
+DTYPE_BYTES = {"float": 4, "double": 8, "c10::half": 2, "c10::bfloat16": 2, "long int": 8, "int": 4,
+               "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "c10::float8_e4m3fn": 1,
+               "c10::float8_e5m2": 1}
+
+
+def _copy_bytes(op: Record) -> int:
+    """The bytes a copy op moved, from its recorded input shapes and dtypes (its first tensor input),
+    where the trace does not say: 0 when the op recorded neither."""
+    for shape, dtype in zip(op.shapes, op.dtypes):
+        size = DTYPE_BYTES.get(str(dtype).lower())
+        if size:                         # a tensor (a 0-d one records the shape []: one element)
+            n = 1
+            for d in shape:
+                n *= d
+            return max(n, 1) * size
+    return 0
 
 
 def _ranges_by_thread(ops: list[Record]) -> dict[int, list[Record]]:

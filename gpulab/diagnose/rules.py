@@ -54,6 +54,10 @@ LAUNCHES_PER_KERNEL_MIN = 0.5
 # speeds them up (lesson 06 measures by how much on this GPU) but changes numerics, so it must be a real
 # share.
 FP32_GEMM_SHARE_MIN = 0.10
+# An fp32 product whose FLOPs the trace does not give (a cuDNN RNN, a kernel with no shapes): the 16-bit
+# Tensor Core rate is twice TF32's on the datasheets (A100 312 against 156, H100 SXM 989 against 495
+# dense TFLOP/s), so 16-bit is expected to save half its time; its bound stays all of it.
+UNKNOWN_FLOPS_SAVING = 0.5
 # Misaligned 16-bit GEMMs above 5 %: padding a dimension to a multiple of 8 (or 64, lesson 07) is a
 # one-line change, so the "worth fixing" share of the one-line fixes applies.
 MISALIGNED_SHARE_MIN = 0.05
@@ -267,7 +271,11 @@ def launch_bound(f: Facts) -> Verdict | None:
         return None
     if f.launches_per_step is not None and f.launches_per_step < LAUNCHES_PER_KERNEL_MIN * f.kernels_per_step:
         return None
-    blocked = "host_sync" if _has_syncs(f) else ""
+    blocked = ""
+    if _has_syncs(f):
+        vias = [via for _, via, ms, _ in f.syncs if ms > 0] or [via for _, via, *_ in f.hidden_syncs]
+        # GradScaler's .item() goes with a fused optimizer (it takes the inf flag as a tensor)
+        blocked = "optimizer_unfused" if vias and all("grad_scaler" in v for v in vias) else "host_sync"
     fix = "capture the step in a CUDA graph (torch.compile(mode='reduce-overhead')) or fuse small ops"
     if blocked:
         fix = f"first remove the synchronizations (a graph cannot capture them: {_lines(_sync_rows(f), 1)}); then " + fix
@@ -393,13 +401,15 @@ def fp32_matmuls(f: Facts) -> Verdict | None:
     ieee, _ = f.gemm_ms(lambda g: g.dtype == "fp32" and g.math == "fp32")
     tf32, _ = f.gemm_ms(lambda g: g.dtype == "fp32" and g.math == "tf32")
     ceiling, peak = _ceilings(f)
+    chosen = [g for g in f.gemms if g.dtype == "fp32"]
+    expected = sum(_above(g.gpu_ms, g.flops, peak) if g.flops else g.gpu_ms * UNKNOWN_FLOPS_SAVING for g in chosen)
     return verdict("fp32_matmuls", "fp32 matrix products (not 16-bit)", "06", f.busy_share(_above(ms, flops, ceiling)),
                    f"fp32 GEMMs and convolutions {ms:.3g} ms per step ({pct(f.busy_share(ms))}; threshold "
                    f"{pct(FP32_GEMM_SHARE_MIN)}): {ieee:.3g} ms on the CUDA cores, {tf32:.3g} ms as TF32 "
                    "(math mode read per kernel)",
                    "train under torch.amp.autocast('cuda', dtype=torch.bfloat16) (fp16 + GradScaler without bf16)"
                    + (", or allow TF32" if ieee > tf32 else ""),
-                   expected=f.busy_share(_above(ms, flops, peak)))
+                   expected=f.busy_share(expected))
 
 
 def misaligned_gemm(f: Facts) -> Verdict | None:
@@ -454,8 +464,8 @@ def optimizer_unfused(f: Facts) -> Verdict | None:
     time; expected: the host part and two thirds of the GPU time (FUSED_OPTIMIZER_FRACTION)."""
     if f.optimizer_fused is None or f.optimizer_fused:
         return None
-    host_ms = f.optimizer_host_ms * f.host_scale
-    gpu_ms = f.optimizer_gpu_ms
+    host_ms = (f.optimizer_host_ms + f.scaler_host_ms) * f.host_scale
+    gpu_ms = f.optimizer_gpu_ms + f.scaler_gpu_ms
     exposed_host = min(max(host_ms - gpu_ms, 0.0), f.base_idle_ms)
     scaler = sum(min(ms * f.host_scale, f.base_idle_ms) for _, via, ms, _ in f.syncs if "grad_scaler" in via)
     share = f.share(exposed_host + f.busy_share(gpu_ms) * f.base_ms + scaler)
@@ -465,7 +475,9 @@ def optimizer_unfused(f: Facts) -> Verdict | None:
     name = f.optimizer_name or "the optimizer"
     return verdict("optimizer_unfused", "unfused optimizer", "12", share,
                    f"{name}.step: {f.optimizer_kernels:.0f} kernels, {gpu_ms:.3g} ms on the GPU, {host_ms:.3g} ms on "
-                   f"the host per step" + (f"; GradScaler's .item() blocked {scaler:.3g} ms" if scaler else "")
+                   f"the host per step" + (" (GradScaler's unscale included: a fused optimizer does it)"
+                                           if f.scaler_host_ms else "")
+                   + (f"; GradScaler's .item() blocked {scaler:.3g} ms" if scaler else "")
                    + f" (threshold {pct(OPTIMIZER_SHARE_MIN)})",
                    f"torch.optim.{f.optimizer_name or 'AdamW'}(..., fused=True)", expected=expected)
 
@@ -538,6 +550,8 @@ def compile_recompiles(f: Facts) -> Verdict | None:
         return None
     s = f.stalls
     share = min(max(s.mean_ms - s.median_ms, 0.0) / s.mean_ms, 1.0) if s and s.mean_ms > 0 else 0.0
+    if share < STALL_SHARE_MIN:         # compiled, but the window does not show it costing the step anything
+        return None
     return verdict("compile_recompiles", "torch.compile recompiling during training", "12", share,
                    f"{measured} new graph(s) compiled during the measured steps"
                    + (f"; the mean step {s.mean_ms:.3g} ms against the median {s.median_ms:.3g} ms" if s else ""),
@@ -644,22 +658,28 @@ FIX_ORDER = ("host_sync", "pageable_copy", "misaligned_gemm", "layout_transposes
 
 
 def rank(verdicts: list[Verdict]) -> list[Verdict]:
-    """Fixes by gain (measured, else expected), the smaller fix first among near-equals; a blocked fix after
-    the one blocking it; demoted fixes after the rest; what is not a fix last."""
-    fixes = [v for v in verdicts if v.actionable and not v.demoted]
+    """Fixes by gain (measured, else expected: a demoted fix by what it measured; a fix others wait for by
+    the best of theirs), the smaller fix first among near-equals; a blocked fix right after the one blocking
+    it; what is not a fix last."""
+    fixes = [v for v in verdicts if v.actionable]
     order = {r: i for i, r in enumerate(FIX_ORDER)}
+    # a fix that others wait for is worth what they unlock: it ranks as high as the best fix it blocks
+    unlocks = {}
+    for v in fixes:
+        if v.blocked_by:
+            unlocks[v.blocked_by] = max(unlocks.get(v.blocked_by, 1.0), v.gain)
 
     def key(v: Verdict):
-        return (-round(math.log(v.gain) / math.log1p(TIE)) if v.gain > 1 and math.isfinite(v.gain) else
-                (-math.inf if v.gain == math.inf else 0), order.get(v.rule, len(order)))
+        gain = max(v.gain, unlocks.get(v.rule, 1.0))
+        return (-round(math.log(gain) / math.log1p(TIE)) if gain > 1 and math.isfinite(gain) else
+                (-math.inf if gain == math.inf else 0), order.get(v.rule, len(order)))
     fixes.sort(key=key)
     present = {v.rule for v in fixes}
     out = [v for v in fixes if not (v.blocked_by and v.blocked_by in present)]
-    for v in fixes:                    # a blocked fix right after the fix that unblocks it
+    for v in fixes:                    # a blocked fix after the fix that unblocks it (and the ones it unblocked before)
         if v.blocked_by and v.blocked_by in present:
-            at = next(i for i, w in enumerate(out) if w.rule == v.blocked_by)
+            at = max(i for i, w in enumerate(out) if w.rule == v.blocked_by or w.blocked_by == v.blocked_by)
             out.insert(at + 1, v)
-    out += sorted((v for v in verdicts if v.actionable and v.demoted), key=key)
     return out + [v for v in verdicts if not v.actionable]
 
 
@@ -678,9 +698,26 @@ def run_rules(f: Facts, rules: list | None = None) -> tuple[list[Verdict], dict[
     names = {v.rule for v in fired}
     if "cudagraphs_skipped" in names:
         fired = [v for v in fired if v.rule != "launch_bound"]
+    for v in list(fired):          # a fix blocked by a cause no rule fired on: that cause, as its first step
+        if v.blocked_by and v.blocked_by not in {w.rule for w in fired} and v.blocked_by in PREREQUISITES:
+            fired.append(PREREQUISITES[v.blocked_by](f, v))
     if any(v.actionable for v in fired):
         fired = [v for v in fired if v.rule != "compute_bound"]
     return rank(fired), skipped
+
+
+def sync_first(f: Facts, blocked: Verdict) -> Verdict:
+    """host_sync as the step before `blocked` (a CUDA graph cannot capture a synchronizing step), when its
+    own share is under its threshold: what removing the syncs saves by itself, and what it unlocks."""
+    ms = f.idle("sync")
+    return verdict("host_sync", "host synchronization (.item(), .cpu(), a blocking copy)", "01", f.share(ms),
+                   f"the host was blocked {f.host('sync'):.3g} ms per step waiting for the GPU (the profiler slows the "
+                   f"host, so the unprofiled wait can be longer); it must go before {blocked.rule} (up to "
+                   f"{blocked.bound:.3g}x) can work; where: {_lines(_sync_rows(f)) or 'not found'}",
+                   "keep values on the GPU (no .item()/.cpu()/print per step; read them every N steps)")
+
+
+PREREQUISITES = {"host_sync": sync_first}
 
 
 def demote(v: Verdict, measured: float, why: str) -> Verdict:

@@ -43,13 +43,8 @@ ZOO = Path(__file__).resolve().parents[2] / "zoo"
 TUNED_GAIN_MAX = 1.10
 # The top verdict must name the best fix's rule on this share of the labelled steps (issue 23).
 TOP_HITS_MIN = 0.90
-# Correctness: parameters after this many updates; a fix may differ from the step as written by at most
-# SAME_MAX_FLOOR times the larger noise floor (the step, and the fix, each against its own run with the
-# batch rows reordered). A judgement: two draws of rounding noise differ by a factor of about two.
-K_UPDATES = 3
-SAME_MAX_FLOOR = 4.0
-# Below this relative difference two runs are the same to fp32 precision, whatever the floor.
-SAME_ABS = 1e-6
+# Correctness: `gpulab.diagnose.cases.compare` (parameters after K_UPDATES updates against the noise
+# floor), the one comparison the suite's cases use too.
 LABEL_WINDOW_S = 1.5
 LABEL_CHUNK = 5
 # Old rule names, for judging an older version's verdicts.
@@ -96,32 +91,19 @@ def _release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _params(model) -> list[torch.Tensor]:
-    return [p.detach().float().clone() for p in model.parameters()]
-
-
-def _distance(a: list, b: list) -> float:
-    """|a - b| over the parameters two models share (a padded vocabulary's extra rows are not compared:
-    the padding's rows lead nowhere the loss reads)."""
-    total = 0.0
-    for x, y in zip(a, b):
-        if x.dim() and x.shape[0] != y.shape[0]:
-            rows = min(x.shape[0], y.shape[0])
-            x, y = x[:rows], y[:rows]
-        total += float((x - y).double().square().sum())
-    return math.sqrt(total)
-
-
-def _run_k(module, fix, scale, device, reorder: bool, k: int = K_UPDATES) -> tuple[list, list]:
+def _run_k(module, fix, scale, device, reorder: bool, k: int | None = None) -> tuple[list, list]:
     import warnings
+
+    from gpulab.diagnose.cases import K_UPDATES, parameters      # here: `records` runs with older gpulabs too
+    k = k or K_UPDATES
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Aa]utocast.*")
         step = module.make_step(fix, scale=scale, device=device, seed=0, reorder=reorder)
         try:
-            p0 = _params(step.model)
+            p0 = parameters(step.model)
             for _ in range(k):
                 step()
-            return p0, _params(step.model)
+            return p0, parameters(step.model)
         finally:
             _close(step)
             del step
@@ -151,6 +133,8 @@ def same_model(module, fix: str, device: torch.device, scale: str = "tiny") -> d
     a fused attention kernel) passes, and one that changes anything else fails. Run at `scale` (the code
     paths are the fix's at any size); compiled steps use the aot_eager backend here, which costs no
     inductor compile."""
+    from gpulab.diagnose.cases import compare
+
     with _environ(ZOO_COMPILE_BACKEND="aot_eager"):
         p0, pb = _run_k(module, None, scale, device, False)
         _, pr = _run_k(module, None, scale, device, True)
@@ -159,16 +143,10 @@ def same_model(module, fix: str, device: torch.device, scale: str = "tiny") -> d
         with _environ(ZOO_FP32="1"):
             _, pb32 = _run_k(module, None, scale, device, False)
             _, pf32 = _run_k(module, fix, scale, device, False)
-    moved = _distance(pb, p0)
-    rel = lambda a, b: _distance(a, b) / moved if moved > 0 else math.inf     # noqa: E731
-    diff = rel(pf, pb)
-    reorder, rounding = max(rel(pr, pb), rel(prf, pf)), max(rel(pb32, pb), rel(pf32, pf))
-    floor = max(reorder, rounding)
-    ok = math.isfinite(diff) and (diff <= SAME_MAX_FLOOR * floor or diff <= SAME_ABS)
-    return {"diff": diff, "floor": floor, "reorder_floor": reorder, "rounding_floor": rounding, "ok": ok,
-            "why": f"after {K_UPDATES} updates the fix differs by {diff:.2e} of the parameters' movement; noise floor "
-                   f"{floor:.2e} (rows reordered {reorder:.2e}, 16-bit rounding {rounding:.2e}); "
-                   f"{'within' if ok else 'MORE than'} {SAME_MAX_FLOOR:g}x the floor"}
+    result = compare(p0, pb, pf, [(pr, pb), (prf, pf), (pb32, pb), (pf32, pf)])
+    result.update(reorder_floor=max(compare(p0, pb, pr, [])["diff"], compare(p0, pf, prf, [])["diff"]),
+                  rounding_floor=max(compare(p0, pb, pb32, [])["diff"], compare(p0, pf, pf32, [])["diff"]))
+    return result
 
 
 def step_time(module, fix, scale: str, device: torch.device, window_s: float = LABEL_WINDOW_S) -> dict:
@@ -464,12 +442,13 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("folder")
     rec.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     files = step_files()
     if getattr(a, "only", None) and a.cmd != "judge":
         wanted = set(a.only.split(","))
         files = [f for f in files if f.stem in wanted]
-    stamp = {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    stamp = {"kind": f"gpulab zoo {a.cmd}",
+             "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              "torch": torch.__version__, "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU"}
     if a.cmd == "label":
         rows = []
@@ -517,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         result = judge(labels, diagnoses, a.only)
         print(matrix_text(result))
         if a.json:
-            Path(a.json).write_text(json.dumps(result, indent=1, default=str))
+            Path(a.json).write_text(json.dumps({"kind": "gpulab zoo judge", **result}, indent=1, default=str))
         return 0
     if a.cmd == "records":
         rows = []

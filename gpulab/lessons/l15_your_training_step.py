@@ -26,7 +26,7 @@ from gpulab.core.device import pick_device, resolve_scale
 from gpulab.core.predict import Plan
 from gpulab.lessons.l03_input_pipeline import (SyntheticImages, calibrate_passes, make_loader, quiet_fork,
                                                 usable_workers)
-from gpulab.models.precision import classification_loss, fp32_math, half_dtype, make_scaler
+from gpulab.models.precision import classification_loss, fp32_forced, fp32_math, half_dtype, make_scaler
 
 TITLE = "your own training step"
 CONFIG = {
@@ -86,7 +86,7 @@ def fixes(cfg: dict | None = None) -> dict:
         "input_bound": more_workers,                                   # lesson 03
         "pageable_copy": lambda o: replace(o, pinned=True),            # lesson 05
         "host_sync": lambda o: replace(o, log_every_step=False),       # lesson 01
-        "fp32_no_tensor_cores": lambda o: replace(o, precision="16-bit"),   # lesson 06
+        "fp32_matmuls": lambda o: replace(o, precision="16-bit"),           # lesson 06
     }
 
 
@@ -132,7 +132,7 @@ class TrainingStep:
     the device; a float when `log_every_step`)."""
 
     def __init__(self, options: Options = Options(), cfg: dict | None = None, device: torch.device | None = None,
-                 width: int | None = None, passes: int | None = None, seed: int = 0):
+                 width: int | None = None, passes: int | None = None, seed: int = 0, reorder: bool = False):
         self.options, self.cfg = options, cfg or config()
         self.device = device or pick_device()
         if options.precision not in ("fp32", "16-bit"):
@@ -149,10 +149,12 @@ class TrainingStep:
         self.loader = make_loader(data, cfg["batch"], num_workers=options.workers, pin_memory=options.pinned)
         with quiet_fork():
             self.batches = iter(self.loader)
-        self.half = half_dtype() if self.device.type == "cuda" else torch.bfloat16
+        self.half = half_dtype() if self.device.type == "cuda" or fp32_forced() else torch.bfloat16
         # fp16 (a GPU without bf16) trains with loss scaling, as lesson 06 teaches; bf16 needs none
         self.scaler = make_scaler("fp16", self.device) if options.precision == "16-bit" and self.half is torch.float16 else None
         self.last_loss = None
+        # reorder: each batch's rows in another order (the correctness check's noise floor, `same_training`)
+        self.perm = (torch.randperm(cfg["batch"], generator=torch.Generator().manual_seed(12345)) if reorder else None)
         self.flops = step_flops(3 * cfg["size"] ** 2, self.width, cfg["depth"], cfg["classes"], cfg["batch"])
 
     def next_batch(self):
@@ -166,10 +168,13 @@ class TrainingStep:
     def __call__(self):
         o = self.options
         x, y = self.next_batch()
+        if self.perm is not None:
+            x, y = x[self.perm], y[self.perm]
         x = x.to(self.device, non_blocking=o.pinned)
         y = y.to(self.device, non_blocking=o.pinned)
         with fp32_math("ieee"):           # TF32 off: fp32 matmuls stay fp32, forward and backward
-            with torch.amp.autocast(self.device.type, dtype=self.half, enabled=o.precision == "16-bit"):
+            with torch.amp.autocast(self.device.type, dtype=self.half,
+                                    enabled=o.precision == "16-bit" and self.half != torch.float32):
                 loss = classification_loss(self.model, x, y)
             if self.scaler is None:
                 loss.backward()
@@ -187,16 +192,53 @@ class TrainingStep:
         del self.loader
 
 
+def same_training(options: Options, cfg: dict, device: torch.device, width: int, passes: int,
+                  k: int | None = None) -> tuple[bool, str]:
+    """Correct before fast: does a step with `options` train the same model as the slow step? Both from the
+    same weights on the same batches for k updates; their parameters' distance against the noise floor of
+    each with its batch rows reordered and in fp32 (`gpulab.diagnose.cases.compare`, the suite's check)."""
+    from gpulab.diagnose.cases import K_UPDATES, compare, parameters
+    from gpulab.models.precision import fp32_only
+
+    k = k or K_UPDATES
+
+    def run(o: Options, reorder: bool = False) -> tuple[list, list]:
+        step = TrainingStep(o, cfg, device, width=width, passes=passes, reorder=reorder)
+        try:
+            p0 = parameters(step.model)
+            for _ in range(k):
+                step()
+            return p0, parameters(step.model)
+        finally:
+            step.close()
+
+    p0, slow = run(Options())
+    _, fixed = run(options)
+    _, slow_r = run(Options(), True)
+    _, fixed_r = run(options, True)
+    with fp32_only():
+        _, slow_32 = run(Options())
+        _, fixed_32 = run(options)
+    result = compare(p0, slow, fixed, [(slow_r, slow), (fixed_r, fixed), (slow_32, slow), (fixed_32, fixed)], k)
+    return result["ok"], result["why"]
+
+
 def measured_gain(before_ms: float, after_ms: float, bound: float, spread_before: float = 0.0,
-                  spread_after: float = 0.0) -> dict:
-    """What a fix bought against what its verdict promised (bound = 1 / (1 - share)), judged as the
-    diagnosis suite judges its cases (`gpulab.diagnose.rules.judge_gain`, with the steps' relative
-    spreads): the speed-up, the time saved against the time promised ("of_promised"), whether that is
-    within the promise give or take the spread ("within") and at least half of it ("enough"); and the
-    same as shares of the step ("saved_share", "promised_share")."""
+                  spread_after: float = 0.0, expected: float | None = None) -> dict:
+    """What a fix bought against what its verdict promised, judged as the diagnosis suite judges its cases
+    (`gpulab.diagnose.rules.judge_gain`, with the steps' relative spreads): the speed-up; whether it stayed
+    within the verdict's bound (its Amdahl ceiling), give or take the spread ("within"); the time saved
+    against the time its expected gain promised ("of_promised", the bound's where no expectation is
+    given) and whether that is at least half ("enough"); and the same as shares of the step
+    ("saved_share", "promised_share")."""
     from gpulab.diagnose.rules import judge_gain
 
     g = judge_gain(before_ms, after_ms, bound, spread_before, spread_after)
+    if expected is not None:
+        e = judge_gain(before_ms, after_ms, expected, spread_before, spread_after)
+        ceiling = g["promised_ms"] + g["noise"] * before_ms          # the most the bound allows, spread included
+        g.update(expected=expected, promised_ms=e["promised_ms"], of_promised=e["of_promised"], enough=e["enough"],
+                 of_promised_max=ceiling / e["promised_ms"] if e["promised_ms"] > 0 else float("inf"))
     g.update(saved_share=g["saved_ms"] / before_ms, promised_share=g["promised_ms"] / before_ms)
     if g["promised_ms"] <= 0:
         g["of_promised"] = None

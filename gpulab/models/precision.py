@@ -85,14 +85,38 @@ def supported(facts: DeviceFacts | None = None) -> list[str]:
     return [p for p in PRECISIONS if refusal(p, facts) is None]
 
 
+_fp32_only = [False]
+
+
+@contextlib.contextmanager
+def fp32_only() -> Iterator[None]:
+    """Inside, `best_half()` is "fp32" and `half_dtype()` torch.float32 (autocast to fp32 disables itself):
+    the correctness checks of the diagnosis suite and of notebook 15 run a 16-bit step so, to see how far
+    its rounding alone moves the parameters (`gpulab.diagnose.cases.same_model`)."""
+    _fp32_only[0] = True
+    try:
+        yield
+    finally:
+        _fp32_only[0] = False
+
+
+def fp32_forced() -> bool:
+    """Whether `fp32_only()` is in force."""
+    return _fp32_only[0]
+
+
 def best_half(facts: DeviceFacts | None = None) -> str:
     """The 16-bit precision to train in here: bf16 where it is native (and on the CPU), else fp16."""
+    if _fp32_only[0]:
+        return "fp32"
     facts = facts or device_facts()
     return "bf16" if facts.bf16 else "fp16"
 
 
 def half_dtype(facts: DeviceFacts | None = None) -> torch.dtype:
     """`best_half`'s dtype: torch.bfloat16 where bf16 is native (and on the CPU), else torch.float16."""
+    if _fp32_only[0]:
+        return torch.float32
     return SPECS[best_half(facts)].dtype
 
 

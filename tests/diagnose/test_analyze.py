@@ -1,27 +1,40 @@
-"""Facts from hand-built events: windows, busy merging, idle attribution, kernel classes, GEMMs."""
+"""Facts from hand-built events: windows, busy merging, the host's timeline by cause, kernel classes and math,
+GEMMs, the later lessons' patterns, the slow step's line."""
 import json
 
 import pytest
 
 from gpulab.diagnose.analyze import (
     ALIGN_ELEMENTS,
+    ATTENTION_MIN_T,
+    BATCH_COPY_MIN_BYTES,
+    CAUSES,
+    CPU_OP_US,
     GLUE_GAP_US,
     LAUNCH_GRACE_US,
-    SYNC_GRACE_US,
+    OVERLAP_COPY_MIN_BYTES,
+    PAGEABLE_MIN_BYTES,
     analyze,
+    conv_flops,
     dtype_of,
+    frame_site,
     gemm_flops,
-    idle_cause,
+    host_causes,
+    innermost_frames,
     kernel_class,
+    kernel_math,
     misaligned,
     mnk,
+    stall_site,
     step_windows,
+    uses_tensor_cores,
 )
-from gpulab.diagnose.events import GPU, OP, RUNTIME, STEP_RANGE, Event
+from gpulab.diagnose.events import GPU, OP, PY, RUNTIME, STEP_RANGE, Event
 
 BF16 = ("c10::BFloat16", "c10::BFloat16")
 FP32 = ("float", "float")
 LOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+USER = ("train.py", 12, "step")                       # the user's line a call came from
 
 
 def step(a=0, b=1000, thread=1):
@@ -36,8 +49,26 @@ def call(name, a, b, corr=0, op_id=0, thread=1):
     return Event(RUNTIME, name, a, b, stream=thread, corr=corr, op_id=op_id)
 
 
-def kernel(name, a, b, stream=7, corr=0, op_id=0, op=""):
-    return Event(GPU, name, a, b, stream=stream, corr=corr, op_id=op_id, op=op)
+def kernel(name, a, b, stream=7, corr=0, op_id=0, op="", nbytes=0):
+    return Event(GPU, name, a, b, stream=stream, corr=corr, op_id=op_id, op=op, nbytes=nbytes)
+
+
+def frame(name, a, b, site=USER, code=(), user=False, thread=1):
+    """A Python frame: a call from the user's `site` into `code` (a user's function when `user`)."""
+    return Event(PY, name, a, b, stream=thread, site=site, code=code, user=user)
+
+
+def launched(name, a, b, corr, at=None, thread=1, **kw):
+    """An op that queues one kernel: the op, its launch call, the kernel (running right after the call)."""
+    at = a + 1 if at is None else at
+    return [op(name, a, b, corr=corr, thread=thread, **kw), call("cudaLaunchKernel", at, at + 2, corr=1000 + corr,
+                                                                 op_id=corr, thread=thread),
+            kernel(f"{name}_kernel", at + 3, at + 5, corr=1000 + corr, op_id=corr)]
+
+
+def host(events, **kw) -> dict:
+    """{cause: ms per step} of the host's time, only the causes with any."""
+    return {c: pytest.approx(ms) for c, ms in analyze(events, **kw).host_by_cause.items() if ms > 1e-12}
 
 
 # -- intervals and windows -------------------------------------------------------------------------
@@ -65,6 +96,7 @@ def test_per_step_figures_average_over_steps():
     f = analyze(events)
     assert f.steps == 2 and f.window_ms == pytest.approx(0.100) and f.busy_ms == pytest.approx(0.040)
     assert sum(f.idle_by_cause.values()) == pytest.approx(f.idle_ms)
+    assert sum(f.host_by_cause.values()) == pytest.approx(0.100)
 
 
 def test_no_step_ranges_is_refused_with_the_reason():
@@ -72,74 +104,237 @@ def test_no_step_ranges_is_refused_with_the_reason():
         analyze([kernel("k", 0, 1)])
 
 
-# -- idle attribution ------------------------------------------------------------------------------
-def test_idle_cause_input():
-    assert idle_cause([step(), op(LOADER, 100, 300)], 150) == "input"
-    assert idle_cause([step(), op("gpulab.data", 100, 300), call("cudaMalloc", 120, 200)], 150) == "input"
+# -- the host's timeline by cause ------------------------------------------------------------------
+def test_input_is_a_dataloaders_next_or_the_data_range():
+    assert host([step(0, 1000), op(LOADER, 0, 400)]) == {"input": 0.4, "other": 0.6}
+    assert host([step(0, 1000), op("gpulab.data", 200, 400)]) == {"input": 0.2, "other": 0.8}
+    # input comes first: a sync or the allocator inside the loader is the loader's
+    inside = [step(0, 1000), op(LOADER, 0, 400), call("cudaStreamSynchronize", 50, 150), call("cudaMalloc", 200, 300)]
+    assert host(inside) == {"input": 0.4, "other": 0.6}
 
 
-def test_idle_cause_sync_inside_and_just_after():
-    host = [step(), call("cudaStreamSynchronize", 100, 200)]
-    assert idle_cause(host, 150) == "sync"
-    assert idle_cause(host, 200 + SYNC_GRACE_US) == "sync"
-    assert idle_cause(host, 200 + SYNC_GRACE_US + 1) == "other"      # long after: nothing running
-    assert idle_cause([step(), op("aten::item", 100, 200)], 150) == "sync"
-
-
-def test_idle_cause_pageable_copy_includes_its_own_wait():
-    host = [step(), op("aten::copy_", 100, 300, corr=5), call("cudaMemcpyAsync", 110, 250, corr=900, op_id=5),
-            call("cudaStreamSynchronize", 250, 300, op_id=5)]
-    assert idle_cause(host, 260, pageable_ops={5}) == "pageable_copy"
-    assert idle_cause(host, 260) == "sync"                      # the same copy from pinned memory
-    assert idle_cause(host, 120, pageable_calls={900}) == "pageable_copy"
-
-
-def test_item_reading_a_number_is_a_sync_not_a_pageable_copy():
-    host = [step(), op("aten::item", 100, 300, corr=4), op("aten::_local_scalar_dense", 101, 299, corr=5),
-            call("cudaMemcpyAsync", 110, 150, corr=900, op_id=5), call("cudaStreamSynchronize", 150, 299, op_id=5)]
-    assert idle_cause(host, 200, pageable_ops={5}, pageable_calls={900}) == "sync"
-
-
-def test_idle_cause_allocator_before_launch():
-    host = [step(), op("aten::empty", 90, 210), call("cudaMalloc", 100, 200)]
-    assert idle_cause(host, 150) == "allocator"
-    assert idle_cause([step(), call("cudaFree", 100, 200)], 150) == "allocator"
-
-
-def test_idle_cause_launch_inside_an_op_or_a_short_gap():
-    assert idle_cause([step(), op("aten::add", 100, 120)], 110) == "launch"
-    assert idle_cause([step(), call("cudaLaunchKernel", 100, 120)], 110) == "launch"
-    near = [step(), op("aten::add", 100, 120), op("aten::mul", 120 + GLUE_GAP_US, 200 + GLUE_GAP_US)]
-    assert idle_cause(near, 130) == "launch"
-    far = [step(), op("aten::add", 100, 120), op("aten::mul", 121 + GLUE_GAP_US, 200 + GLUE_GAP_US)]
-    assert idle_cause(far, 130) == "other"
-
-
-def test_idle_cause_other_when_the_host_does_nothing_recorded():
-    assert idle_cause([step()], 500) == "other"
-
-
-def test_backward_on_another_thread_counts_as_launch():
-    """The main thread waits in backward() with nothing recorded; autograd's thread issues the kernels."""
-    host = [step(thread=1), op("autograd::engine::evaluate_function: MmBackward0", 300, 320, thread=2),
-            op("autograd::engine::evaluate_function: AddBackward0", 330, 350, thread=2)]
-    assert idle_cause(host, 325) == "launch"
-
-
-def test_analyze_charges_each_stretch_to_its_start():
+def test_idle_by_cause_is_the_gpus_idle_during_each_cause_and_adds_up():
     events = [step(0, 1000), op(LOADER, 0, 400), kernel("k", 400, 600),
               call("cudaStreamSynchronize", 550, 700), kernel("k", 700, 1000)]
     f = analyze(events)
-    assert f.idle_by_cause["input"] == pytest.approx(0.4)
-    assert f.idle_by_cause["sync"] == pytest.approx(0.1)
-    assert f.busy_ms == pytest.approx(0.5)
-    assert [c for _, _, c in f.intervals["idle"]] == ["input", "sync"]
+    assert host(events) == {"input": 0.4, "sync": 0.15, "other": 0.45}
+    assert f.idle_by_cause["input"] == pytest.approx(0.4) and f.idle_by_cause["sync"] == pytest.approx(0.1)
+    assert f.idle_by_cause["other"] == pytest.approx(0.0) and f.idle_ms == pytest.approx(0.5)
+    assert sum(f.idle_by_cause.values()) == pytest.approx(f.idle_ms)
+    assert f.busy_ms == pytest.approx(0.5) and f.busy_ms + f.idle_ms == pytest.approx(f.window_ms)
+    assert f.intervals["host"] == [(0, 400, "input"), (400, 550, "other"), (550, 700, "sync"), (700, 1000, "other")]
+    assert f.syncs == (("", "", pytest.approx(0.15), 1.0),)
+
+
+def test_a_blocking_call_is_a_sync_with_its_line_and_count():
+    read = ("torch/_tensor.py", 40, "item")
+    events = [step(0, 1000),
+              op("aten::item", 200, 400, corr=4, site=USER, via=read),
+              call("cudaMemcpyAsync", 205, 210, corr=900, op_id=4),
+              kernel("Memcpy DtoH (Device -> Pageable)", 215, 220, corr=900, op_id=4),
+              call("cudaStreamSynchronize", 210, 390, op_id=4),
+              op("aten::item", 600, 700, corr=5, site=USER, via=read),
+              call("cudaMemcpyAsync", 605, 610, corr=901, op_id=5),
+              call("cudaStreamSynchronize", 610, 690, op_id=5)]
+    f = analyze(events)
+    assert f.host_by_cause["sync"] == pytest.approx(0.26)
+    assert f.host_by_cause["pageable_copy"] == 0             # an item() reads a number: its copy is no staging
+    assert f.syncs == (("train.py:12 (step)", "torch/_tensor.py:40 (item)", pytest.approx(0.26), 2.0),)
+    assert f.host_sites["sync"] == (("train.py:12 (step)", "torch/_tensor.py:40 (item)", pytest.approx(0.26)),)
+    assert f.sites("sync") == "train.py:12 (step) via torch/_tensor.py:40 (item) (0.26 ms)"
+    assert f.host_by_cause["launch"] == pytest.approx(0.04)   # the rest of the two ops: they queue a copy
+
+
+def test_a_sync_on_autograds_thread_counts_while_the_step_waits():
+    events = [step(0, 1000), frame("backward", 200, 600, code=("torch/_tensor.py", 600, "backward")),
+              call("cudaLaunchKernel", 250, 260, corr=1, thread=2), kernel("k", 260, 300, corr=1),
+              call("cudaStreamSynchronize", 300, 400, thread=2), call("cudaMalloc", 400, 450, thread=2)]
+    h = host(events)
+    assert h["sync"] == pytest.approx(0.1) and h["allocator"] == pytest.approx(0.05)
+    # backward's frame (the framework issuing work) but for the sync and the allocator on autograd's thread
+    assert h["launch"] == pytest.approx(0.25) and h["other"] == pytest.approx(0.6)
+
+
+def test_pageable_copy_includes_its_wait_and_says_where():
+    def copy(nbytes):
+        return [step(0, 1000), op("aten::copy_", 100, 300, corr=5, site=USER),
+                call("cudaMemcpyAsync", 110, 250, corr=900, op_id=5),
+                kernel("Memcpy HtoD (Pageable -> Device)", 120, 240, corr=900, op_id=5, nbytes=nbytes),
+                call("cudaStreamSynchronize", 250, 300, op_id=5)]
+    f = analyze(copy(PAGEABLE_MIN_BYTES))
+    assert f.host_by_cause["pageable_copy"] == pytest.approx(0.2) and f.host_by_cause["sync"] == 0
+    assert f.pageable_copies == (("train.py:12 (step)", pytest.approx(0.2), PAGEABLE_MIN_BYTES),)
+    assert f.pageable_copy_ms == pytest.approx(0.12)
+    assert analyze(copy(0)).host_by_cause["pageable_copy"] == pytest.approx(0.2)      # bytes unknown: counted
+    # a small copy is a read-back: its wait is the sync, not staging
+    small = analyze(copy(PAGEABLE_MIN_BYTES - 1))
+    assert small.host_by_cause["pageable_copy"] == 0 and small.host_by_cause["sync"] == pytest.approx(0.05)
+    assert small.pageable_copies == ()
+
+
+def test_the_allocator():
+    events = [step(0, 1000), op("aten::empty", 100, 120), call("cudaMalloc", 101, 119), call("cudaFree", 500, 560)]
+    h = host(events)
+    assert h["allocator"] == pytest.approx(0.018 + 0.06)
+
+
+def test_the_batch_made_before_its_copy_is_input():
+    """The host's time before the step copies its batch to the GPU, queueing nothing, is the batch's making:
+    data made in the main thread needs no annotation. A scalar's copy is not the batch's."""
+    events = [step(0, 1000),
+              frame("make_batch", 0, 300, code=("train.py", 30, "make_batch"), user=True),
+              op("aten::copy_", 50, 60, corr=2), call("cudaMemcpyAsync", 52, 55, corr=20, op_id=2),
+              kernel("Memcpy HtoD (Pageable -> Device)", 55, 56, corr=20, op_id=2, nbytes=8),   # a learning rate
+              *launched("aten::add", 150, 170, corr=3),
+              op("aten::copy_", 300, 330, corr=4, site=USER), call("cudaMemcpyAsync", 305, 310, corr=40, op_id=4),
+              kernel("Memcpy HtoD (Pinned -> Device)", 310, 320, corr=40, op_id=4, nbytes=BATCH_COPY_MIN_BYTES),
+              frame("log", 500, 700, site=("train.py", 14, "step"), code=("train.py", 50, "log"), user=True)]
+    f = analyze(events)
+    assert f.precopy_ms == pytest.approx(0.305)
+    # 0..305 is input but for the two ops that queue GPU work there (50..60, 150..170) and the copy's op
+    assert f.host_by_cause["input"] == pytest.approx(0.300 - 0.030)
+    assert f.host_by_cause["launch"] == pytest.approx(0.010 + 0.020 + 0.030)
+    assert f.host_by_cause["host_code"] == pytest.approx(0.2)          # log() after the copy is the user's code
+    assert f.host_by_cause["other"] == pytest.approx(0.17 + 0.3)
+    assert f.host_sites["input"][0] == ("train.py:30 (make_batch)", "", pytest.approx(0.27))
+    assert f.sites("host_code") == "train.py:50 (log) (0.2 ms)"
+    # without the batch's copy the same Python is the user's code, not input
+    no_copy = [e for e in events if e.corr not in (4, 40) and e.op_id != 4]
+    g = analyze(no_copy)
+    assert g.precopy_ms == 0 and g.host_by_cause["input"] == 0
+    assert g.host_by_cause["host_code"] == pytest.approx(0.27 + 0.2)
+
+
+def test_a_copy_of_unknown_size_is_the_batchs():
+    events = [step(0, 1000), op("aten::copy_", 400, 420, corr=4), call("cudaMemcpyAsync", 401, 405, corr=40, op_id=4),
+              kernel("Memcpy HtoD (Pinned -> Device)", 405, 410, corr=40, op_id=4)]
+    assert analyze(events).host_by_cause["input"] == pytest.approx(0.4)
+
+
+def test_launch_is_ops_that_queue_work_pytorchs_python_and_short_gaps():
+    assert host([step(0, 100), *launched("aten::add", 0, 100, corr=1)]) == {"launch": 0.1}
+    # an op that queues nothing: a view (short) is issuing work, a long one computes on the CPU
+    assert host([step(0, 100), op("aten::view", 0, CPU_OP_US - 1)]) == {"launch": 0.1}
+    cpu = host([step(0, 100), op("aten::mm", 0, CPU_OP_US)])
+    assert cpu == {"host_code": CPU_OP_US / 1e3, "launch": (100 - CPU_OP_US) / 1e3}
+    # a stretch the profiler saw nothing in: launch up to GLUE_GAP_US, other beyond
+    near = [step(0, 1000), *launched("aten::add", 0, 100, corr=1), *launched("aten::mul", 100 + GLUE_GAP_US, 1000, corr=2)]
+    assert host(near) == {"launch": 1.0}
+    far = [step(0, 1000), *launched("aten::add", 0, 100, corr=1), *launched("aten::mul", 101 + GLUE_GAP_US, 1000, corr=2)]
+    assert host(far) == {"launch": pytest.approx(1.0 - (GLUE_GAP_US + 1) / 1e3),
+                         "other": pytest.approx((GLUE_GAP_US + 1) / 1e3)}
+
+
+def test_the_users_python_is_host_code_unless_a_library_called_it():
+    mine = ("train.py", 40, "metrics")
+    top = [step(0, 1000), frame("metrics", 200, 700, code=mine, user=True)]
+    assert host(top) == {"host_code": 0.5, "other": 0.5}
+    # the user's forward, called by model(x): PyTorch's work of issuing the model
+    call_ = ("torch/nn/modules/module.py", 1774, "_wrapped_call_impl")
+    nested = [step(0, 1000), frame("_wrapped_call_impl", 200, 700, code=call_),
+              frame("forward", 250, 650, site=("model.py", 8, "_wrapped_call_impl"), code=("model.py", 5, "forward"),
+                    user=True)]
+    assert host(nested) == {"launch": 0.5, "other": 0.5}
+    # a C call from the user's line that runs no op (numpy, a dict): the user's work, filed under that line
+    numpy = [step(0, 1000), frame("astype (numpy.ndarray)", 100, 400, site=("train.py", 22, "step"), user=True)]
+    f = analyze(numpy)
+    assert f.host_by_cause["host_code"] == pytest.approx(0.3)
+    assert f.host_sites["host_code"] == (("train.py:22 (step)", "", pytest.approx(0.3)),)
+
+
+def test_backward_on_another_thread_counts_as_launch():
+    """The main thread waits in backward() (a Python frame into torch); autograd's thread issues the kernels."""
+    events = [step(thread=1), frame("backward", 300, 350, code=("torch/_tensor.py", 600, "backward")),
+              op("autograd::engine::evaluate_function: MmBackward0", 300, 320, thread=2),
+              call("cudaLaunchKernel", 305, 310, corr=1, thread=2), kernel("k", 310, 330, corr=1)]
+    assert analyze(events).host_by_cause["launch"] == pytest.approx(0.05)
+    assert analyze(events).host_by_cause["other"] == pytest.approx(0.95)
+
+
+def test_the_host_is_read_inside_the_steps_own_ranges():
+    """diagnose's synchronize after the last step, while the GPU finishes, is not the step's; nor is the
+    loop between two steps."""
+    events = [step(0, 100), call("cudaLaunchKernel", 50, 55, corr=1), kernel("k", 60, 500, corr=1),
+              call("cudaDeviceSynchronize", 100, 500)]
+    f = analyze(events)
+    assert f.window_ms == pytest.approx(0.5) and f.host_by_cause["sync"] == 0
+    assert sum(f.host_by_cause.values()) == pytest.approx(0.1)
+    assert f.idle_ms == pytest.approx(0.06) and f.idle_by_cause["launch"] == pytest.approx(0.06)
+    # the GPU idle outside the host's ranges (between two kernels after the step returned) is "other"
+    tail = analyze([step(0, 100), *launched("aten::mm", 0, 30, corr=1, at=10),
+                    call("cudaLaunchKernel", 90, 92, corr=2), kernel("later", 300, 400, corr=2)])
+    assert tail.window_ms == pytest.approx(0.4) and tail.idle_ms == pytest.approx(0.4 - 0.002 - 0.1)
+    assert tail.host_by_cause["launch"] == pytest.approx(0.1)           # the whole step range
+    assert tail.idle_by_cause["launch"] == pytest.approx(0.098)         # the GPU idle during it
+    assert tail.idle_by_cause["other"] == pytest.approx(0.2)            # 100..300: no host range
+    assert sum(tail.idle_by_cause.values()) == pytest.approx(tail.idle_ms)
+    two = analyze([step(0, 100), step(300, 400), call("cudaStreamSynchronize", 150, 250)])
+    assert two.steps == 2 and two.host_by_cause["sync"] == 0
+    assert sum(two.host_by_cause.values()) == pytest.approx(0.1)        # per step
 
 
 def test_threads_that_neither_step_nor_launch_are_ignored():
-    """A pin-memory thread's ops do not make the GPU's idle time "launch"."""
+    """A pin-memory thread's ops do not make the step's host time "launch"."""
     events = [step(0, 1000), op("aten::pin_memory", 0, 1000, thread=9)]
-    assert analyze(events).idle_by_cause["other"] == pytest.approx(1.0)
+    f = analyze(events)
+    assert f.host_by_cause["other"] == pytest.approx(1.0) and f.idle_by_cause["other"] == pytest.approx(1.0)
+
+
+def test_host_causes_directly_on_one_span():
+    events = [step(0, 1000), op(LOADER, 0, 200), call("cudaStreamSynchronize", 200, 300),
+              call("cudaMalloc", 300, 350), frame("log", 400, 850, code=("train.py", 50, "log"), user=True)]
+    t = host_causes(events, [(0, 1000)], [(0, 1000)], [])
+    assert t.by_cause["input"] == [(0, 200)] and t.by_cause["sync"] == [(200, 300)]
+    assert t.by_cause["allocator"] == [(300, 350)] and t.by_cause["launch"] == [(350, 400)]
+    assert t.by_cause["host_code"] == [(400, 850)] and t.by_cause["other"] == [(850, 1000)]
+    assert t.sites["host_code"] == {("train.py:50 (log)", ""): 450} and t.precopy_us == 0
+    assert set(t.by_cause) == set(CAUSES)
+    # only the span given is cut
+    part = host_causes(events, [(0, 1000)], [(250, 320)], [])
+    assert part.by_cause["sync"] == [(250, 300)] and part.by_cause["allocator"] == [(300, 320)]
+
+
+def test_on_the_cpu_busy_is_aten_ops_outside_data_loading_and_ops_are_no_cause():
+    events = [step(0, 100), op("aten::mm", 10, 30), op(LOADER, 40, 90), op("aten::stack", 50, 60)]
+    f = analyze(events, on_gpu=False)
+    assert f.busy_ms == pytest.approx(0.02) and f.idle_ms == pytest.approx(0.08)
+    assert f.host_by_cause["input"] == pytest.approx(0.05)        # the loader, its own ops included
+    assert f.host_by_cause["launch"] == pytest.approx(0.03)       # the Python around aten::mm
+    assert f.host_by_cause["host_code"] == 0                      # aten::mm is the device's work here
+    assert sum(f.idle_by_cause.values()) == pytest.approx(f.idle_ms)
+
+
+# -- Facts' reading of the host --------------------------------------------------------------------
+def test_idle_is_host_time_scaled_and_capped_by_the_gpus_idle():
+    events = [step(0, 1000), op(LOADER, 0, 600), kernel("k", 600, 1000)]
+    f = analyze(events, step_ms=0.8)
+    assert f.host_scale == pytest.approx(0.8) and f.base_idle_ms == pytest.approx(0.4)
+    assert f.host("input") == pytest.approx(0.48)
+    assert f.idle("input") == pytest.approx(0.4)                   # no more than the GPU's idle
+    assert f.idle_scale == pytest.approx(0.4 / 0.6)
+    cpu = analyze(events, on_gpu=False, step_ms=0.8)
+    assert cpu.idle("input") == pytest.approx(cpu.host("input"))
+    d = f.to_dict()
+    assert d["host_scale"] == pytest.approx(0.8) and d["base_idle_ms"] == pytest.approx(0.4) and "intervals" not in d
+
+
+def test_sites_lists_the_largest_first():
+    events = [step(0, 1000), frame("a", 0, 100, code=("t.py", 1, "a"), user=True),
+              frame("b", 200, 500, code=("t.py", 5, "b"), user=True), frame("c", 600, 800, code=("t.py", 9, "c"), user=True)]
+    f = analyze(events)
+    assert f.sites("host_code") == "t.py:5 (b) (0.3 ms), t.py:9 (c) (0.2 ms), t.py:1 (a) (0.1 ms)"
+    assert f.sites("host_code", top=1) == "t.py:5 (b) (0.3 ms)" and f.sites("sync") == ""
+
+
+def test_innermost_frames_and_their_sites():
+    outer = frame("outer", 0, 100, code=("t.py", 1, "outer"), user=True)
+    lib = frame("lib", 10, 50, site=("t.py", 3, "outer"), code=("torch/x.py", 1, "lib"))
+    inner = frame("cb", 20, 30, site=("t.py", 3, "outer"), code=("t.py", 7, "cb"), user=True)
+    cut = innermost_frames([inner, lib, outer])
+    assert [(a, b, f.name, under) for a, b, f, under in cut] == [
+        (0, 10, "outer", False), (10, 20, "lib", False), (20, 30, "cb", True), (30, 50, "lib", False),
+        (50, 100, "outer", False)]
+    assert frame_site(outer) == ("t.py", 1, "outer") and frame_site(lib) == ("t.py", 3, "outer")
 
 
 # -- kernel classes --------------------------------------------------------------------------------
@@ -157,11 +352,17 @@ def test_threads_that_neither_step_nor_launch_are_ignored():
     ("ampere_sgemm_128x64_nn", "aten::mm", "fp32", False, "gemm_no_tensor_core"),
     ("ampere_sgemm_128x64_nn", "aten::mm", "fp32", True, "gemm_no_tensor_core"),   # SIMT by name, TF32 or not
     ("gemv2T_kernel_val<int, int, __nv_bfloat16, float>", "aten::addmm", "bf16", False, "gemm_no_tensor_core"),
-    # the launching op's dtype overrides the name: fp32 with TF32 off cannot run on Tensor Cores
-    ("sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16", "aten::mm", "fp32", False, "gemm_no_tensor_core"),
-    ("sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16", "aten::mm", "fp32", True, "gemm_tensor_core"),
+    # Hopper's IEEE fp32 product (FFMA) and cuDNN's winograd: CUDA cores, whatever the switch
+    ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x16_ffma", "aten::mm", "fp32", True, "gemm_no_tensor_core"),
+    ("cudnn::winograd_nonfused::winogradWgradData4x4<float, float>", "aten::convolution_backward", "fp32", True,
+     "gemm_no_tensor_core"),
+    # a TF32 kernel name settles it, whatever switch was read when
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16", "aten::mm", "fp32", False, "gemm_tensor_core"),
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16", "aten::mm", "fp32", True, "gemm_tensor_core"),
     ("some_new_kernel_name", "aten::mm", "bf16", False, "gemm_tensor_core"),       # by the op alone
     ("some_new_kernel_name", "aten::mm", "fp32", False, "gemm_no_tensor_core"),
+    ("some_new_kernel_name", "aten::mm", "fp32", True, "gemm_tensor_core"),
+    ("some_new_kernel_name", "aten::mm", "", False, "gemm_unknown"),               # neither name nor op tells
     ("splitKreduce_kernel<32, 16, int, float>", "aten::mm", "fp32", False, "gemm_no_tensor_core"),
     ("sm80_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc", "aten::cudnn_convolution", "bf16", False,
      "gemm_tensor_core"),
@@ -174,6 +375,28 @@ def test_kernel_class(name, op, dtype, tf32, cls):
     assert kernel_class(name, op, dtype, tf32) == cls
 
 
+def test_uses_tensor_cores_says_none_when_nothing_tells():
+    assert uses_tensor_cores("some_new_kernel_name") is None
+    assert uses_tensor_cores("some_new_kernel_name", "fp64") is False
+    assert uses_tensor_cores("nvjet_tst_64x8") is True
+    assert uses_tensor_cores("ampere_sgemm_128x64_nn", "bf16") is False
+
+
+@pytest.mark.parametrize("name, dtype, tf32, math", [
+    ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x16_ffma", "fp32", True, "fp32"),
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_nn", "fp32", False, "tf32"),
+    ("ampere_sgemm_128x64_nn", "fp32", True, "fp32"),
+    ("some_new_kernel_name", "fp32", True, "tf32"),
+    ("some_new_kernel_name", "fp32", False, "fp32"),
+    ("nvjet_hsh_128x256", "bf16", False, "bf16"),
+    ("some_new_kernel_name", "fp16", False, "fp16"),
+    ("some_new_kernel_name", "", False, ""),
+    ("volta_h884gemm_128x128_ldg8_nn", "", False, ""),              # Tensor Cores, but which input precision?
+])
+def test_kernel_math(name, dtype, tf32, math):
+    assert kernel_math(name, dtype, tf32) == math
+
+
 @pytest.mark.parametrize("dtypes, want", [(FP32, "fp32"), (BF16, "bf16"), (("", "c10::Half"), "fp16"),
                                           (("Scalar", "double"), "fp64"), (("c10::Float8_e4m3fn",), "fp8"),
                                           ((), ""), (("Scalar",), "")])
@@ -183,30 +406,40 @@ def test_dtype_of(dtypes, want):
 
 def test_dtype_override_from_the_launching_op_in_analyze():
     ops = [op("aten::mm", 0, 10, corr=10, shapes=((64, 64), (64, 64)), dtypes=FP32)]
-    name = "sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16"
+    name = "sm80_xmma_gemm_f32f32_some_new_kernel"
     events = [step(0, 100), *ops, kernel(name, 10, 60, op_id=10, op="aten::mm")]
     assert analyze(events, tf32_matmul=False).busy_by_class["gemm_no_tensor_core"] == pytest.approx(0.05)
+    assert analyze(events, tf32_matmul=False).gemms[0].math == "fp32"
     assert analyze(events, tf32_matmul=True).busy_by_class["gemm_tensor_core"] == pytest.approx(0.05)
+    assert analyze(events, tf32_matmul=True).gemms[0].math == "tf32"
     # the op's own record (the profiler's allow_tf32_cublas) wins over the switch read afterwards
     recorded = [step(0, 100), op("aten::mm", 0, 10, corr=10, dtypes=FP32, tf32=True), kernel(name, 10, 60, op_id=10)]
     assert analyze(recorded, tf32_matmul=False).busy_by_class["gemm_tensor_core"] == pytest.approx(0.05)
     # convolutions follow cuDNN's switch, not the matmul one
     conv = [step(0, 100), op("aten::cudnn_convolution", 0, 10, corr=3, dtypes=FP32),
-            kernel("sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32", 10, 60, op_id=3)]
+            kernel("sm80_xmma_fprop_implicit_gemm_f32f32", 10, 60, op_id=3)]
     assert analyze(conv, tf32_matmul=False, tf32_cudnn=True).busy_by_class["gemm_tensor_core"] == pytest.approx(0.05)
+    assert analyze(conv, tf32_matmul=True, tf32_cudnn=False).busy_by_class["gemm_no_tensor_core"] == pytest.approx(0.05)
 
 
 def test_busy_by_class_copies_and_communication():
     events = [step(0, 1000), kernel("nvjet_hsh_128x256", 0, 100), kernel("vectorized_elementwise_kernel", 100, 150),
               kernel("Memcpy HtoD (Pageable -> Device)", 150, 350), kernel("Memcpy HtoD (Pinned -> Device)", 350, 400),
-              kernel("ncclDevKernel_AllReduce", 380, 600, stream=20)]
+              kernel("ncclDevKernel_AllReduce", 380, 600, stream=20), kernel("mystery_gemm_x", 600, 650, op="aten::mm", stream=9)]
     f = analyze(events)
-    assert f.busy_by_class == pytest.approx({"gemm_tensor_core": 0.1, "gemm_no_tensor_core": 0.0,
+    assert f.busy_by_class == pytest.approx({"gemm_tensor_core": 0.1, "gemm_no_tensor_core": 0.0, "gemm_unknown": 0.05,
                                              "elementwise_norm": 0.05, "copy": 0.25, "communication": 0.22})
     assert f.pageable_copy_ms == pytest.approx(0.2)
     assert f.comm_ms == pytest.approx(0.22)
     assert f.comm_exposed_ms == 0         # nothing was launched that waited for the all-reduce
-    assert f.kernels_per_step == 3 and f.median_kernel_us == 100     # copies are not kernels
+    assert f.kernels_per_step == 4 and f.median_kernel_us == 75     # copies are not kernels
+
+
+def test_launches_are_counted_one_by_one():
+    events = [step(0, 1000), *launched("aten::add", 0, 10, corr=1), *launched("aten::mul", 20, 30, corr=2),
+              call("cudaGraphLaunch", 40, 50, corr=3), kernel("replayed", 50, 60, corr=3)]
+    f = analyze(events)
+    assert f.kernels_per_step == 3 and f.launches_per_step == 2
 
 
 def comm_step(launch_at: float, start_at: float):
@@ -232,8 +465,6 @@ def test_exposed_communication_is_what_queued_work_waited_for():
 
 
 def test_waiting_beside_compute_is_not_exposed_communication():
-    # the optimizer's kernel waits on its stream while another stream computes beside the all-reduce:
-    # only the time in which communication alone ran counts
     events = comm_step(50, 400) + [kernel("other_stream_gemm", 100, 300, stream=9)]
     assert analyze(events).comm_exposed_ms == pytest.approx(0.1)
 
@@ -271,33 +502,143 @@ def test_gemm_facts_group_by_op_and_shape():
                  flops=1234.0),
               kernel("ampere_sgemm_32x32", 210, 300, op_id=12)]
     f = analyze(events)
-    bf16 = next(g for g in f.gemms if g.dtype == "bf16")
-    assert bf16.calls == 2 and bf16.gpu_ms == pytest.approx(0.11) and bf16.misaligned
+    (bf16,) = [g for g in f.gemms if g.dtype == "bf16"]
+    assert bf16.calls == 2 and bf16.gpu_ms == pytest.approx(0.11) and bf16.misaligned and bf16.math == "bf16"
     assert bf16.flops == 2 * (2 * 4095 * 64 * 128) and bf16.tensor_cores
     fp32 = next(g for g in f.gemms if g.dtype == "fp32")
-    assert fp32.flops == 1234.0 and not fp32.tensor_cores and not fp32.misaligned
+    assert fp32.flops == 1234.0 and not fp32.tensor_cores and not fp32.misaligned and fp32.math == "fp32"
     assert f.gemm_ms(lambda g: g.misaligned) == (pytest.approx(0.11), 2 * 2 * 4095 * 64 * 128)
 
 
-# -- CPU mode, MFU, JSON ---------------------------------------------------------------------------
-def test_on_the_cpu_busy_is_aten_ops_outside_data_loading():
-    events = [step(0, 100), op("aten::mm", 10, 30), op(LOADER, 40, 90), op("aten::stack", 50, 60)]
-    f = analyze(events, on_gpu=False)
-    assert f.busy_ms == pytest.approx(0.02)
-    assert f.idle_by_cause["input"] == pytest.approx(0.06)       # from entering the loader to the step's end
-    assert f.idle_by_cause["launch"] == pytest.approx(0.02)      # Python around aten::mm
-    assert f.idle_ms == pytest.approx(0.08)
+def test_conv_flops_from_the_shapes():
+    x, w, grad = (8, 3, 32, 32), (16, 3, 3, 3), (8, 16, 16, 16)        # stride 2: 16 x 16 out
+    ops = {1: op("aten::cudnn_convolution", 0, 1, corr=1, shapes=(x, w)),
+           2: op("aten::convolution_backward", 2, 3, corr=2, shapes=(grad, x, w))}
+    fwd = 2 * 8 * 16 * 16 * 16 * 3 * 3 * 3
+    assert conv_flops(ops) == {1: fwd, 2: 2 * fwd}
+    alone = conv_flops({1: ops[1]})                                    # no backward: P x Q taken as H x W
+    assert alone == {1: 2 * 8 * 16 * 32 * 32 * 3 * 3 * 3}
+    assert conv_flops({3: op("aten::cudnn_convolution", 0, 1, corr=3, shapes=((8,), (16,)))}) == {}
 
 
-def test_a_strong_cause_takes_over_the_rest_of_a_stretch():
-    """The GPU ran dry while the host ran Python, then the host waited for the next batch: the wait and
-    the refill after it are the input pipeline's; a later op (weak) does not take over."""
-    events = [step(0, 1000), kernel("k", 0, 100), op("aten::add", 90, 110), op(LOADER, 150, 800),
-              op("aten::to", 820, 900), kernel("k", 900, 1000)]
+def test_a_convolutions_flops_reach_its_gemm_fact():
+    x, w = (8, 3, 32, 32), (16, 3, 3, 3)
+    events = [step(0, 1000), op("aten::cudnn_convolution", 0, 10, corr=1, shapes=(x, w), dtypes=FP32),
+              kernel("implicit_convolve_sgemm", 10, 100, op_id=1)]
+    (g,) = analyze(events).gemms
+    assert g.flops == 2 * 8 * 16 * 32 * 32 * 27 and g.math == "fp32"
+
+
+# -- the later lessons' patterns -------------------------------------------------------------------
+def test_layout_transposes():
+    events = [step(0, 1000), kernel("void cudnn::ops::nchwToNhwcKernel<float>", 0, 100),
+              kernel("sm80_xmma_fprop_implicit_gemm_bf16", 100, 400),
+              kernel("void cudnn::ops::nhwcToNchwKernel<float>", 400, 450)]
+    assert analyze(events).transpose_ms == pytest.approx(0.15)
+
+
+def attention(t, dtype=BF16):
+    q, k = (8, t, 64), (8, 64, t)
+    scores = (8, t, t)
+    return [step(0, 1000),
+            op("aten::bmm", 0, 10, corr=1, shapes=(q, k), dtypes=dtype), kernel("nvjet_qk", 10, 110, op_id=1),
+            op("aten::_softmax", 110, 120, corr=2, shapes=(scores, ()), dtypes=dtype),
+            kernel("softmax_warp_forward", 120, 170, op_id=2),
+            op("aten::bmm", 170, 180, corr=3, shapes=(scores, (8, t, 64)), dtypes=dtype),
+            kernel("nvjet_pv", 180, 280, op_id=3),
+            op("aten::add", 280, 290, corr=4, shapes=((8, t, 64), (8, t, 64)), dtypes=dtype),
+            kernel("elementwise_add", 290, 300, op_id=4)]
+
+
+def test_attention_by_hand_is_the_work_on_the_score_matrix():
+    f = analyze(attention(ATTENTION_MIN_T))
+    assert f.attention_math_ms == pytest.approx(0.25) and f.attention_shape == (ATTENTION_MIN_T, ATTENTION_MIN_T)
+    assert f.attention_math_flops == 2 * (2 * 8 * ATTENTION_MIN_T * ATTENTION_MIN_T * 64)
+    small = analyze(attention(ATTENTION_MIN_T - 1))
+    assert small.attention_math_flops == 0 and small.attention_shape == ()     # the products on T < 128 are not
+
+
+def test_a_softmax_that_is_not_over_attention_scores_is_not_attention():
+    small = analyze(attention(ATTENTION_MIN_T - 1))                 # scores under ATTENTION_MIN_T: no pattern
+    assert small.attention_math_ms == 0
+    # a classifier's softmax over (batch, classes): no (T, T) scores at all
+    logits = [step(0, 1000), op("aten::_softmax", 0, 10, corr=1, shapes=((64, 1000), ()), dtypes=FP32),
+              kernel("softmax_warp_forward", 10, 500, op_id=1)]
+    assert analyze(logits).attention_math_ms == 0
+
+
+def test_the_optimizer_and_grad_scalers_work():
+    scaler_via = ("torch/amp/grad_scaler.py", 290, "_unscale_grads_")
+    events = [step(0, 1000),
+              op("Optimizer.step#AdamW.step", 500, 800),
+              *launched("aten::_foreach_add_", 510, 600, corr=1), *launched("aten::_foreach_mul_", 600, 700, corr=2),
+              op("aten::_amp_foreach_non_finite_check_and_unscale_", 300, 400, corr=5, via=scaler_via),
+              call("cudaLaunchKernel", 310, 312, corr=1005, op_id=5), kernel("unscale", 320, 350, corr=1005, op_id=5)]
     f = analyze(events)
-    assert [(a, b, c) for a, b, c in f.intervals["idle"]] == [(100, 150, "launch"), (150, 900, "input")]
+    assert f.optimizer_name == "AdamW" and f.optimizer_fused is False and f.optimizer_kernels == 2
+    assert f.optimizer_host_ms == pytest.approx(0.3) and f.optimizer_gpu_ms == pytest.approx(0.004)
+    assert f.scaler_host_ms == pytest.approx(0.1) and f.scaler_gpu_ms == pytest.approx(0.03)
+    fused = [step(0, 1000), op("Optimizer.step#AdamW.step", 500, 800),
+             op("aten::_fused_adamw_", 510, 600, corr=1), call("cudaLaunchKernel", 511, 513, corr=1001, op_id=1),
+             kernel("void at::native::fused_adamw_kernel", 520, 600, corr=1001, op_id=1)]
+    assert analyze(fused).optimizer_fused is True
+    assert analyze([step(0, 1000)]).optimizer_fused is None
 
 
+def test_copies_not_overlapped():
+    def copy(name, a, b, nbytes):
+        return kernel(name, a, b, nbytes=nbytes)
+    events = [step(0, 1000), copy("Memcpy HtoD (Pinned -> Device)", 0, 100, OVERLAP_COPY_MIN_BYTES),
+              copy("Memcpy HtoD (Pinned -> Device)", 100, 200, OVERLAP_COPY_MIN_BYTES - 1),    # small
+              copy("Memcpy HtoD (Pageable -> Device)", 200, 300, 2 * OVERLAP_COPY_MIN_BYTES),  # its own rule
+              copy("Memcpy DtoH (Device -> Pinned)", 300, 500, 0),                               # size unknown
+              kernel("gemm", 400, 600)]
+    assert analyze(events).copy_exposed_ms == pytest.approx(0.1 + 0.1)
+
+
+def test_ddp_micro_batches_and_communication_before_the_last_one():
+    events = [step(0, 1000), op("DistributedDataParallel.forward", 0, 100), op("DistributedDataParallel.forward", 500, 600),
+              call("ncclKernelLaunch", 200, 210, corr=1), kernel("ncclDevKernel_AllReduce", 210, 300, corr=1, stream=20),
+              call("ncclKernelLaunch", 700, 710, corr=2), kernel("ncclDevKernel_AllReduce", 710, 800, corr=2, stream=20)]
+    f = analyze(events)
+    assert f.ddp_forwards == 2 and f.comm_early_ms == pytest.approx(0.09)
+
+
+def test_data_parallel_and_compiled_regions():
+    dp = ("/venv/lib/python3.11/site-packages/torch/nn/parallel/data_parallel.py", 170, "forward")
+    events = [step(0, 1000), frame("forward", 0, 300, code=dp),
+              op("Torch-Compiled Region: 0/0", 400, 500), op("Torch-Compiled Region: 1/0", 650, 800)]
+    f = analyze(events)
+    assert f.data_parallel_ms == pytest.approx(0.3)
+    assert f.compiled_regions == 2 and f.between_regions_ms == pytest.approx(0.15)
+
+
+def test_data_parallel_is_found_in_a_real_profile():
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from gpulab.diagnose.events import from_profiler
+
+    model = torch.nn.DataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()))
+    x = torch.randn(32, 64)
+    model(x)
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        for _ in range(2):
+            with record_function(STEP_RANGE):
+                model(x).sum().backward()
+    assert analyze(from_profiler(prof), on_gpu=False).data_parallel_ms > 0
+
+
+# -- the slow step's line ----------------------------------------------------------------------------
+def test_stall_site_is_the_line_whose_time_grew_most():
+    log = ("train.py", 40, "log")
+    typical = [frame("log", 0, 100, code=log, user=True), frame("step_fn", 200, 1200, code=("train.py", 5, "f"), user=True)]
+    slow = [frame("log", 0, 5100, code=log, user=True), frame("step_fn", 5200, 6300, code=("train.py", 5, "f"), user=True)]
+    assert stall_site(typical, slow) == ("train.py:40 (log)", pytest.approx(5.0))
+    assert stall_site(typical, typical) == ("", 0.0)
+
+
+# -- CPU mode, MFU, JSON ---------------------------------------------------------------------------
 def test_tflops_and_mfu():
     f = analyze([step(0, 100)], step_ms=10.0, flops_per_step=1e12, peak_tflops=400.0, peak_source="test")
     assert f.tflops == pytest.approx(100.0) and f.mfu == pytest.approx(0.25)
@@ -307,8 +648,16 @@ def test_tflops_and_mfu():
 
 def test_facts_are_json_serialisable():
     events = [step(0, 100), op("aten::mm", 0, 10, corr=10, shapes=((8, 8), (8, 8)), dtypes=BF16),
-              kernel("nvjet", 10, 20, op_id=10)]
-    json.dumps(analyze(events, step_ms=1.0, flops_per_step=1.0, peak_tflops=1.0).to_dict())
+              kernel("nvjet", 10, 20, op_id=10), frame("f", 20, 90, code=("t.py", 1, "f"), user=True)]
+    d = json.loads(json.dumps(analyze(events, step_ms=1.0, flops_per_step=1.0, peak_tflops=1.0).to_dict()))
+    assert d["host_by_cause"]["host_code"] == pytest.approx(0.07) and d["gemms"][0]["math"] == "bf16"
+
+
+def test_changes_lists_every_key_largest_change_first():
+    from gpulab.diagnose.analyze import changes
+
+    got = changes({"copy": 2.0, "gemm": 5.0}, {"gemm": 5.5, "comm": 1.0})
+    assert got == [("copy", -2.0), ("comm", 1.0), ("gemm", 0.5)]
 
 
 # -- on a GPU (skipped here): classes and causes from real profiles --------------------------------
@@ -339,26 +688,23 @@ def test_on_a_gpu_16_bit_gemms_use_tensor_cores_and_fp32_without_tf32_does_not()
     from gpulab.models.precision import fp32_math
 
     half = torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
-    d = diagnose(gpu_step(half), warmup=2, steps=3, flops_per_step=1.0, peak_tflops=1.0)
+    d = diagnose(gpu_step(half), warmup=2, steps=3, flops_per_step=1.0, peak_tflops=1.0, window_s=0.2, confirm=False)
     assert d.busy_by_class["gemm_tensor_core"] > 0 and d.busy_by_class["gemm_no_tensor_core"] == 0
     assert not [g for g in d.facts.gemms if g.dtype == ""], "GEMMs whose op was not found"
     with fp32_math("ieee"):      # large enough that the fp32 GEMMs are most of the step, not the launches
-        d = diagnose(gpu_step(None, n=4096, batch=2048), warmup=2, steps=3, flops_per_step=1.0, peak_tflops=1.0)
+        d = diagnose(gpu_step(None, n=4096, batch=2048), warmup=2, steps=3, flops_per_step=1.0, peak_tflops=1.0,
+                     window_s=0.2, confirm=False)
     assert d.busy_by_class["gemm_no_tensor_core"] > d.busy_by_class["gemm_tensor_core"]
-    assert any(v.rule == "fp32_no_tensor_cores" for v in d.verdicts)
+    assert {g.math for g in d.facts.gemms} == {"fp32"}
+    assert any(v.rule == "fp32_matmuls" for v in d.verdicts)
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_item_every_step_is_charged_to_sync():
+def test_on_a_gpu_item_every_step_is_a_sync_on_the_host():
     from gpulab.diagnose import diagnose
 
-    d = diagnose(gpu_step(None, sync_every_step=True, n=256), warmup=2, steps=5, flops_per_step=1.0)
-    assert d.idle_by_cause["sync"] > 0, d.report()
+    d = diagnose(gpu_step(None, sync_every_step=True, n=256), warmup=2, steps=5, flops_per_step=1.0, window_s=0.2,
+                 confirm=False)
+    assert d.facts.host_by_cause["sync"] > 0, d.report()
+    assert any("test_analyze.py" in site for site, *_ in d.facts.syncs), d.facts.syncs
     assert d.busy_ms + d.idle_ms == pytest.approx(d.profiled_step_ms)
-
-
-def test_changes_lists_every_key_largest_change_first():
-    from gpulab.diagnose.analyze import changes
-
-    got = changes({"copy": 2.0, "gemm": 5.0}, {"gemm": 5.5, "comm": 1.0})
-    assert got == [("copy", -2.0), ("comm", 1.0), ("gemm", 0.5)]

@@ -1,24 +1,35 @@
 """The event model and the profiler parser: fake kineto-like records for GPU work (this machine has no
 GPU), and a real CPU profile."""
+import os
+import sys
+import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from gpulab.diagnose.events import (
+    FRAME_MIN_US,
     GPU,
     OP,
+    PY,
+    PY_FRAME,
     RUNTIME,
     STEP_RANGE,
     Event,
     Record,
     activity_name,
+    c_call_name,
+    fmt_site,
     from_profiler,
+    is_user_file,
     parse,
     record_kind,
     records_from_profiler,
     step_ranges,
+    tree_facts,
 )
 
 T0 = 1_000_000_000      # a trace start in ns
@@ -124,6 +135,46 @@ def test_memcpy_bytes_from_metadata():
     assert [e.nbytes for e in parse(records)] == [4096, 0]
 
 
+def copy_trace(name="Memcpy HtoD (Pageable -> Device)", shapes=((64, 256), (64, 256)), dtypes=("float", "float"), **kw):
+    """aten::copy_ (corr 10) launching a copy through cudaMemcpyAsync (CUPTI correlation 500)."""
+    return [rec(STEP_RANGE, "user_annotation", 0, 100, thread=1, correlation_id=1),
+            rec("aten::copy_", "cpu_op", 10, 50, thread=1, correlation_id=10, shapes=shapes, dtypes=dtypes),
+            rec("cudaMemcpyAsync", "cuda_runtime", 20, 30, thread=1, correlation_id=500, linked_correlation_id=10),
+            rec(name, "gpu_memcpy" if name.startswith("Memcpy") else "kernel", 40, 90, device="cuda", resource=7,
+                correlation_id=500, linked_correlation_id=10, **kw)]
+
+
+@pytest.mark.parametrize("shapes, dtypes, nbytes", [
+    (((64, 256), (64, 256)), ("float", "float"), 64 * 256 * 4),
+    (((64, 256),), ("c10::BFloat16",), 64 * 256 * 2),
+    (((), (10,)), ("", "long int"), 10 * 8),              # the first input with a tensor's dtype
+    (((),), ("double",), 8),                              # a 0-d tensor: one element
+    ((), (), 0),                                          # nothing recorded: unknown
+])
+def test_copy_bytes_from_the_ops_shapes_where_the_trace_does_not_say(shapes, dtypes, nbytes):
+    (copy,) = by_kind(parse(copy_trace(shapes=shapes, dtypes=dtypes), T0), GPU)
+    assert copy.nbytes == nbytes and copy.op == "aten::copy_"
+
+
+def test_copy_bytes_the_traces_own_figures_come_first():
+    (copy,) = by_kind(parse(copy_trace(nbytes=123, metadata='"bytes": 4096'), T0), GPU)
+    assert copy.nbytes == 123
+    (copy,) = by_kind(parse(copy_trace(metadata='"bytes": 4096'), T0), GPU)
+    assert copy.nbytes == 4096
+    (kernel,) = by_kind(parse(copy_trace(name="vectorized_elementwise_kernel"), T0), GPU)
+    assert kernel.nbytes == 0                              # a kernel of a copy op is no memcpy
+
+
+def test_python_frames_parse_into_py_events():
+    site, code = ("train.py", 12, "step"), ("train.py", 30, "make_batch")
+    records = [rec(STEP_RANGE, "user_annotation", 0, 100, thread=1, correlation_id=1),
+               rec("make_batch", PY_FRAME, 5, 60, thread=1, site=site, code=code, user=True)]
+    assert record_kind(records[1]) == PY
+    (f,) = by_kind(parse(records, T0), PY)
+    assert (f.name, f.start_us, f.end_us, f.stream, f.site, f.code, f.user) == \
+        ("make_batch", 5.0, 60.0, 1, site, code, True)
+
+
 def test_event_refuses_bad_input():
     with pytest.raises(ValueError, match="kind must be one of"):
         Event("kernel", "x", 0, 1)
@@ -169,6 +220,123 @@ def test_a_torch_without_activity_types_parses_the_same():
     with_types = [(e.kind, e.name, e.start_us) for e in parse(records, start)]
     without = [(e.kind, e.name, e.start_us) for e in parse([replace(r, activity="") for r in records], start)]
     assert without == with_types
+
+
+# -- the user's code and its lines -----------------------------------------------------------------
+def test_is_user_file(tmp_path):
+    import gpulab.core.timing
+    import gpulab.diagnose.core
+    import gpulab.lessons.l15_your_training_step
+
+    mine = tmp_path / "train.py"
+    mine.write_text("x = 1\n")
+    assert is_user_file(str(mine)) and is_user_file(__file__)
+    assert not is_user_file(os.__file__)                              # the standard library
+    assert not is_user_file(torch.__file__)                           # site-packages
+    assert not is_user_file("torch/nn/modules/module.py")             # as the profiler shortens it
+    assert not is_user_file(gpulab.diagnose.core.__file__)            # gpulab's harness
+    assert not is_user_file(gpulab.core.timing.__file__)
+    assert is_user_file(gpulab.lessons.l15_your_training_step.__file__)   # the course's training code is a user's
+    assert not is_user_file("<frozen importlib._bootstrap>") and not is_user_file("")
+    assert not is_user_file("no/such/file.py")                        # not found: a library's shortened name
+
+
+def test_c_call_name_and_fmt_site():
+    assert c_call_name("<built-in method astype of numpy.ndarray object at 0x7f3a2c0>") == "astype (numpy.ndarray)"
+    assert c_call_name("<built-in function perf_counter>") == "perf_counter"
+    assert c_call_name("aten::mm") == "aten::mm"
+    assert fmt_site(("/home/me/train.py", 12, "step")) == "train.py:12 (step)"
+    assert fmt_site(("torch/amp/grad_scaler.py", 400, "")) == "torch/amp/grad_scaler.py:400"
+    assert fmt_site(()) == ""
+
+
+# A hand-made event tree: nodes whose extra fields' types are named as torch's are.
+class _ExtraFields_PyCall:                      # noqa: N801 - torch's name
+    def __init__(self, caller, callsite):
+        self.caller, self.callsite = caller, callsite
+
+
+class _ExtraFields_PyCCall:                     # noqa: N801
+    def __init__(self, caller):
+        self.caller = caller
+
+
+class _ExtraFields_TorchOp:                     # noqa: N801
+    def __init__(self, tf32=None):
+        self.allow_tf32_cublas = tf32
+
+
+def where(file, line, func):
+    return SimpleNamespace(file_name=file, line_number=line, function_name=func)
+
+
+def node(fields, start_us, end_us, name="", children=(), tid=1):
+    return SimpleNamespace(extra_fields=fields, start_time_ns=int(start_us * 1e3), end_time_ns=int(end_us * 1e3),
+                           start_tid=tid, name=name, children=list(children))
+
+
+def test_tree_facts_on_a_hand_made_tree():
+    me, lib = os.path.abspath(__file__), torch.nn.modules.linear.__file__
+    addmm = node(_ExtraFields_TorchOp(tf32=False), 120, 130, "aten::addmm")
+    inner = node(_ExtraFields_PyCall(where(lib, 125, "forward"), where(lib, 50, "linear")), 115, 135, "linear",
+                 [addmm])                                 # library to library: no frame of its own
+    model = node(_ExtraFields_PyCall(where(me, 22, "step"), where(lib, 120, "forward")), 100, 100 + FRAME_MIN_US * 2,
+                 "forward", [inner])
+    short = node(_ExtraFields_PyCCall(where(me, 24, "step")), 200, 200 + FRAME_MIN_US - 0.001,
+                 "<built-in method tolist of numpy.ndarray object at 0x1>")
+    numpy = node(_ExtraFields_PyCCall(where(me, 25, "step")), 300, 300 + FRAME_MIN_US,
+                 "<built-in method astype of numpy.ndarray object at 0x1>")
+    runs_op = node(_ExtraFields_PyCCall(where(me, 26, "step")), 400, 450, "<built-in method sum of Tensor object at 0x1>",
+                   [node(_ExtraFields_TorchOp(), 410, 440, "aten::sum")])
+    step = node(_ExtraFields_PyCall(where(me, 10, "<module>"), where(me, 20, "step")), 0, 1000, "step",
+                [model, short, numpy, runs_op])
+    tf32, sites, frames = tree_facts([step])
+    assert tf32 == {("aten::addmm", 120_000): False}
+    assert sites[("aten::addmm", 120_000)] == ((me, 22, "step"), (lib, 125, "forward"))
+    assert sites[("aten::sum", 410_000)] == ((me, 26, "step"), (me, 26, "step"))
+    got = {(r.name, r.start_ns, r.site[1], r.code[2] if r.code else "", r.user) for r in frames}
+    assert got == {("step", 0, 10, "step", True), ("forward", 100_000, 22, "forward", False),
+                   ("astype (numpy.ndarray)", 300_000, 25, "", True), ("sum (Tensor)", 400_000, 26, "", False)}
+    assert all(r.activity == PY_FRAME and r.thread == 1 for r in frames)
+
+
+def slow_part():
+    deadline = time.perf_counter() + 0.002
+    while time.perf_counter() < deadline:       # 2 ms of the user's own Python
+        pass
+
+
+def quick_part():
+    return 1
+
+
+def test_tree_facts_on_a_real_profile_with_stacks():
+    lin = torch.nn.Linear(16, 8)
+    x = torch.randn(4, 16)
+    lines = {}
+
+    def tiny_step():
+        slow_part()
+        quick_part()
+        lines["lin"] = sys._getframe().f_lineno + 1
+        return lin(x).sum()
+
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        with record_function(STEP_RANGE):
+            tiny_step()
+    events = from_profiler(prof)
+    addmm = next(e for e in events if e.name == "aten::addmm")
+    assert os.path.basename(addmm.site[0]) == "test_events.py"
+    assert addmm.site[1:] == (lines["lin"], "tiny_step")
+    assert os.path.basename(addmm.via[0]) == "linear.py"                 # the innermost line: torch's
+    frames = by_kind(events, PY)
+    slow = [f for f in frames if f.name == "slow_part"]
+    assert len(slow) == 1 and slow[0].user and slow[0].code[2] == "slow_part" and slow[0].site[2] == "tiny_step"
+    assert slow[0].dur_us >= 2000
+    assert not [f for f in frames if f.name == "quick_part"]             # shorter than FRAME_MIN_US
+    assert all(f.dur_us >= FRAME_MIN_US for f in frames)
+    model = [f for f in frames if f.site[2] == "tiny_step" and f.site[1] == lines["lin"] and not f.user]
+    assert model, "the call into torch from the user's line is a frame, not the user's own work"
 
 
 # -- on a GPU (skipped here): the linkage as torch really reports it -------------------------------

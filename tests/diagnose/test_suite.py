@@ -63,20 +63,33 @@ def test_the_record_is_json(on_cpu):
 
 
 # -- a case that can run on the CPU: diagnosed for real -------------------------------------------------
-def waiting_for_data(scale, device):
-    """Bad: the step waits 4 ms for its batch (inside the learner's data range); fixed: it does not."""
+def waiting_for_data(scale, device, reorder=False):
+    """Bad: the step waits 4 ms for its batch (inside the learner's data range); fixed: it does not. Both
+    train the same linear layer on the same batch (rows reordered with `reorder`)."""
     torch.manual_seed(0)
-    w = torch.randn(128, 128)
+    x = torch.randn(64, 128)
+    if reorder:
+        x = x[torch.randperm(64, generator=torch.Generator().manual_seed(1))]
 
     def make(wait: bool):
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(128, 128)
+        opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+
         def step():
             if wait:
                 with record_function(DATA_RANGE):
                     time.sleep(0.004)
-            return (w @ w).sum()
+            loss = layer(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        step.model = layer
         return step
 
-    return Pair(make(True), make(False))
+    bad, fixed = make(True), make(False)
+    return Pair(bad, fixed, models=(bad.model, fixed.model))
 
 
 def test_a_cpu_case_runs_through_diagnose():
@@ -91,6 +104,7 @@ def test_a_cpu_case_runs_through_diagnose():
     assert checks["input_bound fires on waiting/bad"][0] is True
     assert checks["input_bound silent on waiting/fixed"][0] is True
     assert checks["waiting: the fixed step computes what the bad one does"][0] is True
+    assert "noise floor" in checks["waiting: the fixed step computes what the bad one does"][1]
     bad_row, fixed_row = result.rows()
     i = result.rules.index("input_bound")
     assert bad_row[1][i].startswith("[") and bad_row[1][i].endswith("%]") and fixed_row[1][i] == "[.]"
@@ -99,7 +113,7 @@ def test_a_cpu_case_runs_through_diagnose():
 
 
 def test_a_failing_build_is_an_error_not_a_crash():
-    def broken(scale, device):
+    def broken(scale, device, reorder=False):
         raise RuntimeError("no such model")
 
     result = run_suite("tiny", [Case("broken", "host_sync", "01", "b", "f", broken, needs_gpus=0)])
@@ -111,11 +125,14 @@ def test_a_failing_build_is_an_error_not_a_crash():
 
 
 def test_a_fixed_step_that_computes_something_else_is_not_timed():
-    def wrong(scale, device):
-        return Pair(lambda: 1.0, lambda: 2.0)
+    def wrong(scale, device, reorder=False):
+        pair = waiting_for_data(scale, device, reorder)
+        with torch.no_grad():
+            pair.models[1].weight.mul_(1.5)          # the "fix" trains from other weights: another model
+        return pair
 
     (c,) = run_suite("tiny", [Case("wrong", "host_sync", "01", "b", "f", wrong, needs_gpus=0)]).cases
-    assert c.status == "incorrect" and c.bad is None and "relative difference" in c.why
+    assert c.status == "incorrect" and c.bad is None and "MORE than" in c.why
 
 
 # -- the checks' logic on hand-made results ---------------------------------------------------------------

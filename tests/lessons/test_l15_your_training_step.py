@@ -74,19 +74,31 @@ def test_the_fp16_fix_trains_through_a_grad_scaler():
 def test_where_it_went_lists_the_largest_changes_first():
     from types import SimpleNamespace
 
-    from gpulab.diagnose.analyze import Facts
+    from gpulab.diagnose.analyze import CAUSES, Facts
     from gpulab.lessons.l15_your_training_step import fmt_changes, where_it_went
 
-    def diag(idle_by_cause, busy_by_class, step_ms):
-        idle = sum(idle_by_cause.values())
-        facts = Facts(on_gpu=True, steps=1, window_ms=step_ms, busy_ms=step_ms - idle, idle_ms=idle,
-                      idle_by_cause=idle_by_cause, busy_by_class=busy_by_class, step_ms=step_ms)
+    def diag(host_by_cause, busy_by_class, step_ms):
+        """A diagnosis whose host spent `host_by_cause` on each cause while the GPU ran `busy_by_class`."""
+        busy = sum(busy_by_class.values())
+        host = dict.fromkeys(CAUSES, 0.0) | host_by_cause
+        facts = Facts(on_gpu=True, steps=1, window_ms=step_ms, busy_ms=busy, idle_ms=step_ms - busy,
+                      idle_by_cause={"other": step_ms - busy}, busy_by_class=busy_by_class, step_ms=step_ms,
+                      host_by_cause=host)
         return SimpleNamespace(facts=facts, busy_by_class=busy_by_class)
 
-    # pinning: the copy's staging idle and its kernel shrink, and so does the input hand-over
+    # pinning: the copy's staging and its kernel shrink, and so does the input hand-over
     before = diag({"input": 2.0, "pageable_copy": 3.0, "launch": 0.5}, {"copy": 1.5, "gemm_tensor_core": 5.0}, 12.0)
     after = diag({"input": 0.5, "launch": 0.5}, {"copy": 0.3, "gemm_tensor_core": 5.0}, 6.3)
     changes = where_it_went(before, after)
     assert [name for name, _ in changes] == ["idle pageable_copy", "idle input", "busy copy"]
     assert changes[0][1] == pytest.approx(-3.0) and changes[2][1] == pytest.approx(-1.2)
     assert fmt_changes(changes) == "idle pageable_copy -3 ms, idle input -1.5 ms, busy copy -1.2 ms"
+    # the idle a cause can be charged is at most the GPU's: 8 ms on the host against 5.5 ms of idle
+    capped = diag({"input": 8.0}, {"copy": 1.5, "gemm_tensor_core": 5.0}, 12.0)
+    assert where_it_went(capped, after, top=1) == [("idle input", pytest.approx(0.5 - 5.5))]
+
+
+def test_every_fix_is_named_by_a_rule_of_the_diagnosis():
+    from gpulab.diagnose.rules import RULES
+
+    assert set(L.fixes(L.config("tiny"))) <= {r.__name__ for r in RULES}

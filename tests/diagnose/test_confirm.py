@@ -1,0 +1,139 @@
+"""Confirming verdicts on the CPU: the marks a learner puts in the step, the replayed batch and its undoing,
+the dtypes a step's products see, and a diagnosis whose verdicts have no variant here."""
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from gpulab.diagnose import confirm as C
+from gpulab.diagnose.analyze import CAUSES, CLASSES, Facts
+from gpulab.diagnose.core import Diagnosis
+from gpulab.diagnose.rules import verdict
+
+CPU = torch.device("cpu")
+
+
+def test_skippable_runs_the_call_except_inside_without_marked():
+    calls = []
+    assert C.skippable(lambda x: calls.append(x) or "ran", 1) == "ran" and calls == [1]
+    with C.without_marked() as seen:
+        assert C.skippable(calls.append, 2) is None
+        assert C.skippable(calls.append, 3) is None
+    assert calls == [1] and seen == {"hits": 2}
+    assert C.skippable(calls.append, 4) is None and calls == [1, 4]      # on again after it
+    with C.without_marked() as seen:
+        pass
+    assert seen == {"hits": 0}                                          # counted afresh each time
+
+
+def test_without_marked_is_undone_when_the_step_raises():
+    with pytest.raises(RuntimeError):
+        with C.without_marked():
+            raise RuntimeError("step failed")
+    assert C.skippable(lambda: "ran") == "ran"
+
+
+def loader():
+    data = TensorDataset(torch.arange(8.0).reshape(8, 1), torch.arange(8))
+    return DataLoader(data, batch_size=2)
+
+
+def test_replayed_batch_hands_out_the_first_batch_again_and_undoes_its_patches():
+    to, next_ = torch.Tensor.to, _BaseDataLoaderIter.__next__
+    with C.replayed_batch(CPU) as how:
+        it = iter(loader())
+        first = next(it)
+        assert next(it) is first and next(it) is first                 # the same batch every step
+        x = first[0]
+        assert x.to(torch.float64) is x.to(torch.float64)               # its copy made once
+        assert torch.equal(x.to(torch.float64), torch.tensor([[0.0], [1.0]], dtype=torch.float64))
+        other = torch.ones(2)
+        assert other.to(torch.float64) is not other.to(torch.float64)   # other tensors copy as ever
+        assert "handed out again" in how
+    assert torch.Tensor.to is to and _BaseDataLoaderIter.__next__ is next_
+    assert [b[1].tolist() for b in loader()] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_replayed_batch_without_a_dataloader_is_unavailable_and_still_undone():
+    to = torch.Tensor.to
+    with pytest.raises(C.Unavailable, match="no batch from a DataLoader"):
+        with C.replayed_batch(CPU):
+            torch.ones(2).to(torch.float64)
+    assert torch.Tensor.to is to
+
+
+def test_the_gpu_variants_are_unavailable_on_the_cpu():
+    with pytest.raises(C.Unavailable, match="pinned memory is for copies to a GPU"):
+        with C.pinned_staging(CPU):
+            pass
+    with pytest.raises(C.Unavailable, match="neither bf16 nor TF32"):
+        with C.sixteen_bit(CPU):
+            pass
+
+
+def test_product_dtypes_sees_what_autocast_made_of_the_inputs():
+    lin = torch.nn.Linear(8, 4)
+    x = torch.randn(2, 8)
+    assert C.product_dtypes(lambda: lin(x).sum()) == {torch.float32}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert C.product_dtypes(lambda: lin(x).sum()) == {torch.bfloat16}
+    assert C.product_dtypes(lambda: (x + 1).sum()) == set()            # no product
+    with pytest.raises(C.Unavailable, match="its matrix products stayed float32"):
+        C.took_16bit(lambda: lin(x))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        C.took_16bit(lambda: lin(x))                                    # no complaint
+
+
+def diagnosis(host: dict, step_ms: float, precopy_ms: float = 0.0) -> Diagnosis:
+    """A CPU diagnosis from Facts: a `step_ms` step whose host spent `host` ({cause: ms}) on each cause."""
+    window = step_ms
+    host_by_cause = dict.fromkeys(CAUSES, 0.0) | host
+    idle = sum(host.values())
+    facts = Facts(on_gpu=False, steps=1, window_ms=window, busy_ms=window - idle, idle_ms=idle,
+                  idle_by_cause=dict(host_by_cause), busy_by_class=dict.fromkeys(CLASSES, 0.0),
+                  host_by_cause=host_by_cause, step_ms=step_ms, precopy_ms=precopy_ms)
+    return Diagnosis.from_facts(facts, device="cpu")
+
+
+def test_confirm_verdicts_says_why_a_verdict_was_not_measured():
+    d = diagnosis({"input": 1.0, "host_code": 1.0}, 10.0, precopy_ms=0.8)
+    assert sorted(v.rule for v in d.verdicts) == ["host_code", "input_bound"]
+    C.confirm_verdicts(d, lambda: None, CPU, steps=1)
+    notes = {v.rule: v.confirmation for v in d.verdicts}
+    assert all(v.measured is None and not v.demoted for v in d.verdicts)
+    assert notes["input_bound"].startswith("not measured: the batch is made by the step's own code")
+    assert notes["host_code"].startswith("not measured: nothing in the step is marked")
+    # a DataLoader-less step with the input in a loader: the replay finds no batch
+    d = diagnosis({"input": 1.0}, 10.0)
+    C.confirm_verdicts(d, lambda: None, CPU, steps=1)
+    assert d.top.confirmation == "not measured: the step read no batch from a DataLoader"
+
+
+def test_confirm_verdicts_measures_the_marked_calls():
+    def step():
+        C.skippable(time.sleep, 0.004)
+
+    d = diagnosis({"host_code": 4.0}, 5.0)
+    d.verdicts.append(verdict("data_parallel", "dp", "14", 0.5, "e", "f"))     # a verdict no variant can make
+    C.confirm_verdicts(d, step, CPU, steps=1)
+    by_rule = {v.rule: v for v in d.verdicts}
+    mine = by_rule["host_code"]
+    assert mine.measured is not None and mine.measured > 5.0 and not mine.demoted
+    assert mine.confirmation.startswith("measured ") and "with the marked calls skipped" in mine.confirmation
+    assert by_rule["data_parallel"].confirmation == ("not measured: no variant of the step can make this fix from "
+                                                     "outside the step")
+    assert d.verdicts[0].rule == "host_code"                           # ranked by what it measured
+    assert C.skippable(lambda: "ran") == "ran"                         # the marks are on again
+
+
+def test_confirm_verdicts_demotes_a_fix_that_bought_too_little():
+    def step():
+        time.sleep(0.004)                                               # the marked call costs nothing
+        C.skippable(lambda: None)
+
+    d = diagnosis({"host_code": 4.0}, 5.0)                              # expected 80 % of the step
+    C.confirm_verdicts(d, step, CPU, steps=1)
+    (v,) = d.verdicts
+    assert 0.8 < v.measured < 1.5 and v.demoted and "; demoted: it saved" in v.confirmation
