@@ -151,6 +151,20 @@ def compare(p0: list, bad: list, fixed: list, floors: list[tuple[list, list]], k
                       f"{'within' if ok else 'MORE than'} {SAME_MAX_FLOOR:g}x the floor")}
 
 
+def trained(step, k: int = K_UPDATES) -> tuple[list, list]:
+    """(the parameters before, after k calls of `step`) of a step that carries its model (`step.model`);
+    its `close()`, if it has one, runs afterwards. The zoo's and notebook 15's correctness checks."""
+    try:
+        p0 = parameters(step.model)
+        for _ in range(k):
+            step()
+        return p0, parameters(step.model)
+    finally:
+        close = getattr(step, "close", None)
+        if close is not None:
+            close()
+
+
 def _outputs(out) -> list[torch.Tensor]:
     """A step's returned tensors (its loss, and its gradients where it returns them), copied."""
     items = out if isinstance(out, (tuple, list)) else [out]

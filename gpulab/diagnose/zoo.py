@@ -94,19 +94,12 @@ def _release(device: torch.device) -> None:
 def _run_k(module, fix, scale, device, reorder: bool, k: int | None = None) -> tuple[list, list]:
     import warnings
 
-    from gpulab.diagnose.cases import K_UPDATES, parameters      # here: `records` runs with older gpulabs too
-    k = k or K_UPDATES
+    from gpulab.diagnose.cases import K_UPDATES, trained      # here: `records` runs with older gpulabs too
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Aa]utocast.*")
-        step = module.make_step(fix, scale=scale, device=device, seed=0, reorder=reorder)
         try:
-            p0 = parameters(step.model)
-            for _ in range(k):
-                step()
-            return p0, parameters(step.model)
+            return trained(module.make_step(fix, scale=scale, device=device, seed=0, reorder=reorder), k or K_UPDATES)
         finally:
-            _close(step)
-            del step
             _release(device)
 
 

@@ -197,20 +197,13 @@ def same_training(options: Options, cfg: dict, device: torch.device, width: int,
     """Correct before fast: does a step with `options` train the same model as the slow step? Both from the
     same weights on the same batches for k updates; their parameters' distance against the noise floor of
     each with its batch rows reordered and in fp32 (`gpulab.diagnose.cases.compare`, the suite's check)."""
-    from gpulab.diagnose.cases import K_UPDATES, compare, parameters
+    from gpulab.diagnose.cases import K_UPDATES, compare, trained
     from gpulab.models.precision import fp32_only
 
     k = k or K_UPDATES
 
     def run(o: Options, reorder: bool = False) -> tuple[list, list]:
-        step = TrainingStep(o, cfg, device, width=width, passes=passes, reorder=reorder)
-        try:
-            p0 = parameters(step.model)
-            for _ in range(k):
-                step()
-            return p0, parameters(step.model)
-        finally:
-            step.close()
+        return trained(TrainingStep(o, cfg, device, width=width, passes=passes, reorder=reorder), k)
 
     p0, slow = run(Options())
     _, fixed = run(options)
