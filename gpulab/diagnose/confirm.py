@@ -8,7 +8,7 @@ training steps: the model trains on, as it does during the rest of the diagnosis
 | verdict | the variant | when it cannot be made |
 |---|---|---|
 | fp32_matmuls | the step under `torch.autocast(dtype=bfloat16)`; TF32 allowed where the GPU has no bf16 | a GPU with neither (Turing, Volta) |
-| pageable_copy | every pageable host-to-GPU `.to()`/`.cuda()` staged through a pinned buffer (reused after its copy's event) and copied with `non_blocking=True` | |
+| pageable_copy | every pageable host-to-GPU `Tensor.to` or `Tensor.cuda` staged through a pinned buffer (reused after its copy's event) and copied with `non_blocking=True` | |
 | input_bound | the DataLoader's first batch handed out again every step, its tensors copied to the GPU once: what the input pipeline costs | the batch is made by the step's own code (no DataLoader): it runs anyway |
 | host_sync, host_code, periodic_stall | the step without the calls the learner marked with `skippable(...)` | nothing marked |
 
@@ -102,7 +102,7 @@ def _target(args, kwargs) -> tuple[torch.device | None, dict]:
 
 @contextlib.contextmanager
 def pinned_staging(device: torch.device) -> Iterator[str]:
-    """Every `.to(cuda)` / `.cuda()` of a pageable CPU tensor of at least PAGEABLE_MIN_BYTES is staged
+    """Every `Tensor.to(cuda)` or `Tensor.cuda` call on a pageable CPU tensor of at least PAGEABLE_MIN_BYTES is staged
     through a pinned buffer of its shape and copied with non_blocking=True. A buffer is reused only after
     the GPU has finished copying out of it (an event recorded after each copy is waited on first)."""
     if device.type != "cuda":
