@@ -678,7 +678,9 @@ def host_causes(events: Sequence[Event], windows: Sequence[tuple[float, float]],
             sites[cause][key] = sites[cause].get(key, 0.0) + (hi - lo)
     for key, (us, _) in syncs.items():
         sites["sync"][key] = sites["sync"].get(key, 0.0) + us
-    return HostTimeline(by_cause, sites, syncs, pageable, length_us(precopy))
+    # the batch made in the main thread: the time before its copy, outside a DataLoader's __next__ (a step
+    # that waits for its loader there is waiting for workers, not making the batch itself)
+    return HostTimeline(by_cause, sites, syncs, pageable, length_us(subtract(merge_intervals(precopy), inputs)))
 
 
 # -- the analysis ----------------------------------------------------------------------------------

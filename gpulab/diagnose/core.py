@@ -4,8 +4,10 @@ The learner hands over one training step, a callable with no arguments that fetc
 trains on it, the way their loop does. `diagnose` then
 
 1. runs `warmup` steps unmeasured (allocator, cuBLAS and cuDNN settle); the last of them runs under
-   FlopCounterMode (the step's FLOPs) and `torch.cuda.set_sync_debug_mode("warn")` (every call that
-   synchronized, with the user's line): no extra training step is run for either;
+   FlopCounterMode (the step's FLOPs) and `torch.cuda.set_sync_debug_mode("warn")` (the implicit
+   synchronizations PyTorch warns of: `.item()`, `.cpu()`, blocking copies, `nonzero`, boolean masks,
+   with the user's line; not `torch.cuda.synchronize()`, events, the allocator or distributed ops, which
+   the profile's runtime calls show): no extra training step is run for either;
 2. times chunks of `steps` back-to-back steps on the host clock, synchronizing before and after each chunk,
    for at least `window_s` seconds (the unperturbed step time, each step's host time, and slow steps that
    come back every N steps; NVML samples the GPU's utilization meanwhile where it can);
@@ -251,8 +253,10 @@ def _profile(step: Callable, steps: int, device: torch.device, trace_path: str |
 def scan_step(step: Callable, device: torch.device, flops: bool = True,
               phase: str = "warm-up steps") -> tuple[float | None, list[tuple[str, str]]]:
     """One step run under `torch.utils.flop_counter.FlopCounterMode` (with `flops`) and
-    `torch.cuda.set_sync_debug_mode("warn")`: (its FLOPs, or None if nothing was counted; every call that
-    synchronized the host with the GPU as (the user's line, the innermost line of any file), in order).
+    `torch.cuda.set_sync_debug_mode("warn")`: (its FLOPs, or None if nothing was counted; every call PyTorch
+    warned of as synchronizing the host with the GPU, as (the user's line, the innermost line of any file),
+    in order). PyTorch's own docs: not every synchronizing operation warns (not `torch.cuda.synchronize()`,
+    events, distributed or sparse ops); the profile's runtime calls show those.
 
     FlopCounterMode counts matrix products, convolutions and attention. PyTorch warns of a synchronizing
     call as it returns to Python, so the Python stack at the warning is the caller's: hidden syncs show

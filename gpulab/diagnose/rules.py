@@ -13,12 +13,13 @@ A fired rule names two shares of the (unprofiled) step:
   optimizer still reads and writes every parameter once).
 
 Where a safe variant of the step can be run (TF32 or autocast, pinned staging, the same batch replayed),
-`gpulab.diagnose.confirm` runs it and the verdict carries the measured gain; a verdict whose measured gain
-is under half its expectation is demoted, and says so. `run_rules(facts)` runs every rule (skipping, with
-the reason, those that need a GPU when there is none) and `rank` orders what fired: by measured gain, else
-expected gain; a fix that cannot work until another verdict's fix is made ("blocked_by": a CUDA graph
-cannot capture a step that synchronizes) comes after that one; demoted ones and "compute_bound" (what is
-left, not a fix) last.
+`gpulab.diagnose.confirm` runs it and the verdict carries the measured gain; a verdict whose measured saving
+is under half the expected saving is demoted, and says so. `run_rules(facts)` runs every rule (skipping,
+with the reason, those that need a GPU when there is none) and `rank` orders what fired: by measured gain
+(a demoted verdict by what it measured), else expected gain; a fix that pays only once another is made
+("blocked_by": a captured CUDA graph cannot contain a synchronizing call such as `.item()`, so those go, or
+move outside the capture, first) comes right after that one; "compute_bound" (what is left, not a fix)
+last.
 """
 from __future__ import annotations
 
@@ -119,7 +120,7 @@ class Verdict:
     blocked_by: str = ""      # the rule whose fix must come first (this one cannot work until then)
     measured: float | None = None   # the speed-up a run of the fixed variant measured (confirm.py)
     confirmation: str = ""    # how it was measured, or why it was not
-    demoted: bool = False     # measured under half its expectation: ranked last, with why
+    demoted: bool = False     # saved under half the expected saving when measured: marked, ranked by what it measured
 
     @property
     def expected_share(self) -> float:
@@ -242,20 +243,23 @@ def host_sync(f: Facts) -> Verdict | None:
 
 def pageable_copy(f: Facts) -> Verdict | None:
     """Host<->device copies from pageable memory: the host stages them through a pinned buffer and waits.
-    Share: that host time, at most the step minus the GPU's other work (the copy itself still runs on the
-    GPU, from pinned memory faster and beside compute)."""
+    Expected: that host time, at most the step minus the GPU's other work. Share: the copies' GPU time too,
+    since from pinned memory the copy itself runs faster and beside compute (lesson 05 measures pinned
+    against pageable bandwidth), at most the step minus the GPU's other work."""
     other_gpu = max(f.busy_ms - f.pageable_copy_ms, 0.0)
-    ms = min(f.host("pageable_copy"), max(f.base_ms - other_gpu, 0.0))
+    room = max(f.base_ms - other_gpu, 0.0)
+    ms = min(f.host("pageable_copy"), room)
     share = f.share(ms)
     if share < PAGEABLE_SHARE_MIN:
         return None
+    bound = f.share(min(f.host("pageable_copy") + f.pageable_copy_ms, room))
     rows = [f"{site or '(no line of yours)'}: {fmt_bytes(int(nbytes))} per step, {host_ms:.3g} ms on the host"
             for site, host_ms, nbytes in f.pageable_copies]
-    return verdict("pageable_copy", "pageable host<->device copies", "05", share,
+    return verdict("pageable_copy", "pageable host<->device copies", "05", bound,
                    f"the host staged pageable copies for {f.host('pageable_copy'):.3g} ms per step ({pct(share)} "
                    f"of the step at most; threshold {pct(PAGEABLE_SHARE_MIN)}); where: {_lines(rows) or 'not found'}",
                    "pin the host tensors (pin_memory=True, or a pinned buffer reused after its copy's event) and "
-                   "copy with .to(device, non_blocking=True)")
+                   "copy with .to(device, non_blocking=True)", expected=share)
 
 
 def _has_syncs(f: Facts) -> bool:
@@ -337,10 +341,12 @@ def memory_full(f: Facts) -> Verdict | None:
 
 
 def periodic_stall(f: Facts) -> Verdict | None:
-    """Some steps take several times the typical one (a log line with a read-back, a checkpoint, the
-    garbage collector, a recompile). Share: the slow steps' excess over the median, per step."""
+    """Some steps take several times the typical one, every N steps (a log line with a read-back, a
+    checkpoint, the garbage collector's full collections, a recompile). Share: the slow steps' excess over
+    the typical step, per step. Slow steps at uneven intervals are reported, not a verdict: a busy host
+    (another process, a page fault) makes those too, and no line of the step is theirs."""
     s = f.stalls
-    if s is None or not s.slow or s.mean_ms <= 0:
+    if s is None or not s.slow or s.mean_ms <= 0 or s.period is None:
         return None
     share = min(max(s.mean_ms - s.median_ms, 0.0) / s.mean_ms, 1.0)
     if share < STALL_SHARE_MIN:
@@ -475,8 +481,9 @@ def optimizer_unfused(f: Facts) -> Verdict | None:
     name = f.optimizer_name or "the optimizer"
     return verdict("optimizer_unfused", "unfused optimizer", "12", share,
                    f"{name}.step: {f.optimizer_kernels:.0f} kernels, {gpu_ms:.3g} ms on the GPU, {host_ms:.3g} ms on "
-                   f"the host per step" + (" (GradScaler's unscale included: a fused optimizer does it)"
-                                           if f.scaler_host_ms else "")
+                   f"the host per step" + (" (GradScaler's unscale included: a fused optimizer folds the multiply "
+                                           "into its kernel and drops the .item(); GradScaler still checks the "
+                                           "gradients for inf/NaN)" if f.scaler_host_ms else "")
                    + (f"; GradScaler's .item() blocked {scaler:.3g} ms" if scaler else "")
                    + f" (threshold {pct(OPTIMIZER_SHARE_MIN)})",
                    f"torch.optim.{f.optimizer_name or 'AdamW'}(..., fused=True)", expected=expected)
@@ -597,8 +604,9 @@ def cudagraphs_skipped(f: Facts) -> Verdict | None:
 
 
 def compute_bound(f: Facts) -> Verdict | None:
-    """The device is kept busy: what is left is how fast its kernels run. Share: 1 - MFU, the time the
-    step would lose if it ran at the measured 16-bit peak - no kernel runs faster (0 when unknown).
+    """The device is kept busy: what is left is how fast its kernels run. Share: 1 - (the fraction of the
+    measured 16-bit peak the step reaches), what it would save at that peak: an estimate, not a bound, since
+    some shapes beat notebook 00's best (`Facts.kernel_ceiling_tflops`); 0 when unknown.
     `rank` shows it last, and only when no other rule fired."""
     busy = f.share(f.busy_ms)
     if busy < COMPUTE_BUSY_MIN:

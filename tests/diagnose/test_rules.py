@@ -195,7 +195,9 @@ def test_periodic_stall_edge_and_share_of_the_mean_step():
     assert v.rule == "periodic_stall" and v.lesson == "01" and v.share == pytest.approx(R.STALL_SHARE_MIN)
     assert "every 10 steps" in v.evidence and "2 of 20 timed steps" in v.evidence
     assert "30 ms more than a typical one in train.py:9 (save)" in v.evidence
-    assert "at uneven intervals" in R.periodic_stall(facts(stalls=stalls(100.0, 50.0))).evidence
+    # slow steps at uneven intervals: noise makes those too (a busy host), so no verdict, even at 50 %
+    assert R.periodic_stall(facts(stalls=stalls(100.0, 50.0))) is None
+    assert R.periodic_stall(facts(stalls=stalls(100.0, 95.0 + BELOW, slow=(4, 14, 24), period=10))) is None
     assert R.periodic_stall(facts(stalls=stalls(100.0, 50.0, slow=()))) is None      # no slow step
     assert R.periodic_stall(facts()) is None
 
