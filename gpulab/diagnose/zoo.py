@@ -83,12 +83,12 @@ def _close(step) -> None:
 
 
 def _release(device: torch.device) -> None:
-    import gc
-    torch.compiler.reset()          # a variant must not inherit another's compiled graphs or spent recompiles
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
+    """gpulab.core.memory.release (garbage, cuBLAS's workspaces, the allocator's cache), after dropping
+    torch.compile's graphs: a variant must not inherit another's compiled graphs or spent recompiles."""
+    from gpulab.core.memory import release
+
+    torch.compiler.reset()
+    release(device)
 
 
 def _run_k(module, fix, scale, device, reorder: bool, k: int | None = None) -> tuple[list, list]:

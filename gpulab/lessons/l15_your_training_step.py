@@ -154,7 +154,8 @@ class TrainingStep:
         self.scaler = make_scaler("fp16", self.device) if options.precision == "16-bit" and self.half is torch.float16 else None
         self.last_loss = None
         # reorder: each batch's rows in another order (the correctness check's noise floor, `same_training`)
-        self.perm = (torch.randperm(cfg["batch"], generator=torch.Generator().manual_seed(12345)) if reorder else None)
+        from gpulab.diagnose.cases import rows
+        self.perm = rows(cfg["batch"], reorder)
         self.flops = step_flops(3 * cfg["size"] ** 2, self.width, cfg["depth"], cfg["classes"], cfg["batch"])
 
     def next_batch(self):
