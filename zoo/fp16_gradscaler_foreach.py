@@ -5,11 +5,13 @@ its own and reads its found-inf flag back to the host before every step."""
 import torch
 import torch.nn.functional as F
 
-from _common import reordered, rng, rows, setup
+from _common import compile_backend, reordered, rng, rows, setup
 from _transformers import GPT
 
 FIXES = {
     "optimizer_unfused": "AdamW(..., fused=True): one fused kernel that also unscales and skips on inf, on the GPU",
+    "launch_bound": 'torch.compile(model, mode="reduce-overhead") (CUDA graphs of the forward and backward), with '
+                    "torch.compiler.cudagraph_mark_step_begin() before each step (CPU: the plain compile)",
 }
 
 SIZES = {"tiny": dict(vocab=512, layers=2, heads=2, width=64, seq=32, batch=4),
@@ -21,6 +23,10 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     cfg = SIZES[scale]
     B, T, V = cfg["batch"], cfg["seq"], cfg["vocab"]
     model = GPT(V, cfg["layers"], cfg["heads"], cfg["width"], T, device=device)
+    forward = model
+    if fix == "launch_bound":
+        mode = "reduce-overhead" if device.type == "cuda" else None      # CUDA graphs exist only on a GPU
+        forward = torch.compile(model, backend=compile_backend(device), mode=mode)
     if fix == "optimizer_unfused":
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
     else:
@@ -36,8 +42,10 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
         data = torch.randint(0, V, (B, T + 1), device=device, generator=g)
         k += 1
         x, y = reordered(perm, data[:, :-1], data[:, 1:])
+        if fix == "launch_bound" and device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast(device.type, dtype=torch.float16):
-            logits = model(x)
+            logits = forward(x)
             loss = F.cross_entropy(logits.view(-1, V), y.reshape(-1))
         scaler.scale(loss).backward()
         scaler.step(opt)

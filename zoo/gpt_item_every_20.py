@@ -6,11 +6,13 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from _common import half_dtype, reordered, rng, rows, setup
+from _common import compile_backend, half_dtype, reordered, rng, rows, setup
 from _transformers import GPT
 
 FIXES = {
     "host_sync": "the loss read back every 200 steps instead of every 20",
+    "launch_bound": 'torch.compile(model, mode="reduce-overhead") (CUDA graphs of the forward and backward), with '
+                    "torch.compiler.cudagraph_mark_step_begin() before each step (CPU: the plain compile)",
 }
 
 log = logging.getLogger(__name__)
@@ -24,6 +26,10 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     cfg = SIZES[scale]
     B, T, V = cfg["batch"], cfg["seq"], cfg["vocab"]
     model = GPT(V, cfg["layers"], cfg["heads"], cfg["width"], T, device=device)
+    forward = model
+    if fix == "launch_bound":
+        mode = "reduce-overhead" if device.type == "cuda" else None      # CUDA graphs exist only on a GPU
+        forward = torch.compile(model, backend=compile_backend(device), mode=mode)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
     dtype = half_dtype(device)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
@@ -39,8 +45,10 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
         g.manual_seed(int(rng(seed, k).integers(2**62)))
         data = torch.randint(0, V, (B, T + 1), device=device, generator=g)
         x, y = reordered(perm, data[:, :-1], data[:, 1:])
+        if fix == "launch_bound" and device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast(device.type, dtype=dtype):
-            logits = model(x)
+            logits = forward(x)
             loss = F.cross_entropy(logits.view(-1, V), y.reshape(-1))
         scaler.scale(loss).backward()
         scaler.step(opt)

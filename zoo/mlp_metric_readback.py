@@ -5,10 +5,12 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from _common import half_dtype, reordered, rows, setup
+from _common import compile_backend, half_dtype, reordered, rows, setup
 
 FIXES = {
     "host_sync": "the accuracy summed on the GPU and read back (then reset) every 100 steps",
+    "launch_bound": 'torch.compile(model, mode="reduce-overhead") (CUDA graphs of the forward and backward), with '
+                    "torch.compiler.cudagraph_mark_step_begin() before each step (CPU: the plain compile)",
 }
 
 SIZES = {"tiny": dict(features=32, hidden=64, layers=2, classes=10, batch=32),
@@ -24,6 +26,10 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     for a, b in zip(dims, dims[1:]):
         layers += [nn.Linear(a, b), nn.ReLU()]
     model = nn.Sequential(*layers, nn.Linear(dims[-1], cfg["classes"])).to(device)
+    forward = model
+    if fix == "launch_bound":
+        mode = "reduce-overhead" if device.type == "cuda" else None      # CUDA graphs exist only on a GPU
+        forward = torch.compile(model, backend=compile_backend(device), mode=mode)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=device.type == "cuda")
     dtype = half_dtype(device)
 
@@ -40,8 +46,10 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
         nonlocal k
         i = (k % N_BATCHES) * B
         x, y = reordered(perm, X[i:i + B], Y[i:i + B])
+        if fix == "launch_bound" and device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast(device.type, dtype=dtype):
-            logits = model(x)
+            logits = forward(x)
             loss = F.cross_entropy(logits, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()

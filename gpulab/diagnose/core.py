@@ -250,6 +250,11 @@ def _profile(step: Callable, steps: int, device: torch.device, trace_path: str |
     return Profiled(records, start, _memory_facts(before, after, device, steps), parse(records, start or None))
 
 
+# A synchronizing call PyTorch warned of only when the debug mode was switched back after the step
+SYNC_MODE_MISSING = "set_sync_debug_mode unavailable"
+LATE_SYNC = "reported after the step, without its line (PyTorch's backward thread)"
+
+
 def scan_step(step: Callable, device: torch.device, flops: bool = True,
               phase: str = "warm-up steps") -> tuple[float | None, list[tuple[str, str]]]:
     """One step run under `torch.utils.flop_counter.FlopCounterMode` (with `flops`) and
@@ -261,7 +266,9 @@ def scan_step(step: Callable, device: torch.device, flops: bool = True,
     FlopCounterMode counts matrix products, convolutions and attention. PyTorch warns of a synchronizing
     call as it returns to Python, so the Python stack at the warning is the caller's: hidden syncs show
     too (GradScaler's `.item()`, a boolean mask, `torch.nonzero`). No syncs are looked for on the CPU.
-    `diagnose` runs this as its last warm-up step, which it runs anyway: no extra training step."""
+    `diagnose` runs this as its last warm-up step, which it runs anyway: no extra training step.
+    torch.compile'd code runs eagerly in this step (`gpulab.models.sizing.uncompiled`): under a dispatch mode
+    Dynamo would give the compiled frame up for good; the syncs found are the eager path's."""
     import traceback
     import warnings
     from contextlib import ExitStack
@@ -269,6 +276,7 @@ def scan_step(step: Callable, device: torch.device, flops: bool = True,
     from torch.utils.flop_counter import FlopCounterMode
 
     from gpulab.diagnose.events import fmt_site, is_user_file
+    from gpulab.models.sizing import uncompiled
 
     found: list = []
 
@@ -276,6 +284,11 @@ def scan_step(step: Callable, device: torch.device, flops: bool = True,
         if "called a synchronizing CUDA operation" not in str(message):
             return
         frames = [f for f in traceback.extract_stack()[:-1] if not f.filename.endswith("warnings.py")]
+        if frames and frames[-1].name == "set_sync_debug_mode":
+            # raised as the mode is switched back after the step: PyTorch reported it late (a sync in the
+            # autograd engine's thread, e.g. a backward kernel that reads a count back), without its line
+            found.append(("", LATE_SYNC))
+            return
         user = next((f for f in reversed(frames) if is_user_file(f.filename)), None)
         inner = frames[-1] if frames else None
         as_site = lambda f: fmt_site((f.filename, f.lineno, f.name)) if f is not None else ""   # noqa: E731
@@ -283,6 +296,7 @@ def scan_step(step: Callable, device: torch.device, flops: bool = True,
 
     counter = FlopCounterMode(display=False) if flops else None
     with ExitStack() as stack:
+        stack.enter_context(uncompiled())     # a compiled model met under a dispatch mode would stay eager
         if counter is not None:
             stack.enter_context(counter)
         if device.type == "cuda":
@@ -295,7 +309,7 @@ def scan_step(step: Callable, device: torch.device, flops: bool = True,
                 torch.cuda.set_sync_debug_mode("warn")
                 stack.callback(lambda: (torch.cuda.set_sync_debug_mode(previous), setattr(warnings, "showwarning", shown)))
             except Exception:       # noqa: BLE001 - no sync debug mode in this build: the step runs without it
-                found.append(("", "set_sync_debug_mode unavailable"))
+                found.append(("", SYNC_MODE_MISSING))
         _run(step, phase)
     total = counter.get_total_flops() if counter is not None else 0
     return (float(total) if total else None), found
@@ -443,6 +457,9 @@ def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, dev
     if warmup == 0:
         notes.append("no warm-up step: the FLOPs and the synchronizing calls were found in one extra step")
     counted, hidden = scan_step(step, device, flops=flops_per_step is None)
+    if any(via == SYNC_MODE_MISSING for _, via in hidden):
+        notes.append("torch.cuda.set_sync_debug_mode is not in this PyTorch: hidden synchronizations were not looked for")
+        hidden = [(site, via) for site, via in hidden if via != SYNC_MODE_MISSING]
     compile_warm = compile_counters()
     monitor = _nvml_monitor(device)
     try:

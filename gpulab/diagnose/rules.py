@@ -17,8 +17,8 @@ Where a safe variant of the step can be run (TF32 or autocast, pinned staging, t
 is under half the expected saving is demoted, and says so. `run_rules(facts)` runs every rule (skipping,
 with the reason, those that need a GPU when there is none) and `rank` orders what fired: by measured gain
 (a demoted verdict by what it measured), else expected gain; a fix that pays only once another is made
-("blocked_by": a captured CUDA graph cannot contain a synchronizing call such as `.item()`, so those go, or
-move outside the capture, first) comes right after that one; "compute_bound" (what is left, not a fix)
+("blocked_by": a synchronizing call such as `.item()` inside the model's forward splits the graphs
+torch.compile captures, so it moves out first) comes right after that one; "compute_bound" (what is left, not a fix)
 last.
 """
 from __future__ import annotations
@@ -76,10 +76,6 @@ FUSED_OPTIMIZER_FRACTION = 1 / 3
 # Elementwise and normalization kernels above 25 % of the step, outside torch.compile: fusing them is a
 # compile away (lesson 12), and a quarter of the step is where that beats the one-line fixes' 5 %.
 ELEMENTWISE_SHARE_MIN = 0.25
-# A fused chain moves its tensors once instead of once per op. Lesson 12's (x + y).relu().mean(1) on the
-# H200 went from 0.41 to 0.18 ms compiled (the course plan's reference): about half saved. A judgement for
-# a model's mixed elementwise work, where some kernels (reductions, norms) are already single passes.
-FUSION_SAVING = 0.5
 # Communication not hidden behind compute above 10 % of the step: bucketing and overlap (DDP's
 # defaults, lesson 14) restructure the backward pass, so as for launch overhead the bar is 10 %.
 COMM_EXPOSED_SHARE_MIN = 0.10
@@ -266,28 +262,44 @@ def _has_syncs(f: Facts) -> bool:
     return any(ms > 0 for _, _, ms, _ in f.syncs) or bool(f.hidden_syncs)
 
 
+def _in_forward(site: str, via: str) -> bool:
+    """A synchronizing call made inside a module's forward (the user's `forward`, or torch.nn's modules):
+    inside what torch.compile captures, where it splits the graph (a `.item()` is a graph break)."""
+    return "(forward)" in site or "torch/nn/modules/" in via
+
+
 def launch_bound(f: Facts) -> Verdict | None:
     """The host cannot issue kernels as fast as the GPU runs them: PyTorch's ops and the framework's Python
     on the host's path. Share: that host time, at most the GPU's idle: a replayed CUDA graph runs none of
-    it. A step that synchronizes cannot be captured: the verdict is then blocked by host_sync."""
+    it; expected: that time less the optimizer's (and GradScaler's) host time, which the model's graphs leave
+    outside. The usual fix captures the model (torch.compile(model, mode="reduce-overhead")): a synchronization
+    outside the model (a metric's `.item()`, GradScaler's inf check) stays outside its graphs and does not
+    stop it; one inside the model's forward splits its graphs, so those go first (blocked by host_sync)."""
     ms = f.idle("launch")
     if f.share(ms) < LAUNCH_SHARE_MIN:
         return None
     if f.launches_per_step is not None and f.launches_per_step < LAUNCHES_PER_KERNEL_MIN * f.kernels_per_step:
         return None
-    blocked = ""
-    if _has_syncs(f):
-        vias = [via for _, via, ms, _ in f.syncs if ms > 0] or [via for _, via, *_ in f.hidden_syncs]
-        # GradScaler's .item() goes with a fused optimizer (it takes the inf flag as a tensor)
-        blocked = "optimizer_unfused" if vias and all("grad_scaler" in v for v in vias) else "host_sync"
-    fix = "capture the step in a CUDA graph (torch.compile(mode='reduce-overhead')) or fuse small ops"
+    timed = [(site, via) for site, via, ms, _ in f.syncs if ms > 0] + [(site, via) for site, via, *_ in f.hidden_syncs]
+    inside = [(site, via) for site, via in timed if _in_forward(site, via)]
+    blocked = "host_sync" if inside else ""
+    fix = ("capture the model's forward and backward as CUDA graphs (torch.compile(model, mode='reduce-overhead'), "
+           "torch.compiler.cudagraph_mark_step_begin() before each step) or fuse small ops")
     if blocked:
-        fix = f"first remove the synchronizations (a graph cannot capture them: {_lines(_sync_rows(f), 1)}); then " + fix
+        fix = (f"first move the synchronizations out of the model's forward (they split its graphs: "
+               f"{_lines(_sync_rows(f), 1)}); then " + fix)
+    elif _has_syncs(f):
+        fix += (f"; the step's synchronizations ({_lines(_sync_rows(f), 1)}) are outside the model and stay "
+                "outside its graphs (a capture of the whole step with torch.cuda.graph would need them gone)")
+    # the model's graphs leave the optimizer's (and GradScaler's) launches on the host
+    left = min((f.optimizer_host_ms + f.scaler_host_ms) * f.host_scale, ms)
     return verdict("launch_bound", "kernel launch overhead (the host issues work slower than the GPU runs it)", "11",
                    f.share(ms), f"the host spent {f.host('launch'):.3g} ms per step issuing GPU work, the GPU idle "
                    f"{f.base_idle_ms:.3g} ms; {f.kernels_per_step:.0f} kernels per step, median "
                    f"{f.median_kernel_us or 0:.3g} us (threshold {pct(LAUNCH_SHARE_MIN)})"
-                   + (f"; where: {f.sites('launch')}" if f.sites("launch") else ""), fix, blocked_by=blocked)
+                   + (f"; where: {f.sites('launch')}" if f.sites("launch") else "")
+                   + (f"; the optimizer's {left:.3g} ms stay outside the graphs" if left > 0 else ""), fix,
+                   expected=f.share(ms - left), blocked_by=blocked)
 
 
 def host_code(f: Facts) -> Verdict | None:
@@ -491,16 +503,22 @@ def optimizer_unfused(f: Facts) -> Verdict | None:
 
 def elementwise_unfused(f: Facts) -> Verdict | None:
     """Elementwise and normalization kernels take a large part of the step outside torch.compile: each
-    moves its tensors through memory once. Share: their time; expected: FUSION_SAVING of it."""
+    moves its tensors through memory once. A note, not a ranked fix: what fusing them buys depends on which
+    of them inductor can fuse (pointwise chains: yes; cuDNN's RNN, softmax, norms and reductions are one
+    pass already; code Dynamo runs eagerly, like nn.LSTM, not at all), which kernel names do not tell. On
+    the H200 (2026-12-01) lstm_tuned's torch.compile bought 1.01x where half its elementwise time
+    (the factor an earlier version of this rule used) predicted 1.3x, so no gain is promised: lesson 12 measures it. Share: their time
+    (shown, not promised)."""
     ms = f.busy_by_class.get("elementwise_norm", 0.0)
     share = f.busy_share(ms)
     if f.compiled_regions > 0 or share < ELEMENTWISE_SHARE_MIN:
         return None
     return verdict("elementwise_unfused", "unfused elementwise work", "12", share,
                    f"elementwise and normalization kernels {ms:.3g} ms per step ({pct(share)}; threshold "
-                   f"{pct(ELEMENTWISE_SHARE_MIN)}), no torch.compile'd region",
-                   "torch.compile the model (or the loss), which fuses elementwise chains",
-                   expected=share * FUSION_SAVING)
+                   f"{pct(ELEMENTWISE_SHARE_MIN)}), no torch.compile'd region; what fusing them buys is not "
+                   "predicted from kernel names: measure it",
+                   "torch.compile the model (or the loss), which fuses chains of pointwise ops, and time both",
+                   actionable=False)
 
 
 def copy_not_overlapped(f: Facts) -> Verdict | None:

@@ -156,9 +156,20 @@ def count_flops(fn: Callable[[], object]) -> int:
     FlopCounterMode: matrix products, convolutions and attention, 2 per multiply-add. Notebook 06."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as counter:
+    with uncompiled(), FlopCounterMode(display=False) as counter:
         fn()
     return counter.get_total_flops()
+
+
+def uncompiled():
+    """A context in which torch.compile'd code runs eagerly (`torch.compiler.set_stance("force_eager")`),
+    for running a step under a dispatch mode (FlopCounterMode, a dtype spy). Without it, Dynamo meets the
+    active mode, gives the compiled frame up, and runs it eagerly from then on: a compiled model that one
+    FLOP-counting step touched stayed eager for the rest of the run (torch 2.11 on the H200, torch 2.13
+    on the CPU; tests/diagnose/test_core.py holds it). A no-op context where set_stance does not exist."""
+    import contextlib
+    stance = getattr(torch.compiler, "set_stance", None)
+    return stance("force_eager") if stance is not None else contextlib.nullcontext()
 
 
 def fit_batch(peak_at: Callable[[int], int | None], wanted: int, budget: int | None, probe: int = 4) -> int:

@@ -80,10 +80,32 @@ def test_product_dtypes_sees_what_autocast_made_of_the_inputs():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert C.product_dtypes(lambda: lin(x).sum()) == {torch.bfloat16}
     assert C.product_dtypes(lambda: (x + 1).sum()) == set()            # no product
-    with pytest.raises(C.Unavailable, match="its matrix products stayed float32"):
+    with pytest.raises(C.Unavailable, match=r"0 of its 1 forward matrix products ran 16-bit \(float32 1\)"):
         C.took_16bit(lambda: lin(x))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         C.took_16bit(lambda: lin(x))                                    # no complaint
+
+
+def test_took_16bit_needs_half_the_products_a_step_that_turns_autocast_off_does_not_pass():
+    """A step whose forward runs under autocast(enabled=False) inside the variant's autocast: its backward
+    still runs under the variant (the head's backward products go 16-bit), the rest stays fp32."""
+    body = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(4)])
+    x = torch.randn(2, 8, requires_grad=True)
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+            out = body(x).sum()
+        out.backward()
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert C.product_counts(step) == {torch.float32: 4}      # the forward's; the backward's not counted
+        with pytest.raises(C.Unavailable, match="overrides the variant"):
+            C.took_16bit(step)
+    # a plain fp32 step under the variant: every product 16-bit, it took
+    plain = lambda: body(x).sum().backward()    # noqa: E731
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert C.product_counts(plain) == {torch.bfloat16: 4}
+        C.took_16bit(plain)
 
 
 def diagnosis(host: dict, step_ms: float, precopy_ms: float = 0.0) -> Diagnosis:
