@@ -28,218 +28,24 @@ synthetic markdown.
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
 
 import pytest
 
+from gpulab.core import figures as F
+from gpulab.core.figures import Rec, beside, check_markdown, prose_figures
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-DEFAULT_TOL_PCT = 5.0
-
-# -- the grammar -----------------------------------------------------------------------------------
-NUM = r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
-# Unit text allowed between a figure and its tag: letters, µ, ×, %, /, ², ³, °, spaces (short).
-UNIT_TEXT = r"[A-Za-zµμ×%/²³°'’\s]{0,24}?"
-RANGE_SEP = r"(?:–|—|-|\bto\b)"
-# A figure ending right before a tag: NUM [unit] [sep NUM] [unit], anchored at the end.
-FIGURE_BEFORE_TAG = re.compile(
-    rf"(?<![\w.,])(?P<a>{NUM})(?:{UNIT_TEXT}\s*{RANGE_SEP}\s*(?P<b>{NUM}))?{UNIT_TEXT}\s*$")
-UNITS = r"(?:TFLOP/s|GB/s|TB/s|tokens/s|images/s|img/s|iter/s|µs|μs|us|ms|s|×|%)"
-# A measured-looking figure: NUM [unit] [sep NUM] unit (x only right after the number: "9.5x").
-MEASURED = re.compile(
-    rf"(?<![\w.,])(?:{NUM}\s*{UNITS}?\s*{RANGE_SEP}\s*)?{NUM}(?:\s*{UNITS}|x)(?![A-Za-z0-9/])")
-TRIGGER = re.compile(r"H200|\b(?:measured|took|ran at|reached|recorded|in two runs)\b", re.IGNORECASE)
-FIG_MARK, NOT_MEASURED_MARK = "\x00F", "\x00N"
-FIG_MARK_RE = re.compile(r"\x00F(\d+)\x00")
-TAGGED_AFTER = re.compile(r"\s*\x00[FN]")
 
 
-@dataclass(frozen=True)
-class Rec:
-    """The fields of a results-store record this check reads, with the file it came from."""
-    lesson: str
-    name: str
-    value: float
-    gpu: str = "NVIDIA H200"
-    scale: str = "full"
-    extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
-    source: str = "synthetic"
-
-
-@dataclass(frozen=True)
-class Tag:
-    lesson: str
-    name: str
-    k: float = 1.0
-    tol_pct: float = DEFAULT_TOL_PCT
-
-
-def number(text: str) -> float:
-    return float(text.replace(",", ""))
-
-
-def parse_tag(body: str) -> Tag | str:
-    """The inside of `<!-- fig ... -->` as a Tag, or the reason it cannot be read."""
-    words = body.split()
-    if len(words) < 3 or words[0] != "fig":
-        return f"a fig tag needs a lesson and a record name: <!--{body}-->"
-    tag = Tag(words[1], words[2])
-    for opt in words[3:]:
-        if m := re.fullmatch(r"x(\d+(?:\.\d+)?(?:e-?\d+)?)", opt):
-            tag = Tag(tag.lesson, tag.name, float(m.group(1)), tag.tol_pct)
-        elif m := re.fullmatch(r"tol=(\d+(?:\.\d+)?)%?", opt):
-            tag = Tag(tag.lesson, tag.name, tag.k, float(m.group(1)))
-        else:
-            return f"unknown option {opt!r} in <!--{body}-->"
-    if tag.k == 0:
-        return f"x0 in <!--{body}-->"
-    return tag
-
-
-def strip_code(md: str) -> str:
-    """Markdown without fenced code blocks and inline code spans (they are code, not prose)."""
-    md = re.sub(r"^(```|~~~).*?^\1[^\n]*$", "\n", md, flags=re.DOTALL | re.MULTILINE)
-    return re.sub(r"(`+)(?!`).*?(?<!`)\1(?!`)", " ", md, flags=re.DOTALL)
-
-
-def mark_tags(md: str) -> tuple[str, list[Tag | str]]:
-    """Code stripped; fig tags become markers \\x00F<i>\\x00 (i indexes the returned list), not-measured
-    tags \\x00N\\x00, every other HTML comment disappears."""
-    tags: list[Tag | str] = []
-
-    def repl(m: re.Match) -> str:
-        body = m.group(1)
-        if re.match(r"\s*fig\b", body):
-            tags.append(parse_tag(body))
-            return f"{FIG_MARK}{len(tags) - 1}\x00"
-        if re.match(r"\s*not measured\b", body, re.IGNORECASE):
-            return f"{NOT_MEASURED_MARK}\x00"
-        return ""
-    return re.sub(r"<!--(.*?)-->", repl, strip_code(md), flags=re.DOTALL), tags
-
-
-BLOCK_START = re.compile(r"^\s*(?:[-*+]\s|\d+[.)]\s|#|\||>)")
-
-
-def sentences(md: str) -> list[str]:
-    """Paragraphs, list items, headings and table rows, each cut into sentences."""
-    blocks: list[list[str]] = []
-    current: list[str] = []
-    for line in md.splitlines():
-        if not line.strip() or BLOCK_START.match(line):
-            if current:
-                blocks.append(current)
-            current = [line] if line.strip() else []
-        else:
-            current.append(line)
-    if current:
-        blocks.append(current)
-    out = []
-    for block in blocks:
-        text = " ".join(part.strip() for part in block)
-        out += [s for s in re.split(r"(?<=[.!?])\s+", text) if s.strip()]
-    return out
-
-
-def plain(sentence: str, limit: int = 110) -> str:
-    """The sentence as a reader sees it (no markers), shortened."""
-    s = re.sub(r"\x00[FN]\d*\x00", "", sentence)
-    s = " ".join(s.split())
-    return s if len(s) <= limit else s[: limit - 1] + "…"
-
-
-def matching(tag: Tag, records: Iterable[Rec]) -> list[tuple[float, str]]:
-    """(value, file) of every committed GPU record at full size, no profile, that the tag names."""
-    name, _, key = tag.name.partition(".")
-    out = []
-    for r in records:
-        if (r.lesson != tag.lesson or r.name != name or r.gpu == "CPU" or r.scale != "full"
-                or (r.extra or {}).get("profile")):
-            continue
-        value = (r.extra or {}).get(key) if key else r.value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out.append((float(value), r.source))
-    return out
-
-
-def check_markdown(md: str, records: Iterable[Rec], where: str = "markdown") -> list[str]:
-    """Every problem with the figures of one markdown text: tagged figures outside their records'
-    range or naming no record, unreadable tags, untagged measured-looking figures."""
-    records = list(records)
-    text, tags = mark_tags(md)
-    problems = []
-    for sentence in sentences(text):
-        # tagged figures
-        for m in FIG_MARK_RE.finditer(sentence):
-            tag = tags[int(m.group(1))]
-            before = re.sub(r"\x00[FN]\d*\x00", "", sentence[: m.start()])
-            if isinstance(tag, str):
-                problems.append(f"{where}: {tag}, in: {plain(sentence)!r}")
-                continue
-            fig = FIGURE_BEFORE_TAG.search(before)
-            if not fig:
-                problems.append(f"{where}: the tag <!-- fig {tag.lesson} {tag.name} --> has no number "
-                                f"right before it, in: {plain(sentence)!r}")
-                continue
-            ends = [fig.group("a")] + ([fig.group("b")] if fig.group("b") else [])
-            shown = "–".join(ends)
-            found = matching(tag, records)
-            if not found:
-                problems.append(f"{where}: {shown} in {plain(sentence)!r}: no committed record "
-                                f"lesson {tag.lesson} name {tag.name} (GPU, scale full, no profile) "
-                                f"in results/")
-                continue
-            values = [v for v, _ in found]
-            lo_v, hi_v = min(values), max(values)
-            lo = lo_v - abs(lo_v) * tag.tol_pct / 100
-            hi = hi_v + abs(hi_v) * tag.tol_pct / 100
-            for end in ends:
-                v = number(end) / tag.k
-                if not lo <= v <= hi:
-                    files = sorted({Path(s).name for _, s in found})
-                    scaled = f" (÷{tag.k:g} = {v:.4g})" if tag.k != 1 else ""
-                    problems.append(
-                        f"{where}: {end}{scaled} in {plain(sentence)!r} is outside "
-                        f"[{lo:.4g}, {hi:.4g}] (records {lo_v:.4g}..{hi_v:.4g} ±{tag.tol_pct:g} %) of "
-                        f"{len(found)} records {tag.lesson}/{tag.name} in files {', '.join(files)}")
-        # untagged measured-looking figures
-        if not TRIGGER.search(re.sub(r"\x00[FN]\d*\x00", "", sentence)):
-            continue
-        for m in MEASURED.finditer(sentence):
-            if TAGGED_AFTER.match(sentence, m.end()):
-                continue
-            problems.append(f"{where}: untagged figure {m.group(0).strip()!r} in {plain(sentence)!r}: "
-                            "tag it <!-- fig LESSON NAME --> against a committed record, mark it "
-                            "<!-- not measured: ... -->, or remove it")
-    return problems
+@lru_cache(maxsize=1)
+def committed_records() -> tuple[Rec, ...]:
+    return F.committed_records(ROOT)
 
 
 # -- the committed records and the notebooks -------------------------------------------------------
-@lru_cache(maxsize=1)
-def committed_records() -> tuple[Rec, ...]:
-    """Every record of every results store under results/ (other JSON files are not stores)."""
-    out = []
-    for path in sorted((ROOT / "results").rglob("*.json")):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError):
-            continue
-        if not isinstance(data, dict) or not isinstance(data.get("records"), list):
-            continue
-        for r in data["records"]:
-            if not isinstance(r, dict) or not isinstance(r.get("value"), (int, float)):
-                continue
-            out.append(Rec(str(r.get("lesson")), str(r.get("name")), float(r["value"]),
-                           str(r.get("gpu", "")), str(r.get("scale", "")),
-                           r.get("extra") if isinstance(r.get("extra"), dict) else {},
-                           str(path.relative_to(ROOT))))
-    return tuple(out)
-
-
 def notebook_problems(path: Path) -> list[str]:
     problems = []
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
@@ -351,3 +157,50 @@ def test_a_tag_without_a_number_or_with_a_bad_option_fails():
     assert "no number" in check_markdown("It took <!-- fig 03 step_ms_0_workers --> long.", RECS)[0]
     assert "unknown option" in check_markdown("took 109 ms<!-- fig 03 step_ms_0_workers y5 -->", RECS)[0]
     assert "needs a lesson" in check_markdown("took 109 ms<!-- fig 03 -->", RECS)[0]
+
+
+# -- the learner's value beside the reference --------------------------------------------------------
+def test_prose_figures_reads_each_tagged_figure_with_its_sentence():
+    md = "On the H200 a step took 109 ms<!-- fig 03 step_ms_0_workers -->. Busy 55–68 %<!-- fig 03 busy_frac x100 -->."
+    figs = prose_figures(md)
+    assert [(f.shown, f.values, f.tag.name, f.tag.k) for f in figs] == [
+        ("109", (109.0,), "step_ms_0_workers", 1.0), ("55–68", (55.0, 68.0), "busy_frac", 100.0)]
+    assert figs[0].sentence.startswith("On the H200 a step took 109 ms")
+
+
+def test_beside_puts_the_learners_newest_value_next_to_the_reference_and_names_the_regime():
+    from types import SimpleNamespace as R
+    md = ["A step took 109 ms<!-- fig 03 step_ms_0_workers --> and was busy 60 %<!-- fig 03 busy_frac x100 -->. "
+          "It ran 10.8 ms<!-- fig 03 step_ms_12_workers --> with workers."]
+    mine = [R(lesson="03", name="step_ms_0_workers", value=80.0, gpu="NVIDIA H200", scale="full", extra={}),
+            R(lesson="03", name="step_ms_0_workers", value=90.0, gpu="NVIDIA H200", scale="full", extra={}),
+            R(lesson="03", name="busy_frac", value=0.5, gpu="Tesla T4", scale="full", extra={}),
+            R(lesson="03", name="step_ms_12_workers", value=3.0, gpu="CPU", scale="tiny", extra={})]
+    rows = beside("03", mine, "NVIDIA H200", references=RECS, markdown=md)
+    assert [r["figure"] for r in rows] == ["109", "60", "10.8"]
+    first, busy, workers = rows
+    assert first["yours"] == 90.0 and first["regime"] == "same GPU"            # the newest of two
+    assert first["reference_range"] == (105.3, 124.8) and "a.json (NVIDIA H200)" in first["reference"]
+    assert busy["yours"] == pytest.approx(50.0) and busy["regime"] == "another GPU (Tesla T4)"  # scaled x100
+    assert workers["regime"] == "tiny size (CPU)"
+    profiled = [R(lesson="03", name="busy_frac", value=0.5, gpu="NVIDIA H200", scale="full", extra={"profile": "t4"})]
+    assert beside("03", profiled, "NVIDIA H200", RECS, md)[1]["regime"] == "emulating t4"
+    assert beside("03", [], "NVIDIA H200", RECS, md)[0]["regime"] == "not run yet"
+
+
+def test_every_notebook_with_tagged_prose_shows_the_learner_beside_it():
+    """A notebook whose prose quotes measured figures calls show_beside_reference for its lesson."""
+    for path in NOTEBOOKS:
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        tagged = any(prose_figures("".join(c["source"])) for c in cells if c["cell_type"] == "markdown")
+        calls = any(f'show_beside_reference("{path.name[:2]}")' in "".join(c["source"])
+                    for c in cells if c["cell_type"] == "code")
+        assert calls == tagged, f"{path.name}: tagged prose {tagged}, show_beside_reference called {calls}"
+
+
+def test_a_key_value_filter_picks_one_round_of_a_chain():
+    recs = [Rec("15", "fix_speedup", 4.3, extra={"round": 1}), Rec("15", "fix_speedup", 1.7, extra={"round": 2})]
+    assert check_markdown("bought 1.74×<!-- fig 15 fix_speedup round=2 -->", recs) == []
+    assert check_markdown("bought 1.74×<!-- fig 15 fix_speedup round=1 -->", recs)          # round 1 was 4.3
+    assert "no committed record" in check_markdown("bought 1.74×<!-- fig 15 fix_speedup round=9 -->", recs)[0]
+    assert check_markdown("bought 1.74×<!-- fig 15 fix_speedup round -->", recs)              # unreadable option

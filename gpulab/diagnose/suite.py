@@ -471,6 +471,10 @@ def _worker(name: str, scale: str, out: str) -> int:
     return 0
 
 
+# what `--json` files say they are (gpulab room skips them: diagnoses, not a lesson's measurements)
+SUITE_KIND = "gpulab diagnose suite"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gpulab.diagnose.suite",
                                 description="Diagnose every labelled case, bad and fixed; print the matrix and checks.")
@@ -488,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
             one.cases, one.seconds = result.cases + one.cases, result.seconds + one.seconds
         result = one
         if a.json:
-            Path(a.json).write_text(json.dumps(result.to_dict(), indent=1))
+            Path(a.json).write_text(json.dumps({"kind": SUITE_KIND, **result.to_dict()}, indent=1))
     print(result.matrix_text())
     for name, ok, why in result.checks():
         print(f"{'PASS' if ok else 'skip' if ok is None else 'FAIL'}  {name}: {why}")

@@ -210,6 +210,32 @@ def show_table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = Non
     display(HTML(f"<table>{'<tr>' + head + '</tr>' if head else ''}{body}</table>{below}"))
 
 
+def show_beside_reference(lesson: str) -> list[dict]:
+    """The figures this lesson's prose quotes (tagged `<!-- fig ... -->` in its markdown), each beside
+    your newest value of the same measurement from your results store, and how the two compare: the
+    prose describes the reference runs it names, your table above describes yours. Returns the rows."""
+    from gpulab.core.figures import beside
+    from gpulab.core.results import current_gpu_name, results_store
+
+    rows = beside(lesson, results_store().records(lesson=lesson), current_gpu_name())
+    if not rows:
+        display(Markdown(f"*This lesson's prose quotes no measured figure (or its notebook file is not under "
+                         f"`notebooks/` here), so there is nothing to set beside yours.*"))
+        return rows
+
+    def ref(r):
+        lo, hi = r["reference_range"] or (None, None)
+        return "none" if lo is None else sig(lo) if lo == hi else f"{sig(lo)} to {sig(hi)}"
+    show_table([(r["figure"], r["record"], ref(r), "not run yet" if r["yours"] is None else sig(r["yours"]),
+                 r["regime"], r["reference"]) for r in rows],
+               header=("in the prose", "measurement", "reference runs", "yours (newest)", "yours vs the reference",
+                       "reference files (GPU)"),
+               notes=["The prose quotes the reference runs named on the right (results/ in the repository); "
+                      "yours come from your results store (GPULAB_RESULTS). A different GPU, a profile or the "
+                      "tiny CPU size is a different regime: compare the shape of the effect, not the number."])
+    return rows
+
+
 def quiet_profiler_log() -> bool:
     """Before the first `torch.profiler` run of a CPU-only kernel: keep the profiler's C++ library (kineto)
     from printing "USDT: ... profiler_start" / "profiler_stop" to stderr, which a notebook shows as a red

@@ -182,6 +182,7 @@ def read_store(records: list[Record], source: str,
 # The files of gpulab.diagnose.zoo (labels, diagnoses, checks, kernel names) say "gpulab zoo ...": kept in
 # results/ beside the stores, read by `python -m gpulab.diagnose.zoo judge`, not by the room.
 ZOO_KIND = "gpulab zoo"
+DIAGNOSIS_KINDS = (ZOO_KIND, "gpulab diagnose suite")
 
 
 def read_file(path: str | os.PathLike, registry: Iterable[Experiment] | None = None) -> tuple[str, list[Measurement], int]:
@@ -197,8 +198,8 @@ def read_file(path: str | os.PathLike, registry: Iterable[Experiment] | None = N
         data = json.loads(text)
     except ValueError as err:
         raise RoomFileError(f"not JSON, or cut off ({err})") from None
-    if isinstance(data, dict) and str(data.get("kind", "")).startswith(ZOO_KIND):
-        return "zoo", [], 0             # the diagnosis zoo's labels and verdicts: no lesson's measurements
+    if isinstance(data, dict) and str(data.get("kind", "")).startswith(DIAGNOSIS_KINDS):
+        return "zoo", [], 0             # the diagnosis zoo's and suite's verdicts: no lesson's measurements
     if isinstance(data, dict) and data.get("kind") == BENCH_KIND:
         found, skipped = read_bench(data, str(path))
         return "bench", found, skipped

@@ -257,3 +257,11 @@ def test_report_with_a_readme_it_cannot_read_exits_2(tmp_path, capsys, make):
     assert main(["report", "--readme", str(readme), "--results", str(ROOT / "results")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpulab report: ") and err.count("\n") == 1 and str(readme) in err
+
+
+def test_the_diagnosis_suites_json_is_not_a_bad_file(tmp_path):
+    from gpulab.diagnose.suite import SUITE_KIND
+    (tmp_path / "suite.json").write_text(json.dumps({"kind": SUITE_KIND, "cases": [], "matrix": ""}))
+    (tmp_path / "other.json").write_text(json.dumps({"cases": []}))
+    room = R.merge(tmp_path)
+    assert [Path(b.path).name for b in room.bad] == ["other.json"] and room.measurements == []

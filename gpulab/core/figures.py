@@ -1,0 +1,300 @@
+"""Figures in the notebooks' prose, their committed reference records, and the learner's own values.
+
+A measured figure in a markdown cell carries a tag right after it (an HTML comment, invisible in
+Jupyter): `took 109 ms<!-- fig 03 step_ms_0_workers -->`, `55–68 %<!-- fig 03 busy.gpu_busy_pct -->`,
+`12 %<!-- fig 07 share x100 -->`, `0.78×<!-- fig 06 ratio tol=10 -->`, `1.74×<!-- fig 15 fix_speedup
+round=2 -->`. The tag names the lesson and the record (`NAME.KEY` reads `extra[KEY]`), `xK` the factor the
+prose shows the value in, `tol=P` the percent the prose may round by, `KEY=VALUE` the records whose
+`extra[KEY]` is VALUE (one round of a chain). tests/test_prose_figures.py holds every tagged figure to the committed records
+under results/ (GPU runs at full size, no profile); `beside` puts the learner's own newest value of each
+figure next to the reference, for `gpulab.notebook.lesson.show_beside_reference`.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_TOL_PCT = 5.0
+
+# -- the grammar -----------------------------------------------------------------------------------
+NUM = r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
+# Unit text allowed between a figure and its tag: letters, µ, ×, %, /, ², ³, °, spaces (short).
+UNIT_TEXT = r"[A-Za-zµμ×%/²³°'’\s]{0,24}?"
+RANGE_SEP = r"(?:–|—|-|\bto\b)"
+# A figure ending right before a tag: NUM [unit] [sep NUM] [unit], anchored at the end.
+FIGURE_BEFORE_TAG = re.compile(
+    rf"(?<![\w.,])(?P<a>{NUM})(?:{UNIT_TEXT}\s*{RANGE_SEP}\s*(?P<b>{NUM}))?{UNIT_TEXT}\s*$")
+UNITS = r"(?:TFLOP/s|GB/s|TB/s|tokens/s|images/s|img/s|iter/s|µs|μs|us|ms|s|×|%)"
+# A measured-looking figure: NUM [unit] [sep NUM] unit (x only right after the number: "9.5x").
+MEASURED = re.compile(
+    rf"(?<![\w.,])(?:{NUM}\s*{UNITS}?\s*{RANGE_SEP}\s*)?{NUM}(?:\s*{UNITS}|x)(?![A-Za-z0-9/])")
+TRIGGER = re.compile(r"H200|\b(?:measured|took|ran at|reached|recorded|in two runs)\b", re.IGNORECASE)
+FIG_MARK, NOT_MEASURED_MARK = "\x00F", "\x00N"
+FIG_MARK_RE = re.compile(r"\x00F(\d+)\x00")
+TAGGED_AFTER = re.compile(r"\s*\x00[FN]")
+
+
+@dataclass(frozen=True)
+class Rec:
+    """The fields of a results-store record this check reads, with the file it came from."""
+    lesson: str
+    name: str
+    value: float
+    gpu: str = "NVIDIA H200"
+    scale: str = "full"
+    extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    source: str = "synthetic"
+    time: str = ""
+
+
+@dataclass(frozen=True)
+class Tag:
+    lesson: str
+    name: str
+    k: float = 1.0
+    tol_pct: float = DEFAULT_TOL_PCT
+    where: tuple[tuple[str, str], ...] = ()     # KEY=VALUE: only records whose extra[KEY] prints as VALUE
+
+
+def number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def parse_tag(body: str) -> Tag | str:
+    """The inside of `<!-- fig ... -->` as a Tag, or the reason it cannot be read."""
+    words = body.split()
+    if len(words) < 3 or words[0] != "fig":
+        return f"a fig tag needs a lesson and a record name: <!--{body}-->"
+    from dataclasses import replace
+    tag = Tag(words[1], words[2])
+    for opt in words[3:]:
+        if m := re.fullmatch(r"x(\d+(?:\.\d+)?(?:e-?\d+)?)", opt):
+            tag = replace(tag, k=float(m.group(1)))
+        elif m := re.fullmatch(r"tol=(\d+(?:\.\d+)?)%?", opt):
+            tag = replace(tag, tol_pct=float(m.group(1)))
+        elif m := re.fullmatch(r"([A-Za-z_]\w*)=(\S+)", opt):
+            tag = replace(tag, where=tag.where + ((m.group(1), m.group(2)),))
+        else:
+            return f"unknown option {opt!r} in <!--{body}-->"
+    if tag.k == 0:
+        return f"x0 in <!--{body}-->"
+    return tag
+
+
+def strip_code(md: str) -> str:
+    """Markdown without fenced code blocks and inline code spans (they are code, not prose)."""
+    md = re.sub(r"^(```|~~~).*?^\1[^\n]*$", "\n", md, flags=re.DOTALL | re.MULTILINE)
+    return re.sub(r"(`+)(?!`).*?(?<!`)\1(?!`)", " ", md, flags=re.DOTALL)
+
+
+def mark_tags(md: str) -> tuple[str, list[Tag | str]]:
+    """Code stripped; fig tags become markers \\x00F<i>\\x00 (i indexes the returned list), not-measured
+    tags \\x00N\\x00, every other HTML comment disappears."""
+    tags: list[Tag | str] = []
+
+    def repl(m: re.Match) -> str:
+        body = m.group(1)
+        if re.match(r"\s*fig\b", body):
+            tags.append(parse_tag(body))
+            return f"{FIG_MARK}{len(tags) - 1}\x00"
+        if re.match(r"\s*not measured\b", body, re.IGNORECASE):
+            return f"{NOT_MEASURED_MARK}\x00"
+        return ""
+    return re.sub(r"<!--(.*?)-->", repl, strip_code(md), flags=re.DOTALL), tags
+
+
+BLOCK_START = re.compile(r"^\s*(?:[-*+]\s|\d+[.)]\s|#|\||>)")
+
+
+def sentences(md: str) -> list[str]:
+    """Paragraphs, list items, headings and table rows, each cut into sentences."""
+    blocks: list[list[str]] = []
+    current: list[str] = []
+    for line in md.splitlines():
+        if not line.strip() or BLOCK_START.match(line):
+            if current:
+                blocks.append(current)
+            current = [line] if line.strip() else []
+        else:
+            current.append(line)
+    if current:
+        blocks.append(current)
+    out = []
+    for block in blocks:
+        text = " ".join(part.strip() for part in block)
+        out += [s for s in re.split(r"(?<=[.!?])\s+", text) if s.strip()]
+    return out
+
+
+def plain(sentence: str, limit: int = 110) -> str:
+    """The sentence as a reader sees it (no markers), shortened."""
+    s = re.sub(r"\x00[FN]\d*\x00", "", sentence)
+    s = " ".join(s.split())
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def selected(tag: Tag, extra: dict | None) -> bool:
+    """Whether a record's extra fields pass the tag's KEY=VALUE filters (a round of a chain, a size)."""
+    return all(str((extra or {}).get(k)) == v for k, v in tag.where)
+
+
+def matching(tag: Tag, records: Iterable[Rec]) -> list[tuple[float, str]]:
+    """(value, file) of every committed GPU record at full size, no profile, that the tag names."""
+    name, _, key = tag.name.partition(".")
+    out = []
+    for r in records:
+        if (r.lesson != tag.lesson or r.name != name or r.gpu == "CPU" or r.scale != "full"
+                or (r.extra or {}).get("profile") or not selected(tag, r.extra)):
+            continue
+        value = (r.extra or {}).get(key) if key else r.value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.append((float(value), r.source))
+    return out
+
+
+def check_markdown(md: str, records: Iterable[Rec], where: str = "markdown") -> list[str]:
+    """Every problem with the figures of one markdown text: tagged figures outside their records'
+    range or naming no record, unreadable tags, untagged measured-looking figures."""
+    records = list(records)
+    text, tags = mark_tags(md)
+    problems = []
+    for sentence in sentences(text):
+        # tagged figures
+        for m in FIG_MARK_RE.finditer(sentence):
+            tag = tags[int(m.group(1))]
+            before = re.sub(r"\x00[FN]\d*\x00", "", sentence[: m.start()])
+            if isinstance(tag, str):
+                problems.append(f"{where}: {tag}, in: {plain(sentence)!r}")
+                continue
+            fig = FIGURE_BEFORE_TAG.search(before)
+            if not fig:
+                problems.append(f"{where}: the tag <!-- fig {tag.lesson} {tag.name} --> has no number "
+                                f"right before it, in: {plain(sentence)!r}")
+                continue
+            ends = [fig.group("a")] + ([fig.group("b")] if fig.group("b") else [])
+            shown = "–".join(ends)
+            found = matching(tag, records)
+            if not found:
+                problems.append(f"{where}: {shown} in {plain(sentence)!r}: no committed record "
+                                f"lesson {tag.lesson} name {tag.name} (GPU, scale full, no profile) "
+                                f"in results/")
+                continue
+            values = [v for v, _ in found]
+            lo_v, hi_v = min(values), max(values)
+            lo = lo_v - abs(lo_v) * tag.tol_pct / 100
+            hi = hi_v + abs(hi_v) * tag.tol_pct / 100
+            for end in ends:
+                v = number(end) / tag.k
+                if not lo <= v <= hi:
+                    files = sorted({Path(s).name for _, s in found})
+                    scaled = f" (÷{tag.k:g} = {v:.4g})" if tag.k != 1 else ""
+                    problems.append(
+                        f"{where}: {end}{scaled} in {plain(sentence)!r} is outside "
+                        f"[{lo:.4g}, {hi:.4g}] (records {lo_v:.4g}..{hi_v:.4g} ±{tag.tol_pct:g} %) of "
+                        f"{len(found)} records {tag.lesson}/{tag.name} in files {', '.join(files)}")
+        # untagged measured-looking figures
+        if not TRIGGER.search(re.sub(r"\x00[FN]\d*\x00", "", sentence)):
+            continue
+        for m in MEASURED.finditer(sentence):
+            if TAGGED_AFTER.match(sentence, m.end()):
+                continue
+            problems.append(f"{where}: untagged figure {m.group(0).strip()!r} in {plain(sentence)!r}: "
+                            "tag it <!-- fig LESSON NAME --> against a committed record, mark it "
+                            "<!-- not measured: ... -->, or remove it")
+    return problems
+
+
+def committed_records(root: Path = ROOT) -> tuple[Rec, ...]:
+    """Every record of every results store under root/results/ (other JSON files are not stores)."""
+    out = []
+    for path in sorted((root / "results").rglob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError, OSError):
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("records"), list):
+            continue
+        for r in data["records"]:
+            if not isinstance(r, dict) or not isinstance(r.get("value"), (int, float)):
+                continue
+            out.append(Rec(str(r.get("lesson")), str(r.get("name")), float(r["value"]),
+                           str(r.get("gpu", "")), str(r.get("scale", "")),
+                           r.get("extra") if isinstance(r.get("extra"), dict) else {},
+                           str(path.relative_to(root)), str(r.get("time", ""))))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One tagged figure of the prose: the number(s) as shown, the tag, and the sentence around it."""
+    shown: str
+    values: tuple[float, ...]
+    tag: Tag
+    sentence: str
+
+
+def prose_figures(md: str) -> list[Figure]:
+    """Every readable tagged figure of a markdown text, in order."""
+    text, tags = mark_tags(md)
+    out = []
+    for sentence in sentences(text):
+        for m in FIG_MARK_RE.finditer(sentence):
+            tag = tags[int(m.group(1))]
+            fig = FIGURE_BEFORE_TAG.search(re.sub(r"\x00[FN]\d*\x00", "", sentence[: m.start()]))
+            if isinstance(tag, str) or not fig:
+                continue
+            ends = [fig.group("a")] + ([fig.group("b")] if fig.group("b") else [])
+            out.append(Figure("–".join(ends), tuple(number(e) for e in ends), tag, plain(sentence)))
+    return out
+
+
+def notebook_markdown(lesson: str, root: Path = ROOT) -> list[str] | None:
+    """The markdown cells of lesson `lesson`'s notebook in root/notebooks/, or None where it is not there."""
+    found = sorted((root / "notebooks").glob(f"{lesson}_*.ipynb"))
+    if not found:
+        return None
+    cells = json.loads(found[0].read_text(encoding="utf-8"))["cells"]
+    return ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
+
+
+def _value(rec_value: float, extra: dict, tag: Tag) -> float | None:
+    key = tag.name.partition(".")[2]
+    v = (extra or {}).get(key) if key else rec_value
+    return float(v) * tag.k if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def beside(lesson: str, mine: Iterable[Any], gpu_now: str, references: Iterable[Rec] | None = None,
+           markdown: list[str] | None = None) -> list[dict]:
+    """One row per tagged figure of lesson `lesson`'s prose: the figure as the prose shows it, the
+    reference runs it comes from (files and GPUs), and the learner's newest value of the same record
+    (`mine`: records with lesson, name, value, gpu, scale, extra; scaled as the prose shows it), with how
+    the two compare: "same GPU", "another GPU", "emulating a profile", "tiny size (CPU)", or "not run yet"."""
+    markdown = notebook_markdown(lesson) if markdown is None else markdown
+    references = committed_records() if references is None else tuple(references)
+    mine = list(mine)
+    rows = []
+    for md in markdown or []:
+        for fig in prose_figures(md):
+            name = fig.tag.name.partition(".")[0]
+            refs = matching(fig.tag, references)
+            ref_recs = [r for r in references if r.lesson == fig.tag.lesson and r.name == name
+                        and r.gpu != "CPU" and r.scale == "full" and not (r.extra or {}).get("profile")
+                        and selected(fig.tag, r.extra)]
+            ours = [r for r in mine if str(r.lesson) == fig.tag.lesson and r.name == name
+                    and selected(fig.tag, r.extra) and _value(r.value, r.extra, fig.tag) is not None]
+            row = {"figure": fig.shown, "record": f"{fig.tag.lesson}/{fig.tag.name}", "sentence": fig.sentence,
+                   "reference": ", ".join(sorted({f"{Path(r.source).name} ({r.gpu})" for r in ref_recs})) or "none",
+                   "reference_range": (min(v for v, _ in refs) * fig.tag.k, max(v for v, _ in refs) * fig.tag.k)
+                   if refs else None, "yours": None, "regime": "not run yet"}
+            if ours:
+                r = ours[-1]
+                row["yours"] = _value(r.value, r.extra, fig.tag)
+                row["regime"] = ("emulating " + str(r.extra.get("profile")) if (r.extra or {}).get("profile") else
+                                 "tiny size (CPU)" if r.gpu == "CPU" or r.scale != "full" else
+                                 "same GPU" if r.gpu in {x.gpu for x in ref_recs} else f"another GPU ({r.gpu})")
+            rows.append(row)
+    return rows
