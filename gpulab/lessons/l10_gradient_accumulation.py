@@ -167,6 +167,38 @@ def update_ratio(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int,
     return sizes[1] / sizes[0]
 
 
+# How far the measured AdamW ratio may sit from its prediction: the updates are fp32 differences of weights
+# about 1000x larger (lr 1e-3), so each carries a rounding error near 1e-4 of its size; 0.1 % is ten times that.
+ADAMW_PREDICTION_TOL = 1e-3
+
+
+def adamw_predicted_ratio(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int,
+                          lr: float = 1e-3) -> float:
+    """What `update_ratio(..., "AdamW")` should measure, predicted from the gradients themselves (plain fp32,
+    TF32 off). AdamW's first update of a weight w with gradient g is lr * (wd * w + g / (|g| + eps)) (its
+    bias-corrected moments are g and g squared); the undivided gradients are `steps` * g. Where |g| is
+    much larger than eps the two updates match, and the ratio is 1; where a weight's gradient is near eps
+    or zero (a bias whose gradient cancels), the undivided update is larger: the ratio is a little above
+    1, by an amount this computes rather than a band guessed around 1. Notebook 10."""
+    params = list(model.parameters())
+    defaults = torch.optim.AdamW(params, lr=lr).defaults
+    eps, wd = defaults["eps"], defaults["weight_decay"]
+    model.zero_grad(set_to_none=True)
+    try:
+        with float32_matmul("ieee"):
+            train_step(model, x, y, accumulation=steps, divide=True)
+        right = wrong = 0.0
+        for p in params:
+            if p.grad is None:
+                continue
+            g, w = p.grad.detach().double(), p.detach().double()
+            right += float(((wd * w + g / (g.abs() + eps)) ** 2).sum())
+            wrong += float(((wd * w + steps * g / (steps * g.abs() + eps)) ** 2).sum())
+    finally:
+        model.zero_grad(set_to_none=True)
+    return math.sqrt(wrong / right)
+
+
 def headline(scale: str | None = None) -> Measured:
     """Peak memory of one big batch of `config(scale)`'s micro x steps samples against the same batch
     accumulated over `steps` micro-batches (`train_step(..., accumulation=steps)`, `track_peak`), under

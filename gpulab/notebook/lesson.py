@@ -131,8 +131,20 @@ class Check:
 
     def __str__(self) -> str:
         band = f"[{self.low if self.low is not None else '-'}, {self.high if self.high is not None else '-'}]"
-        value = "-" if self.measured is None else f"{self.measured:.3g}"
+        value = "-" if self.measured is None else f"{self.measured:.{distinct_digits(self.measured, self.low, self.high)}g}"
         return f"{self.status:>7}  {self.name}: {value} (expected {band}) {self.why}"
+
+
+def distinct_digits(value: float, *edges: float | None, least: int = 3, most: int = 12) -> int:
+    """Significant digits (at least `least`) at which `value` prints differently from every band edge it
+    differs from: 1.0126 against a high end of 1.01 prints 1.013, not 1.01 beside "above 1.01"."""
+    others = [e for e in edges if e is not None and math.isfinite(e) and e != value]
+    if not math.isfinite(value):
+        return least
+    for digits in range(least, most + 1):
+        if all(f"{value:.{digits}g}" != f"{e:.{digits}g}" for e in others):
+            return digits
+    return most
 
 
 def expect(name: str, measured: float | None, low: float | None = None,
@@ -160,13 +172,14 @@ def expect(name: str, measured: float | None, low: float | None = None,
 def fail_text(measured: float, low: float | None, high: float | None, why_fail: str) -> str:
     """What a FAIL says: which side of the band the value fell (or that it is not a number), then the
     check's own explanation."""
+    digits = distinct_digits(measured, low, high)
     if not math.isfinite(measured):
         side = "not a finite number (a division by zero or a failed timing upstream)"
     elif low is not None and measured < low:
-        side = f"below the band's low end {low:.3g}"
+        side = f"below the band's low end {low:.{digits}g}"
     else:
-        side = f"above the band's high end {high:.3g}"
-    return f"{measured:.3g} is {side}: " + (why_fail or "this GPU did not show the expected effect")
+        side = f"above the band's high end {high:.{digits}g}"
+    return f"{measured:.{digits}g} is {side}: " + (why_fail or "this GPU did not show the expected effect")
 
 
 def expect_band(lesson: str, measured: float | None, applies: bool = True, why_not: str = "",

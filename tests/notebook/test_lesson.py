@@ -146,3 +146,18 @@ def test_expect_band_skips_under_a_profile_and_where_no_band_applies(monkeypatch
 def test_a_value_that_is_not_a_number_fails_and_says_so():
     check = expect("busy %", float("nan"), low=1.5, why_fail="the monitor read nothing")
     assert check.status == "FAIL" and "not a finite number" in check.why and "the monitor read nothing" in check.why
+
+
+def test_a_value_never_prints_the_same_as_the_band_edge_it_missed(capsys):
+    """Issue 24: '1.01 (expected [0.99, 1.01]) 1.01 is above the band's high end 1.01'."""
+    check = lesson.expect("ratio", 1.0126, 0.99, 1.01)
+    out = capsys.readouterr().out
+    assert check.status == "FAIL" and "1.013 (expected [0.99, 1.01])" in out
+    assert "1.013 is above the band's high end 1.01" in out
+    assert lesson.distinct_digits(1.0126, 0.99, 1.01) == 4
+    assert lesson.distinct_digits(0.98999, 0.99, None) == 5            # 0.98999 below 0.99
+    assert lesson.distinct_digits(2.5, 1.0, 4.0) == 3                   # far from both: the usual 3
+    for value, low, high in ((1.0126, 0.99, 1.01), (0.989999, 0.99, 1.5), (4.00001, 1.0, 4.0)):
+        text = lesson.fail_text(value, low, high, "")
+        shown, edge = text.split(" is ")[0], text.split(" end ")[1].split(":")[0]
+        assert shown != edge, text
