@@ -98,3 +98,23 @@ def test_the_matrix_catches_a_planted_device_dependent_crash(tmp_path):
     run_notebook(path, "a100", timeout=120)
     with pytest.raises(nbclient.exceptions.CellExecutionError, match="KeyError"):
         run_notebook(path, "t4", timeout=120)
+
+
+def test_a_check_against_the_datasheet_is_skipped_under_a_profile():
+    """Issue 24: under the T4 profile notebook 00 printed "FAIL copy bandwidth / datasheet: 13.2": an H200's
+    copy divided by a T4's datasheet. A code cell that checks (lesson.expect) or draws a figure against the
+    datasheet must say what happens under a profile (facts.profile) in that cell."""
+    import json
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    offenders = []
+    for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
+            src = "".join(cell["source"])
+            if cell["cell_type"] != "code" or not re.search(r"\bsheet\.|\.datasheet\b", src):
+                continue
+            judged = "lesson.expect" in src or "hlines=" in src
+            if judged and "profile" not in src:
+                offenders.append(f"{path.name} cell {i}")
+    assert not offenders, "checks against a datasheet with no word on profiles: " + ", ".join(offenders)

@@ -256,6 +256,16 @@ def float32_matmul(mode: str) -> Iterator[None]:
         torch.set_float32_matmul_precision(before)
 
 
+def device_label() -> str:
+    """The device the numbers come from, as a table or caption names it: "NVIDIA H200", or under a GPU
+    profile "NVIDIA H200 emulating t4 (Tesla T4)": the class's features, this machine's timings."""
+    device = pick_device()
+    facts = device_facts(device)
+    if not facts.profile:
+        return facts.name
+    return f"{_real_facts(device).name} emulating {facts.profile} ({facts.name})"
+
+
 def describe() -> str:
     """One line for the top of every notebook: device, scale, and what the numbers mean (and, under
     a GPU profile, that it is emulated)."""

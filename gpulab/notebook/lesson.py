@@ -219,6 +219,9 @@ def show_table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = Non
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header) if header else ""
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>"
                    for row in rows)
+    from gpulab.core.device import device_facts, device_label
+    if device_facts().profile:       # every table under a profile says whose timings it holds
+        notes = [*notes, f"{device_label()}: that class's features and memory, this GPU's timings."]
     below = "".join(f"<div style='margin:2px 0'>{html.escape(n)}</div>" for n in notes)
     display(HTML(f"<table>{'<tr>' + head + '</tr>' if head else ''}{body}</table>{below}"))
 
@@ -301,13 +304,12 @@ def profile_table(prof, sort_by: str = "self_cpu_time_total", row_limit: int = 1
 
 def what_you_saw(rows: Sequence[tuple[str, Any]], title: str = "What you saw") -> None:
     """The closing table of a notebook: this run's measured numbers, with the device."""
-    from gpulab.core.device import device_facts, scale
+    from gpulab.core.device import device_label, scale
     import torch
 
-    facts = device_facts()
     body = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(_fmt(v))}</td></tr>"
                    for k, v in rows)
-    caption = (f"{facts.name}, torch {torch.__version__}, scale={scale()}"
+    caption = (f"{device_label()}, torch {torch.__version__}, scale={scale()}"
                + ("" if pick_device().type == "cuda" else " — CPU: illustrative only"))
     display(HTML(f"<b>{html.escape(title)}</b> <i>({html.escape(caption)})</i>"
                  f"<table>{body}</table>"))

@@ -161,3 +161,22 @@ def test_a_value_never_prints_the_same_as_the_band_edge_it_missed(capsys):
         text = lesson.fail_text(value, low, high, "")
         shown, edge = text.split(" is ")[0], text.split(" end ")[1].split(":")[0]
         assert shown != edge, text
+
+
+def test_under_a_profile_every_table_and_caption_says_whose_timings(monkeypatch):
+    """Issue 24: "fp16 706 TFLOP/s" under the caption "Tesla T4" on an H200 emulating a T4."""
+    import gpulab.core.device as D
+    real = D.device_facts()
+    emulated = dataclasses.replace(real, name="Tesla T4", profile="t4")
+    monkeypatch.setattr(D, "device_facts", lambda device=None: emulated)
+    monkeypatch.setattr(D, "_real_facts", lambda device: dataclasses.replace(real, name="NVIDIA H200"))
+    assert D.device_label() == "NVIDIA H200 emulating t4 (Tesla T4)"
+    shown = []
+    monkeypatch.setattr(lesson, "display", lambda obj: shown.append(obj.data))
+    lesson.show_table([("fp16", 706.0)], header=("precision", "TFLOP/s"))
+    lesson.what_you_saw([("fp16", 706.0)])
+    assert all("NVIDIA H200 emulating t4 (Tesla T4)" in html for html in shown), shown
+    monkeypatch.setattr(D, "device_facts", lambda device=None: real)
+    shown.clear()
+    lesson.show_table([("fp16", 706.0)])
+    assert "emulating" not in shown[0]
