@@ -272,12 +272,30 @@ PROFILE_COLUMNS = (   # (header, attribute of a key_averages() row, in microseco
 )
 
 
+def column_total(events, attr: str) -> float:
+    """The total of a key_averages column the way PyTorch's own table adds it: a device-time column over
+    the device's rows only (its kernels and copies, not the operators that launched them, which carry the
+    same time again; not user annotations), any other column over every row. Summing a device column
+    over every row counts each kernel twice (issue 24: 36.1 ms where PyTorch's table said 17.7)."""
+    from torch.autograd import DeviceType
+    if "device" not in attr:
+        return float(sum(getattr(e, attr, 0) or 0 for e in events))
+    total = 0.0
+    for e in events:
+        kind = getattr(e, "device_type", None)
+        if kind == DeviceType.CPU and getattr(e, "is_legacy", False):
+            total += getattr(e, attr, 0) or 0          # the legacy profiler kept kernel time on CPU rows
+        elif kind is not None and kind != DeviceType.CPU and not getattr(e, "is_user_annotation", False):
+            total += getattr(e, attr, 0) or 0
+    return float(total)
+
+
 def profile_rows(prof, sort_by: str = "self_cpu_time_total", row_limit: int = 10) -> tuple[list, list[str]]:
     """The rows `prof.key_averages().table(sort_by=, row_limit=)` prints, as (rows, header): the operator's
     name, its times in ms, its share of the `sort_by` column's total, its call count. Device columns appear
     only where the profile recorded device time."""
     events = list(prof.key_averages())
-    total = sum(getattr(e, sort_by, 0) or 0 for e in events) or 1.0
+    total = column_total(events, sort_by) or 1.0
     has_device = any((getattr(e, "self_device_time_total", 0) or 0) > 0 for e in events)
     columns = [(h, a) for h, a in PROFILE_COLUMNS if has_device or "device" not in a]
     rows = []
@@ -297,7 +315,7 @@ def profile_table(prof, sort_by: str = "self_cpu_time_total", row_limit: int = 1
     output area is (the text table is wider than a notebook and wraps)."""
     rows, header = profile_rows(prof, sort_by, row_limit)
     events = list(prof.key_averages())
-    total_ms = sum(getattr(e, sort_by, 0) or 0 for e in events) / 1e3
+    total_ms = column_total(events, sort_by) / 1e3
     show_table(rows, header, notes=[f"{sort_by.replace('_', ' ')}: {sig(total_ms, 'ms')} over all "
                                     f"{len(events)} operators; the {min(row_limit, len(events))} largest shown."])
 

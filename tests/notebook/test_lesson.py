@@ -180,3 +180,20 @@ def test_under_a_profile_every_table_and_caption_says_whose_timings(monkeypatch)
     shown.clear()
     lesson.show_table([("fp16", 706.0)])
     assert "emulating" not in shown[0]
+
+
+def test_a_device_column_is_totalled_over_the_device_rows_only():
+    """An operator row carries its kernels' self device time again: PyTorch's table adds the device rows."""
+    from types import SimpleNamespace as E
+    from torch.autograd import DeviceType
+    rows = [E(key="aten::mm", device_type=DeviceType.CPU, is_legacy=False, is_user_annotation=False,
+              self_device_time_total=10.0, self_cpu_time_total=5.0),
+            E(key="gemm_kernel", device_type=DeviceType.CUDA, is_legacy=False, is_user_annotation=False,
+              self_device_time_total=10.0, self_cpu_time_total=0.0),
+            E(key="my_range", device_type=DeviceType.CUDA, is_legacy=False, is_user_annotation=True,
+              self_device_time_total=10.0, self_cpu_time_total=0.0)]
+    assert lesson.column_total(rows, "self_device_time_total") == 10.0
+    assert lesson.column_total(rows, "self_cpu_time_total") == 5.0
+    legacy = [E(key="aten::mm", device_type=DeviceType.CPU, is_legacy=True, is_user_annotation=False,
+                self_device_time_total=7.0)]
+    assert lesson.column_total(legacy, "self_device_time_total") == 7.0
