@@ -445,6 +445,7 @@ class JobResult:
     monitor_status: str = ""
     notes: tuple[str, ...] = ()
     device: str = "cpu"
+    skipped_updates: tuple[int, ...] = ()     # loss steps whose update GradScaler skipped (inf/NaN gradients)
 
     @property
     def items_per_s(self) -> float | None:
@@ -573,11 +574,20 @@ def _train(job: str, options: Options, batch: int, cfg: dict, loss_steps: int, t
 
         monitor_status, busy = "", None
         with Inputs(pool, device, options.loader, options.channels_last) as inputs:
+            skipped: list[int] = []
+
+            def checked_step(i: int) -> float:
+                before = scaler.get_scale() if scaler is not None else None
+                loss = step(inputs).item()
+                if scaler is not None and scaler.get_scale() < before:     # inf/NaN gradients: update skipped
+                    skipped.append(i)
+                return loss
+
             with stopwatch(device=device) as first:
-                losses = [step(inputs).item()]           # the first step compiles, if compile is on
-            losses += [step(inputs).item() for _ in range(loss_steps - 1)]
+                losses = [checked_step(0)]               # the first step compiles, if compile is on
+            losses += [checked_step(i) for i in range(1, loss_steps)]
             if expect is not None:
-                ok, diff = loss_matches(expect[0], losses, expect[1])
+                ok, diff = loss_matches(expect[0], comparable(losses, skipped), expect[1])
                 if not ok:
                     timed = False
                     notes.append(f"not timed: its losses differ from the reference's by {diff:.1e} "
@@ -601,7 +611,7 @@ def _train(job: str, options: Options, batch: int, cfg: dict, loss_steps: int, t
                      "(its log above says why); this row ran compiled code without graphs.")
     peak = None if mem.peak is None else mem.peak - allocated
     return {"losses": tuple(losses), "time": t, "peak_bytes": peak, "first_step_ms": first.ms,
-            "busy_pct": busy, "monitor_status": monitor_status, "notes": notes}
+            "busy_pct": busy, "monitor_status": monitor_status, "notes": notes, "skipped_updates": tuple(skipped)}
 
 
 # -- correct before fast -----------------------------------------------------------------------------
@@ -626,6 +636,14 @@ def reference_options(job: str, options: Options) -> Options:
     the CNN splitting the batch changes the arithmetic (by several percent at the tiny size) and belongs
     to the model; the GPT has no batch statistics, and its split batch is checked against the whole one."""
     return Options(accumulation=options.accumulation) if job == "cnn" else Options()
+
+
+def comparable(losses: Sequence[float], skipped: Sequence[int]) -> tuple[float, ...]:
+    """The losses that can be compared with a reference that updated every step: those up to and including
+    the first step whose update GradScaler skipped. fp16's scaler starts at 2^16 and skips (and halves) on
+    overflowing gradients by design; after a skip the run has made fewer updates than its fp32 reference, so
+    its later losses differ for that reason alone (issue 24: the CNN's 2.7e-1 under fp16 on a T4)."""
+    return tuple(losses[: min(skipped) + 1]) if skipped else tuple(losses)
 
 
 def loss_matches(baseline: Sequence[float], candidate: Sequence[float], tol: float) -> tuple[bool, float]:
@@ -790,7 +808,11 @@ class Runs:
                 ref = self.reference(job, batch, options)
                 tol, why = loss_tolerance(job, options)
                 result = self(job, options, batch, monitor=monitor, expected_losses=ref.losses, tolerance=tol)
-                ok, diff = loss_matches(ref.losses, result.losses, tol)
+                ok, diff = loss_matches(ref.losses, comparable(result.losses, result.skipped_updates), tol)
+                if result.skipped_updates:
+                    why += (f"; GradScaler skipped the update of step(s) {', '.join(str(i + 1) for i in result.skipped_updates)} "
+                            f"(its scale starts at 2^16 and halves on overflow): compared the first "
+                            f"{min(result.skipped_updates) + 1} loss(es), before fewer updates than fp32's could show")
                 out = Checked(result, "ok" if ok else "loss mismatch", diff, tol, why)
         except torch.OutOfMemoryError as err:
             out = Checked(None, "out of memory", why=str(err).splitlines()[0])
