@@ -61,6 +61,36 @@ BATCHES = 4             # distinct batches per workload, cycled
 FIRST_LOSS_TOLERANCE = {"fp32": 0.0, "tf32": 1e-2, "fp16": 1e-2, "bf16": 2e-2}
 
 
+# The least share of an fp32 training step's time that its matrix products take, for the floor below: a
+# judgement, not a measurement. A GPT block does 24 C^2 multiply-adds per token in its products against tens
+# of C elementwise operations, so in fp32 the products hold most of its time; 0.6 leaves room for the
+# memory-bound rest (norms, softmax, the optimizer). Under it a 13x faster product (H200) still gives a
+# floor of 2.2x, capped at 2; a 2x faster one (GeForce 16-bit with fp32 accumulation) 1.43x.
+PRODUCT_SHARE_MIN = 0.6
+
+
+def speedup_floor(rate_ratio: float | None, share: float = PRODUCT_SHARE_MIN, cap: float = 2.0) -> float | None:
+    """The least speed-up a step should show when its matrix products run `rate_ratio` times faster and take
+    at least `share` of its time (Amdahl: 1 / ((1 - share) + share / ratio)), capped at `cap`. From this
+    GPU's own measured ceilings (notebook 00), so a GeForce card, whose 16-bit products with fp32
+    accumulation run at twice its fp32 rate (4090: 165 against 82.6 TFLOP/s on the datasheet), and whose
+    TF32 runs at its fp32 rate, is judged by its own rates, not a datacenter part's. None: no ratio known."""
+    if rate_ratio is None or rate_ratio <= 0:
+        return None
+    return min(cap, 1.0 / ((1.0 - share) + share / rate_ratio))
+
+
+def rate_ratio(fast: str, slow: str = "fp32") -> tuple[float | None, str]:
+    """(this GPU's matmul_{fast} / matmul_{slow} ceiling, where the two figures come from): notebook 00's
+    measurements, else the datasheet's (never a profile's), else (None, why)."""
+    from gpulab.core.ceilings import ceilings
+    c = ceilings()
+    a, b = c.get(f"matmul_{fast}"), c.get(f"matmul_{slow}")
+    if a is None or b is None or b.value <= 0:
+        return None, f"no {fast} and {slow} matrix-product ceilings for this GPU (run notebook 00)"
+    return a.value / b.value, f"{fast} {a.value:,.4g} / {slow} {b.value:,.4g} TFLOP/s ({a.source})"
+
+
 def config(scale: str | None = None) -> dict:
     """This lesson's knobs at a scale ('tiny' or 'full'; default: the course's, `GPULAB_SCALE`)."""
     return copy.deepcopy(CONFIG[resolve_scale(scale)])      # a copy: the notebook may change its own

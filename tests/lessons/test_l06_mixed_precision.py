@@ -40,3 +40,18 @@ def test_plan_counts_the_gpt_steps():
     whats = [w.what for w in plan("full").work if w.what.startswith("GPT")]
     assert f"GPT: {run + 1 / 3:.3g} bf16 training steps" in whats
     assert f"GPT: {run + 2 / 3 + 12 / cfg['gpt']['batch']:.3g} fp32 training steps" in whats
+
+
+def test_the_16bit_floor_follows_this_gpus_own_product_rates():
+    """Issue 24: a GeForce card's 16-bit products with fp32 accumulation run at 2x its fp32 rate (4090: 165
+    against 82.6 TFLOP/s), its TF32 at 1x: a band of >= 2 (GPT) or >= 1.3 (TF32) from a datacenter part fails
+    there for no fault of the learner's. The floor comes from the ratio, by Amdahl over the products' share."""
+    from gpulab.core.specs import DATASHEETS
+    from gpulab.lessons.l06_mixed_precision import PRODUCT_SHARE_MIN, speedup_floor
+    rtx = next(d for d in DATASHEETS if d.model == "GeForce RTX 4090")
+    h200 = next(d for d in DATASHEETS if "H200" in d.model)
+    assert speedup_floor(rtx.fp16 / rtx.fp32) == pytest.approx(1 / ((1 - PRODUCT_SHARE_MIN) + PRODUCT_SHARE_MIN / 2))
+    assert speedup_floor(rtx.fp16 / rtx.fp32) < 1.5          # a 4090 is not asked for 2x
+    assert speedup_floor(h200.bf16 / h200.fp32) == 2.0        # an H200 still is (capped)
+    assert speedup_floor(rtx.tf32 / rtx.fp32, cap=1.3) == pytest.approx(1.0)
+    assert speedup_floor(None) is None and speedup_floor(0.0) is None
