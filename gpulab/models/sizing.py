@@ -59,7 +59,11 @@ def predicted_memory(n_blocks: int, batch: int, seq: int, width: int, params: in
     Per element of (batch, seq, width): a block keeps 36 bytes under 16-bit autocast (64 in fp32);
     a checkpointed segment keeps only its fp32 input (4); final LayerNorm, head and loss keep 10 (12).
     The peak adds one segment rebuilt during backward, and per parameter the fp32 weight,
-    its gradient and, under autocast, its 16-bit copy: 10 bytes (8 in fp32).
+    its gradient and, under autocast, its 16-bit copy: 10 bytes (8 in fp32). Under (non-reentrant)
+    checkpointing a checkpointed block's products save nothing for backward, so its 16-bit weight copies
+    go when autocast exits and are made again as backward recomputes the block: 8 bytes per parameter
+    are held, plus the 16-bit copies of the k blocks being rebuilt (2 x k/n_blocks per parameter: the
+    blocks hold nearly all of the parameters).
 
     `optimizer_bytes`: the optimizer's state per parameter, held between steps and so through the
     backward of every step after the first: 8 for Adam and AdamW (two fp32 moments), 4 for SGD with
@@ -75,8 +79,10 @@ def predicted_memory(n_blocks: int, batch: int, seq: int, width: int, params: in
         kept, rebuilt = n_blocks * per_block * elements, 0
     else:
         kept, rebuilt = -(-n_blocks // k) * 4 * elements, min(k, n_blocks) * per_block * elements
+        if half:            # 16-bit weight copies only for the blocks being rebuilt
+            per_param = 8 + 2 * min(k, n_blocks) / n_blocks
     kept += head * elements
-    return kept, kept + rebuilt + (per_param + optimizer_bytes) * params
+    return kept, int(kept + rebuilt + (per_param + optimizer_bytes) * params)
 
 
 def predicted_batch(n_blocks: int, batch: int, seq: int, width: int, params: int, half: bool = True,

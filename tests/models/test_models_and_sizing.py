@@ -235,3 +235,30 @@ def test_lessons_09_and_10_measure_one_model_configuration():
             assert {key: cfg[key] for key in STACK[scale]} == STACK[scale]
             cfg["n_blocks"] = -1                                   # a copy: the lesson's knobs stay as they are
             assert lesson.config(scale)["n_blocks"] == STACK[scale]["n_blocks"]
+
+
+def test_checkpointed_blocks_hold_no_16bit_weight_copies_through_backward():
+    """Issue 24: under non-reentrant checkpointing a checkpointed block's products save nothing, so the
+    16-bit weight copies autocast made are not held until backward; the prediction counts 8 bytes per
+    parameter plus the rebuilt blocks' copies."""
+    from torch.utils.checkpoint import checkpoint
+    from gpulab.models.sizing import predicted_memory
+
+    lin = torch.nn.Linear(64, 64)
+    x = torch.randn(4, 64, requires_grad=True)
+
+    def saved_16bit_weights(run) -> int:
+        seen = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(t) or t, lambda t: t):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                run()
+        return sum(t.dtype == torch.bfloat16 and tuple(t.shape) == (64, 64) for t in seen)
+
+    assert saved_16bit_weights(lambda: lin(x)) == 1                                    # held for backward
+    assert saved_16bit_weights(lambda: checkpoint(lin, x, use_reentrant=False)) == 0  # not held
+    n, params = 12, 10**6
+    base = dict(n_blocks=n, batch=1, seq=1, width=1, params=params)
+    kept0, peak0 = predicted_memory(**base, k=0)
+    kept4, peak4 = predicted_memory(**base, k=4)
+    assert peak0 - kept0 == 10 * params                                # no rebuilt segment without checkpointing
+    assert peak4 - kept4 - 4 * 36 == pytest.approx(8 * params + 2 * params * 4 / n, abs=1)
