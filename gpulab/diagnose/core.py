@@ -631,7 +631,12 @@ def report_text(d: Diagnosis) -> str:
                      f"({m.cap_source}), the allocator's cache {fmt_bytes(m.cached_bytes)} more (reserved "
                      f"{fmt_bytes(m.peak_reserved_bytes)}); {m.alloc_retries} allocation retries in {m.steps} steps")
     if d.mfu is not None:
-        lines.append(f"model {d.tflops:.3g} TFLOP/s, MFU {100 * d.mfu:.1f} % of {d.peak_tflops:.3g} TFLOP/s "
+        sheet = d.facts.kernel_ceiling_tflops
+        lines.append(f"model {d.tflops:.3g} TFLOP/s: "
+                     + (f"MFU {100 * d.tflops / sheet:.1f} % of the datasheet's {sheet:.3g} TFLOP/s (PaLM's definition: "
+                        "the theoretical peak), " if sheet else "MFU against the datasheet unknown (no datasheet row, "
+                        "or a GPU profile), ")
+                     + f"{100 * d.mfu:.1f} % of the {d.peak_tflops:.3g} TFLOP/s this GPU's products reached "
                      f"({d.peak_source})")
     else:
         lines.append("MFU unknown: " + (d.peak_source if not d.peak_tflops else "no FLOP count for the step"))
