@@ -291,6 +291,24 @@ def calibrate_passes(size: int, target_sample_ms: float, probe_passes: int = 8, 
     return int(min(max_passes, max(1, round((target_sample_ms - base) / per_pass))))
 
 
+# The share of the ideal speed-up the workers are held to where the host is small: a quarter is left for the
+# main process's own work (launching, pinning) and each batch's trip between processes. A judgement.
+WORKER_FLOOR_SHARE = 0.75
+
+
+def worker_speedup_floor(counts, cores: int | None = None, stall: int | None = None) -> tuple[float, str]:
+    """(the least speed-up of the best worker count over 0 workers this host should show, why). With 0
+    workers one core makes a batch in batch x sample while the GPU waits; with k workers k batches are
+    made at once, on at most `cores` cores, and the step cannot be faster than the GPU's (sized to 1/stall
+    of a batch's CPU time): ideal min(k, cores, stall), held to WORKER_FLOOR_SHARE of it."""
+    cores = cores or os.cpu_count() or 1
+    k = max([c for c in counts if c > 0], default=0)
+    ideal = min(k, cores, stall or k) if k else 1
+    return WORKER_FLOOR_SHARE * ideal, (f"{cores} CPU core(s), at most {k} worker(s) here: ideal "
+                                        f"min(workers, cores{', stall' if stall else ''}) = {ideal}, "
+                                        f"held to {WORKER_FLOOR_SHARE:.0%} of it")
+
+
 def headline(scale: str | None = None) -> Measured:
     """Step time with 0 DataLoader workers against the best of `config(scale)["workers"]`: notebook 03's sweep."""
     cfg = config(scale)

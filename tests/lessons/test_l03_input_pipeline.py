@@ -111,3 +111,27 @@ def test_full_config_asks_for_a_stall_and_a_floor_width():
     from gpulab.lessons.l03_input_pipeline import config
     cfg = config("full")
     assert cfg["stall"] > 1 and 8 <= cfg["min_width"] <= cfg["width"]
+
+
+def test_the_worker_floor_follows_the_cores_this_host_has():
+    """Issue 24: a Colab T4 has 2 vCPUs; the band's >= 2 came from a 16-core host."""
+    from gpulab.lessons.l03_input_pipeline import WORKER_FLOOR_SHARE, usable_workers, worker_speedup_floor
+    workers = (0, 2, 4, 8, 12)
+    low16, _ = worker_speedup_floor(usable_workers(workers, 16), cores=16, stall=8)
+    low2, why2 = worker_speedup_floor(usable_workers(workers, 2), cores=2, stall=8)
+    assert low16 == WORKER_FLOOR_SHARE * 8 and low16 >= 2.0           # the band's own low end stays
+    assert low2 == WORKER_FLOOR_SHARE * 2 and "2 CPU core(s)" in why2  # a 2-core host: 1.5
+    assert worker_speedup_floor([0], cores=1)[0] == WORKER_FLOOR_SHARE  # no worker at all
+
+
+def test_expect_band_lowers_its_low_end_to_a_lower_prediction_and_says_so(capsys, monkeypatch):
+    import gpulab.core.bands as B
+    from gpulab.notebook import lesson
+    band = B.Band(gpu_class="tensor-core", lesson="03", metric="m", low=2.0, high=20.0, source="s")
+    monkeypatch.setattr(B, "gpu_class", lambda facts=None: "tensor-core")
+    monkeypatch.setattr(B, "load_bands", lambda: type("Bands", (), {"band": lambda self, cls, lesson: band})())
+    check = lesson.expect_band("03", 1.6, predicted_low=(1.5, "2 CPU core(s)"))
+    out = capsys.readouterr().out
+    assert check.status == "pass" and check.low == 1.5 and "lowered to 1.5 here: 2 CPU core(s)" in out
+    assert lesson.expect_band("03", 1.6, predicted_low=(6.0, "16 cores")).status == "FAIL"   # never raised
+    assert lesson.expect_band("03", 1.6).status == "FAIL"
