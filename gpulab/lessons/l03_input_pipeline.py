@@ -309,6 +309,13 @@ def worker_speedup_floor(counts, cores: int | None = None, stall: int | None = N
                                         f"held to {WORKER_FLOOR_SHARE:.0%} of it")
 
 
+def band_floor(scale: str | None = None) -> tuple[float, str]:
+    """The headline's least ratio on this host (`worker_speedup_floor` over the worker counts it has cores
+    for): notebook 03 and `gpulab bench` both lower the class's band to it where it is lower."""
+    cfg = config(scale)
+    return worker_speedup_floor(usable_workers(cfg["workers"]), stall=cfg.get("stall"))
+
+
 def headline(scale: str | None = None) -> Measured:
     """Step time with 0 DataLoader workers against the best of `config(scale)["workers"]`: notebook 03's sweep."""
     cfg = config(scale)

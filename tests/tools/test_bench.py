@@ -415,3 +415,18 @@ def test_a_default_json_folder_that_cannot_be_made_exits_2_before_running(tmp_pa
     assert main(["bench", "--no-progress", "--lessons", "01"]) == 2
     err = one_line_error(capsys)
     assert "cannot write the JSON beside the results store" in err and "--json PATH" in err and ran == []
+
+
+def test_judge_lowers_the_band_to_the_lessons_own_lower_prediction(tmp_path):
+    """A lesson's band_floor() (lesson 03: this host's cores) lowers the class's low end, never raises it,
+    and the verdict says so: bench and the notebook judge the same."""
+    bands = load_bands(write(tmp_path, GOOD))
+    small_host = fake_lesson("90", "fake lesson", "fake ratio", lambda: None)
+    small_host.module.band_floor = lambda scale=None: (1.5, "2 CPU core(s)")
+    status, why, _ = judge(small_host, measured(1.6), bands, "tensor-core", "full")
+    assert status == "pass" and "lowered from 2: 2 CPU core(s)" in why
+    status, why, _ = judge(small_host, measured(1.4), bands, "tensor-core", "full")
+    assert status == "FAIL" and "outside [1.5, 3]" in why
+    big_host = fake_lesson("90", "fake lesson", "fake ratio", lambda: None)
+    big_host.module.band_floor = lambda scale=None: (6.0, "16 cores")
+    assert judge(big_host, measured(1.6), bands, "tensor-core", "full")[0] == "FAIL"
