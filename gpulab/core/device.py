@@ -56,6 +56,7 @@ def pick_device() -> torch.device:
         if not _capped:
             _capped = True
             apply_profile_memory_cap(device)
+            apply_profile_cpu_limit()
         return device
     if wanted == "cuda":
         raise SettingError(
@@ -226,6 +227,37 @@ def device_facts(device: torch.device | None = None) -> DeviceFacts:
     return dataclasses.replace(facts, profile=prof.key, emulated_on=real.name, real_kind=real.kind)
 
 
+def cpu_cores() -> int:
+    """The CPU cores this process may use: its affinity (a container's or a job's limit), at most the
+    profile's `cpu_cores` where it has one. What DataLoader worker counts and CPU-side bands go by."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):          # macOS, Windows: no affinity call
+        cores = os.cpu_count() or 1
+    prof = profile()
+    if prof is not None and prof.cpu_cores:
+        cores = min(cores, prof.cpu_cores)
+    return max(1, cores)
+
+
+def apply_profile_cpu_limit() -> int | None:
+    """On a GPU under a profile whose class comes with a small host (the T4: Colab's 2 cores), pin this
+    process, and so the DataLoader workers it starts, to that many of its cores and give PyTorch's CPU ops
+    as many threads; returns the count, or None when nothing is limited (no such profile, or no affinity
+    call on this system)."""
+    prof = profile()
+    if prof is None or not prof.cpu_cores:
+        return None
+    try:
+        mine = sorted(os.sched_getaffinity(0))
+        if len(mine) > prof.cpu_cores:
+            os.sched_setaffinity(0, mine[: prof.cpu_cores])
+    except (AttributeError, OSError):
+        return None
+    torch.set_num_threads(min(torch.get_num_threads(), prof.cpu_cores))
+    return prof.cpu_cores
+
+
 def apply_profile_memory_cap(device: torch.device | None = None) -> float | None:
     """On a GPU under a profile, cap this process's share of GPU memory to the profile's memory
     (`torch.cuda.set_per_process_memory_fraction`); returns the fraction, or None when nothing is capped."""
@@ -281,6 +313,8 @@ def describe() -> str:
     if facts.profile:
         cc = facts.compute_capability
         line = (f"Emulating the {facts.profile} profile ({facts.name}, {facts.architecture}, compute capability "
-                f"{cc[0]}.{cc[1]}, {facts.memory_gib:.0f} GiB): that class's precisions, features and memory "
-                "limit apply, but every timing (and the SM count) is this machine's. " + line)
+                f"{cc[0]}.{cc[1]}, {facts.memory_gib:.0f} GiB"
+                + (f", {cpu_cores()} CPU cores" if profile() is not None and profile().cpu_cores else "")
+                + "): that class's precisions, features and memory limit apply, but every timing (and the SM "
+                "count) is this machine's. " + line)
     return line

@@ -33,13 +33,16 @@ class Profile:
     geforce: bool               # consumer card: fp16 Tensor Core math with fp32 accumulate at half rate
     source: str
     pcie_generation: int = 4    # host link, x16 (from the same datasheet): what the budget test divides by
+    cpu_cores: int | None = None  # the host's CPU cores where the class comes with a typical host (None: this one's)
 
 
 PROFILES: dict[str, Profile] = {p.key: p for p in (
     Profile("v100", "Tesla V100-SXM2-16GB", (7, 0), 16, 300, False,
             "NVIDIA V100 Tensor Core GPU datasheet (2020)", pcie_generation=3),
     Profile("t4", "Tesla T4", (7, 5), 15, 70, False,
-            "NVIDIA T4 Tensor Core GPU datasheet (2019); 16 GB, about 15 GiB usable", pcie_generation=3),
+            "NVIDIA T4 Tensor Core GPU datasheet (2019); 16 GB, about 15 GiB usable; 2 CPU cores as Colab's T4 "
+            "runtime gives (os.cpu_count() there), the host most learners with a T4 have", pcie_generation=3,
+            cpu_cores=2),
     Profile("a10", "NVIDIA A10", (8, 6), 24, 150, False,
             "NVIDIA A10 Tensor Core GPU datasheet (2021)", pcie_generation=4),
     Profile("rtx3090", "NVIDIA GeForce RTX 3090", (8, 6), 24, 350, True,

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
-from gpulab.core.device import pick_device, resolve_scale
+from gpulab.core.device import cpu_cores, pick_device, resolve_scale
 from gpulab.core.measured import Measured
 from gpulab.core.predict import Plan
 from gpulab.core.timing import benchmark, stopwatch
@@ -100,8 +99,9 @@ def size_model(cfg: dict, device: torch.device, data_ms: float, tries: int = 4) 
 
 
 def usable_workers(counts, cores: int | None = None) -> list[int]:
-    """The worker counts of `counts` this machine has cores for (`os.cpu_count()` by default)."""
-    cores = cores or os.cpu_count() or 1
+    """The worker counts of `counts` this machine has cores for (`cpu_cores()` by default: its affinity, a
+    profile's host)."""
+    cores = cores or cpu_cores()
     return [k for k in counts if k <= cores]
 
 
@@ -301,7 +301,7 @@ def worker_speedup_floor(counts, cores: int | None = None, stall: int | None = N
     workers one core makes a batch in batch x sample while the GPU waits; with k workers k batches are
     made at once, on at most `cores` cores, and the step cannot be faster than the GPU's (sized to 1/stall
     of a batch's CPU time): ideal min(k, cores, stall), held to WORKER_FLOOR_SHARE of it."""
-    cores = cores or os.cpu_count() or 1
+    cores = cores or cpu_cores()
     k = max([c for c in counts if c > 0], default=0)
     ideal = min(k, cores, stall or k) if k else 1
     return WORKER_FLOOR_SHARE * ideal, (f"{cores} CPU core(s), at most {k} worker(s) here: ideal "
@@ -321,7 +321,7 @@ def headline(scale: str | None = None) -> Measured:
     cfg = config(scale)
     device = pick_device()
     on_gpu = device.type == "cuda"
-    cores = os.cpu_count() or 1
+    cores = cpu_cores()
     size, batch, steps, warmup = cfg["size"], cfg["batch"], cfg["steps"], cfg["warmup"]
     passes = calibrate_passes(size, target_sample_ms=cfg["sample_ms"])
     sample_ms = benchmark(lambda: SyntheticImages(8, size=size, passes=passes)[7], device=torch.device("cpu"),

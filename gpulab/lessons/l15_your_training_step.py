@@ -15,14 +15,13 @@ same chain of bottlenecks.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from gpulab.core.ceilings import ceilings
-from gpulab.core.device import pick_device, resolve_scale
+from gpulab.core.device import cpu_cores, pick_device, resolve_scale
 from gpulab.core.predict import Plan
 from gpulab.lessons.l03_input_pipeline import (SyntheticImages, calibrate_passes, make_loader, quiet_fork,
                                                 usable_workers)
@@ -70,13 +69,13 @@ class Options:
 
 def first_workers(cfg: dict) -> int:
     """The worker count the input fix starts with: the config's, or what this host has cores for."""
-    return max(usable_workers([cfg["workers"]]) or [min(2, os.cpu_count() or 1)])
+    return max(usable_workers([cfg["workers"]]) or [min(2, cpu_cores())])
 
 
 def fixes(cfg: dict | None = None) -> dict:
     """Rule name -> how the course fixes it on an `Options`: the lesson that rule points to, in one change.
     A fix that changes nothing (every core already has a worker) leaves the Options as they were."""
-    cores = os.cpu_count() or 1
+    cores = cpu_cores()
     start = first_workers(cfg or config())
 
     def more_workers(o: Options) -> Options:      # the config's count, then twice as many, up to the cores

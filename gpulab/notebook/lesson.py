@@ -242,8 +242,8 @@ def show_beside_reference(lesson: str) -> list[dict]:
 
     rows = beside(lesson, results_store().records(lesson=lesson), current_gpu_name())
     if not rows:
-        display(Markdown(f"*This lesson's prose quotes no measured figure (or its notebook file is not under "
-                         f"`notebooks/` here), so there is nothing to set beside yours.*"))
+        display(Markdown("*This lesson's prose quotes no measured figure (or its notebook file is not under "
+                         "`notebooks/` here), so there is nothing to set beside yours.*"))
         return rows
 
     def ref(r):

@@ -101,3 +101,23 @@ def test_records_made_under_a_profile_are_marked_and_kept_apart(monkeypatch, on_
     assert ceilings(store)["matmul_fp32"].value == 10.0            # without: never the profile's
     fake = [dataclasses.replace(r, name="bench_ratio", extra={**r.extra, "metric": "m"}) for r in store.records()]
     assert [m.value for m in read_store(fake, "x", registry=())] == [10.0]
+
+
+def test_a_t4_profile_limits_the_cpu_to_colabs_two_cores(monkeypatch):
+    """Issue 24: a Colab T4 has 2 vCPUs; emulated on a 16-core host the workers had 16."""
+    import os
+    monkeypatch.setenv("GPULAB_PROFILE", "t4")
+    pinned = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: pinned.append(sorted(cores)), raising=False)
+    threads = torch.get_num_threads()
+    try:
+        assert D.cpu_cores() == 2
+        assert D.apply_profile_cpu_limit() == 2 and pinned == [[0, 1]]
+        assert torch.get_num_threads() <= 2
+    finally:
+        torch.set_num_threads(threads)
+    monkeypatch.setenv("GPULAB_PROFILE", "rtx4090")             # no typical host: this one's cores
+    assert D.cpu_cores() == 16 and D.apply_profile_cpu_limit() is None
+    monkeypatch.delenv("GPULAB_PROFILE")
+    assert D.cpu_cores() == 16 and D.apply_profile_cpu_limit() is None

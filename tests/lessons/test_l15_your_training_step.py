@@ -22,7 +22,9 @@ def test_the_slow_step_trains_and_every_fix_changes_one_habit():
 
 
 def test_the_input_fix_doubles_the_workers_up_to_the_cores(monkeypatch):
-    monkeypatch.setattr(L.os, "cpu_count", lambda: 16)
+    import gpulab.lessons.l03_input_pipeline as L03
+    monkeypatch.setattr(L, "cpu_cores", lambda: 16)
+    monkeypatch.setattr(L03, "cpu_cores", lambda: 16)
     more = L.fixes({"workers": 8})["input_bound"]
     assert more(L.Options()).workers == 8
     assert more(L.Options(workers=8)).workers == 16
