@@ -65,6 +65,8 @@ PREDICTOR_RUNS = [
     ("h200-2026-11-30-s5-course-2-timings.tsv", "h200-2026-11-30-s5-course.json"),    # and 10-14
     # two H200s: notebook 15 only (14's plan is for one GPU, and says so: with two it runs another plan)
     ("h200x2-2026-11-30-s9-timings.tsv", "h200x2-2026-11-30-s9.json", ("15",)),
+    # notebook 15 after issue 23 (its chain now checks and diagnoses every round): the newest for 15
+    ("h200-2026-12-01-n15e-timings.tsv", "h200-2026-12-01-n15e.json", ("15",)),
 ]
 
 
