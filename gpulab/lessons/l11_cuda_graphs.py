@@ -245,6 +245,10 @@ del out
 rows.append(("static outputs deleted, graph alive", memory()))
 del graph
 rows.append(("graph deleted, empty_cache()", memory()))
+clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)     # private; empty_cache() leaves them
+if clear is not None:
+    clear()
+    rows.append(("cuBLAS workspaces cleared", memory()))
 print(json.dumps(rows))
 '''
 
@@ -253,8 +257,10 @@ def graph_pool_memory(width: int, depth: int, batch: int, timeout_s: float = 120
     """A CUDA graph's private memory pool, measured in a fresh Python process (so this kernel's own
     graphs, compiled steps and caches do not blur it, and a failed capture cannot leave this kernel's CUDA
     context unusable): (moment, allocated bytes, reserved bytes) before capturing notebook 11's MLP step,
-    after, once its static outputs are deleted, and once the graph is deleted. Raises RuntimeError with
-    the child's last error line if it fails."""
+    after, once its static outputs are deleted, once the graph is deleted, and (where PyTorch has the
+    private `torch._C._cuda_clearCublasWorkspaces`) once cuBLAS's per-stream workspaces are cleared: what
+    outlives the graph is not its pool but those workspaces, which `empty_cache()` leaves (PyTorch's CUDA
+    notes). `pool_split(rows)` reads the three parts. Raises RuntimeError with the child's last error line."""
     device = require_cuda(NO_GRAPHS)            # the course's device choice, passed to the child
     code = POOL_SCRIPT.format(width=int(width), depth=int(depth), batch=int(batch), device=str(device))
     proc = at_once({"pool": [sys.executable, "-c", code]}, timeout_s)["pool"]
@@ -262,6 +268,20 @@ def graph_pool_memory(width: int, depth: int, batch: int, timeout_s: float = 120
         last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
         raise RuntimeError(f"the graph-pool process failed (exit {proc.returncode}): {last}")
     return [(what, a, r) for what, (a, r) in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
+def pool_split(rows: list[tuple[str, int, int]]) -> dict[str, float | None]:
+    """From `graph_pool_memory`'s rows, in MiB of reserved memory: "private pool" (what deleting the graph
+    gave back), "kept after delete" (what stayed reserved against the start), and "cuBLAS workspaces"
+    (what clearing them then gave back; None where it could not be cleared)."""
+    reserved = {what: r for what, _, r in rows}
+    mib = 2**20
+    before = reserved["before capture"]
+    alive = reserved["static outputs deleted, graph alive"]
+    gone = reserved["graph deleted, empty_cache()"]
+    cleared = reserved.get("cuBLAS workspaces cleared")
+    return {"private pool": (alive - gone) / mib, "kept after delete": (gone - before) / mib,
+            "cuBLAS workspaces": None if cleared is None else (gone - cleared) / mib}
 
 
 _VIOLATION = r'''

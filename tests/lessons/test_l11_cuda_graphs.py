@@ -126,3 +126,15 @@ def test_the_graph_pool_script_is_valid_python_for_any_sizes():
     import ast
     import gpulab.lessons.l11_cuda_graphs as L
     ast.parse(L.POOL_SCRIPT.format(width=512, depth=8, batch=64, device="cuda:0"))
+
+
+def test_pool_split_separates_the_graphs_pool_from_what_outlives_it():
+    """Issue 24: the 144 MiB called the graph's pool was mostly cuBLAS workspaces, which outlive the graph."""
+    from gpulab.lessons.l11_cuda_graphs import pool_split
+    MiB = 2**20
+    rows = [("before capture", 0, 10 * MiB), ("graph captured", 0, 160 * MiB),
+            ("static outputs deleted, graph alive", 0, 154 * MiB), ("graph deleted, empty_cache()", 0, 149 * MiB),
+            ("cuBLAS workspaces cleared", 0, 12 * MiB)]
+    got = pool_split(rows)
+    assert got == {"private pool": 5.0, "kept after delete": 139.0, "cuBLAS workspaces": 137.0}
+    assert pool_split(rows[:4])["cuBLAS workspaces"] is None
