@@ -270,6 +270,50 @@ def zero_page_copy(nbytes: int, device: torch.device | None = None, budget_s: fl
     return {name: t.per_second(nbytes) / 1e9 for name, t in out.items()} | {"timings": out}
 
 
+# The share of the predicted pinned / pageable ratio a host is held to (its copies also contend with
+# whatever else the host does; the prediction leaves out the driver's own overheads). A judgement.
+PINNED_FLOOR_SHARE = 0.75
+
+
+def host_memcpy_gbps(nbytes: int = 256 * MiB, repeat: int = 3) -> float:
+    """One CPU thread's copy rate between two pageable buffers (numpy's copyto, best of `repeat`), GB/s of
+    payload: what the driver's staging of a pageable host->device copy runs at, one thread copying into its
+    pinned staging buffer."""
+    import time
+
+    import numpy as np
+    src = np.ones(nbytes // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    best = math.inf
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best / 1e9
+
+
+def pinned_floor(pinned_gbps: float, memcpy_gbps: float) -> tuple[float, str]:
+    """(least pinned / pageable ratio this host should show, why): a pageable copy is staged by one
+    thread's memcpy into pinned memory and sent from there, so it runs at most at the slower of the two
+    (the driver overlaps them in chunks); pinned runs at the link's rate. Predicted ratio max(1, pinned /
+    memcpy), held to PINNED_FLOOR_SHARE of it and never below 1 (pinned slower than pageable is a fault)."""
+    ideal = max(1.0, pinned_gbps / memcpy_gbps)
+    low = max(1.0, PINNED_FLOOR_SHARE * ideal)
+    return low, (f"pinned {pinned_gbps:.3g} GB/s over this host's one-thread memcpy {memcpy_gbps:.3g} GB/s: "
+                 f"predicted {ideal:.3g}x, held to {PINNED_FLOOR_SHARE:.0%} of it")
+
+
+def band_floor(scale: str | None = None) -> tuple[float, str]:
+    """The headline's least ratio on this host (`pinned_floor` over notebook 00's measured pinned host->device
+    rate and this host's memcpy): notebook 05 and `gpulab bench` lower the class's band to it where lower.
+    With no measured pinned rate, no floor (infinity: the band stands)."""
+    from gpulab.core.ceilings import ceilings
+    pinned = ceilings().get("h2d_pinned")
+    if pinned is None or not pinned.source.startswith("measured"):
+        return math.inf, "no pinned host->device rate measured here (notebook 00)"
+    return pinned_floor(pinned.value, host_memcpy_gbps(min(config(scale)["largest_bytes"], 256 * MiB)))
+
+
 def headline(scale: str | None = None) -> Measured:
     """Host->device copy of `largest_bytes` from pinned against pageable memory (`transfer_bandwidth`)."""
     try:

@@ -85,3 +85,14 @@ def test_gpu_transfer_runs():
     assert trap["threads"] == torch.get_num_threads()
     zero = zero_page_copy(1 << 20, device=dev, budget_s=0.01)
     assert zero["untouched"] > 0 and zero["random"] > 0
+
+
+def test_the_pinned_floor_follows_the_hosts_memcpy_against_the_link():
+    """Issue 24: pinned >= 2x pageable came from the H200's host (PCIe gen 5, 55 GB/s pinned); a gen 3
+    desktop whose one-thread memcpy nearly keeps up with its link cannot show 2x."""
+    from gpulab.lessons.l05_pcie_transfers import PINNED_FLOOR_SHARE, host_memcpy_gbps, pinned_floor
+    low, why = pinned_floor(55.0, 10.0)                  # a fast link, a memcpy five times slower
+    assert low == PINNED_FLOOR_SHARE * 5.5 and "predicted 5.5x" in why
+    assert pinned_floor(12.0, 10.0)[0] == 1.0            # gen 3: pinned need only not be slower
+    assert pinned_floor(5.0, 20.0)[0] == 1.0             # a memcpy faster than the link
+    assert host_memcpy_gbps(8 * 2**20, repeat=2) > 0.1
