@@ -18,8 +18,8 @@ is under half the expected saving is demoted, and says so. `run_rules(facts)` ru
 with the reason, those that need a GPU when there is none) and `rank` orders what fired: by measured gain
 (a demoted verdict by what it measured), else expected gain; a fix that pays only once another is made
 ("blocked_by": a synchronizing call such as `.item()` inside the model's forward splits the graphs
-torch.compile captures, so it moves out first) comes right after that one; "compute_bound" (what is left, not a fix)
-last.
+torch.compile captures, so it moves out first) comes right after that one; "compute_bound" and the other
+notes (what is left, not a fix) last.
 """
 from __future__ import annotations
 
@@ -506,9 +506,9 @@ def elementwise_unfused(f: Facts) -> Verdict | None:
     moves its tensors through memory once. A note, not a ranked fix: what fusing them buys depends on which
     of them inductor can fuse (pointwise chains: yes; cuDNN's RNN, softmax, norms and reductions are one
     pass already; code Dynamo runs eagerly, like nn.LSTM, not at all), which kernel names do not tell. On
-    the H200 (2026-12-01) lstm_tuned's torch.compile bought 1.01x where half its elementwise time
-    (the factor an earlier version of this rule used) predicted 1.3x, so no gain is promised: lesson 12 measures it. Share: their time
-    (shown, not promised)."""
+    the H200 (2026-12-01) lstm_tuned's torch.compile bought 1.01x where half its elementwise time (the
+    factor an earlier version of this rule used) predicted 1.3x, so no gain is promised: lesson 12
+    measures it. Share: their time (shown, not promised)."""
     ms = f.busy_by_class.get("elementwise_norm", 0.0)
     share = f.busy_share(ms)
     if f.compiled_regions > 0 or share < ELEMENTWISE_SHARE_MIN:
