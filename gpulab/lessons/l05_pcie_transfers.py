@@ -276,20 +276,14 @@ PINNED_FLOOR_SHARE = 0.75
 
 
 def host_memcpy_gbps(nbytes: int = 256 * MiB, repeat: int = 3) -> float:
-    """One CPU thread's copy rate between two pageable buffers (numpy's copyto, best of `repeat`), GB/s of
-    payload: what the driver's staging of a pageable host->device copy runs at, one thread copying into its
-    pinned staging buffer."""
-    import time
-
+    """One CPU thread's copy rate between two pageable buffers (numpy's copyto, the course's `benchmark` on
+    the host clock, median of `repeat`), GB/s of payload: what the driver's staging of a pageable
+    host->device copy runs at, one thread copying into its pinned staging buffer."""
     import numpy as np
     src = np.ones(nbytes // 4, dtype=np.float32)
     dst = np.empty_like(src)
-    best = math.inf
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t0)
-    return nbytes / best / 1e9
+    t = benchmark(lambda: np.copyto(dst, src), warmup=1, repeat=repeat, device=torch.device("cpu"))
+    return t.per_second(nbytes) / 1e9
 
 
 def pinned_floor(pinned_gbps: float, memcpy_gbps: float) -> tuple[float, str]:

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from gpulab.core.predict import Plan, Work
-from gpulab.core.device import float32_matmul, pick_device, resolve_scale, scale
+from gpulab.core.device import cpu_cores, float32_matmul, pick_device, resolve_scale, scale
 from gpulab.core.timing import Timing, benchmark, gpu_kernels, intersect, merge_intervals, stopwatch, summarize
 from gpulab.models.transformer import TransformerStack, loss_fn
 
@@ -278,7 +278,7 @@ def launch_env(backend: str, nproc: int) -> dict[str, str]:
     """The environment of a launch: NVLS off, few OpenMP threads, gpulab importable."""
     env = dict(os.environ)
     env.update(FIXED_ENV)
-    cores = os.cpu_count() or 2
+    cores = cpu_cores()
     env["OMP_NUM_THREADS"] = "1" if backend == "gloo" else str(max(1, min(8, cores // max(1, nproc))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"

@@ -183,17 +183,16 @@ def fail_text(measured: float, low: float | None, high: float | None, why_fail: 
 
 
 def expect_band(lesson: str, measured: float | None, applies: bool = True, why_not: str = "",
-                why: str = "", name: str | None = None, why_fail: str = "",
-                predicted_low: tuple[float, str] | None = None) -> Check:
+                why: str = "", name: str | None = None, why_fail: str = "") -> Check:
     """`expect` with the band of lesson `lesson`'s headline for this GPU's class, read from
     `gpulab/core/bands.toml`: the one place a band is written (gpulab bench judges with the same).
 
     Skipped, with the reason, where the class has no band that applies (the CPU, a pre-Volta GPU for
     some lessons), and under a GPU profile: the timings are then this GPU's, not the profile's.
-    `predicted_low` = (value, why): where this machine's own prediction is below the band's low end
-    (a host with two cores cannot run twelve workers), the low end is the prediction, and it says why.
+    Where the lesson's module predicts a lower low end for this machine (`band_floor`: a host with two
+    cores cannot run twelve workers), that is the low end, and it says why (`bands.judged_low`, as bench).
     """
-    from gpulab.core.bands import gpu_class, load_bands
+    from gpulab.core.bands import gpu_class, judged_low, load_bands
     from gpulab.core.device import device_facts
 
     facts = device_facts()
@@ -209,10 +208,10 @@ def expect_band(lesson: str, measured: float | None, applies: bool = True, why_n
                               "GPU's, so it is not judged")
     low = None if math.isinf(band.low) else band.low
     high = None if math.isinf(band.high) else band.high
-    if predicted_low is not None and low is not None and predicted_low[0] < low:
-        # this machine cannot reach the class's low end (fewer cores, a slower link): judge it by its own
-        low = predicted_low[0]
-        print(f"  (the {cls} band's low end {band.low:g} lowered to {low:.3g} here: {predicted_low[1]})")
+    if applies and measured is not None and low is not None:
+        low, lowered = judged_low(band, lesson_module(lesson))
+        if lowered:        # this machine cannot reach the class's low end (fewer cores, a slower link)
+            print(f"  (the {cls} band's {lowered})")
     return expect(label, measured, low, high, applies=applies, why_not=why_not, why=why, why_fail=why_fail)
 
 

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from gpulab.core.bands import Band, Bands, gpu_class, load_bands
+from gpulab.core.bands import Band, Bands, gpu_class, judged_low, load_bands
 from gpulab.core.device import device_facts, pick_device, resolve_scale
 from gpulab.core.measured import Measured, Skipped
 from gpulab.core.results import Record, ResultsStore, current_gpu_name, results_store
@@ -183,12 +183,7 @@ def judge(exp: Experiment, measured: Measured | None, bands: Bands, cls: str, si
         return NA, band.why, band
     if not math.isfinite(measured.ratio):
         return FAIL, f"ratio is {measured.ratio}", band
-    low, lowered = band.low, ""
-    floor = getattr(exp.module, "band_floor", None)      # this machine's own prediction (lesson 03: its cores)
-    if floor is not None:
-        predicted, why = floor()
-        if predicted < low:
-            low, lowered = predicted, f"low end lowered from {_num(band.low)}: {why}"
+    low, lowered = judged_low(band, exp.module)         # this machine's own prediction (lesson 03: its cores)
     ok = low <= measured.ratio <= band.high
     if ok:
         return PASS, lowered, band

@@ -130,8 +130,12 @@ def test_expect_band_lowers_its_low_end_to_a_lower_prediction_and_says_so(capsys
     band = B.Band(gpu_class="tensor-core", lesson="03", metric="m", low=2.0, high=20.0, source="s")
     monkeypatch.setattr(B, "gpu_class", lambda facts=None: "tensor-core")
     monkeypatch.setattr(B, "load_bands", lambda: type("Bands", (), {"band": lambda self, cls, lesson: band})())
-    check = lesson.expect_band("03", 1.6, predicted_low=(1.5, "2 CPU core(s)"))
+    import gpulab.lessons.l03_input_pipeline as L03
+    monkeypatch.setattr(L03, "band_floor", lambda scale=None: (1.5, "2 CPU core(s)"))
+    check = lesson.expect_band("03", 1.6)
     out = capsys.readouterr().out
-    assert check.status == "pass" and check.low == 1.5 and "lowered to 1.5 here: 2 CPU core(s)" in out
-    assert lesson.expect_band("03", 1.6, predicted_low=(6.0, "16 cores")).status == "FAIL"   # never raised
+    assert check.status == "pass" and check.low == 1.5 and "lowered from 2: 2 CPU core(s)" in out
+    monkeypatch.setattr(L03, "band_floor", lambda scale=None: (6.0, "16 cores"))
+    assert lesson.expect_band("03", 1.6).status == "FAIL"                                   # never raised
+    monkeypatch.delattr(L03, "band_floor")
     assert lesson.expect_band("03", 1.6).status == "FAIL"
