@@ -262,6 +262,18 @@ def _has_syncs(f: Facts) -> bool:
     return any(ms > 0 for _, _, ms, _ in f.syncs) or bool(f.hidden_syncs)
 
 
+def _launch_idle(f: Facts, share_min: float) -> float | None:
+    """The GPU's idle while the host launched (ms per unprofiled step), or None below `share_min` of the step
+    or where the kernels are not launched one by one (a replayed graph launches many with one call): what
+    launch_bound and cudagraphs_skipped both read."""
+    ms = f.idle("launch")
+    if f.share(ms) < share_min:
+        return None
+    if f.launches_per_step is not None and f.launches_per_step < LAUNCHES_PER_KERNEL_MIN * f.kernels_per_step:
+        return None
+    return ms
+
+
 def _in_forward(site: str, via: str) -> bool:
     """A synchronizing call made inside a module's forward (the user's `forward`, or torch.nn's modules):
     inside what torch.compile captures, where it splits the graph (a `.item()` is a graph break)."""
@@ -275,10 +287,8 @@ def launch_bound(f: Facts) -> Verdict | None:
     outside. The usual fix captures the model (torch.compile(model, mode="reduce-overhead")): a synchronization
     outside the model (a metric's `.item()`, GradScaler's inf check) stays outside its graphs and does not
     stop it; one inside the model's forward splits its graphs, so those go first (blocked by host_sync)."""
-    ms = f.idle("launch")
-    if f.share(ms) < LAUNCH_SHARE_MIN:
-        return None
-    if f.launches_per_step is not None and f.launches_per_step < LAUNCHES_PER_KERNEL_MIN * f.kernels_per_step:
+    ms = _launch_idle(f, LAUNCH_SHARE_MIN)
+    if ms is None:
         return None
     timed = [(site, via) for site, via, ms, _ in f.syncs if ms > 0] + [(site, via) for site, via, *_ in f.hidden_syncs]
     inside = [(site, via) for site, via in timed if _in_forward(site, via)]
@@ -608,13 +618,10 @@ def cudagraphs_skipped(f: Facts) -> Verdict | None:
     warm, measured = _compiled(f, "cudagraph_skips")
     if warm + measured <= 0 or f.compiled_regions <= 0:
         return None
-    if f.launches_per_step is not None and f.launches_per_step < LAUNCHES_PER_KERNEL_MIN * f.kernels_per_step:
+    ms = _launch_idle(f, CUDAGRAPH_SKIP_SHARE_MIN)
+    if ms is None:
         return None
-    ms = f.idle("launch")
-    share = f.share(ms)
-    if share < CUDAGRAPH_SKIP_SHARE_MIN:
-        return None
-    return verdict("cudagraphs_skipped", "CUDA graphs skipped by torch.compile", "11", share,
+    return verdict("cudagraphs_skipped", "CUDA graphs skipped by torch.compile", "11", f.share(ms),
                    f"inductor skipped CUDA graphs {warm + measured} time(s); the host spent {f.host('launch'):.3g} ms "
                    f"per step launching (threshold {pct(CUDAGRAPH_SKIP_SHARE_MIN)})",
                    "remove what inductor names (TORCH_LOGS=perf_hints): CPU tensors passed in, inputs mutated, "
