@@ -644,7 +644,7 @@ def compute_bound(f: Facts) -> Verdict | None:
                else "MFU unknown: no FLOP count for the step")
         share = 0.0
     else:
-        mfu = f"{f.tflops:.3g} TFLOP/s = MFU {pct(f.mfu)} of {f.peak_tflops:.3g} TFLOP/s ({f.peak_source})"
+        mfu = f"{f.tflops:.3g} TFLOP/s = MFU {pct(f.mfu)} of the measured peak, {f.peak_tflops:.3g} TFLOP/s ({f.peak_source})"
         share = 1.0 - min(f.mfu, 1.0)
     fix = ("fuse the elementwise and normalization kernels (torch.compile)" if elementwise
            else "larger matrix products, 16-bit math, fused attention: lesson 13's stack")

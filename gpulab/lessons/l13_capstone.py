@@ -30,10 +30,10 @@ What each toggle does, and where the course measured it alone:
 | amp | autocast in bf16, or fp16 with a GradScaler | 06 |
 | channels_last | NHWC layout of the CNN's weights and images | 07 |
 | aligned | the GPT's vocabulary padded to a multiple of 64 | 07 |
-| fused | `torch.optim.AdamW(fused=True)`: one kernel for the whole update | 12 |
+| fused | `torch.optim.AdamW(fused=True)`: the whole update in a few multi-tensor launches | 12 |
 | loader | batches from DataLoader workers, pinned, copied with non_blocking | 03, 05 |
 | compile | `torch.compile` of the forward and the loss (inductor) | 12 |
-| cuda_graphs | `torch.compile(mode="reduce-overhead")`: the compiled step replayed from CUDA graphs | 11 |
+| cuda_graphs | `torch.compile(mode="reduce-overhead")`: the compiled forward and backward replayed from CUDA graphs (not the optimizer) | 11 |
 | checkpointing | every block checkpointed (lesson 09's `run_blocks`) | 09 |
 | accumulation | the batch split into equal micro-batches, gradients summed | 10 |
 """
