@@ -219,6 +219,10 @@ class Facts:
     tf32_cudnn: bool = False
     memory: MemoryFacts | None = None
     step_ms: float | None = None    # unprofiled step time (steps back to back, host clock, synchronized)
+    # the GPU's busy time and the step under a profiler of the GPU's activity only (core.kernel_busy): the
+    # busy share of steps run back to back, where kernels can run slower than in the stretched full profile
+    light_busy_ms: float | None = None
+    light_step_ms: float | None = None
     flops_per_step: float | None = None
     peak_tflops: float | None = None
     peak_source: str = ""
@@ -263,8 +267,10 @@ class Facts:
 
     @property
     def base_idle_ms(self) -> float:
-        """The unprofiled step's idle: the step minus the GPU's busy time (kernels barely change under the
-        profiler, the host's work does)."""
+        """The unprofiled step's idle: its share in the kernel-only profile of steps back to back (where
+        one was made) times the step; else the step minus the full profile's busy time."""
+        if self.light_busy_ms is not None and self.light_step_ms:
+            return self.base_ms * max(1.0 - self.light_busy_ms / self.light_step_ms, 0.0)
         return max(self.base_ms - self.busy_ms, 0.0)
 
     @property
@@ -689,7 +695,8 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
             step_ms: float | None = None, flops_per_step: float | None = None,
             peak_tflops: float | None = None, peak_source: str = "",
             kernel_ceiling_tflops: float | None = None, hidden_syncs: tuple = (), compile: dict | None = None,
-            stalls: StallFacts | None = None) -> Facts:
+            stalls: StallFacts | None = None, light_busy_ms: float | None = None,
+            light_step_ms: float | None = None) -> Facts:
     """Facts from the events of the profiled steps (each inside a `step_name` host range)."""
     events = list(events)
     windows = step_windows(events, step_name)
@@ -742,7 +749,7 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
         pageable_copy_ms=length_us(_union([e for e in gpu if is_pageable(e)], span)) / per_step,
         comm_ms=length_us(comm) / per_step, comm_exposed_ms=length_us(intersect(subtract(comm, rest), waiting)) / per_step,
         gemms=tuple(_gemm_facts(gpu, classes, ops, steps, tf32_matmul, tf32_cudnn)), tf32_matmul=tf32_matmul, tf32_cudnn=tf32_cudnn,
-        memory=memory, step_ms=step_ms, flops_per_step=flops_per_step, peak_tflops=peak_tflops,
+        memory=memory, step_ms=step_ms, light_busy_ms=light_busy_ms, light_step_ms=light_step_ms, flops_per_step=flops_per_step, peak_tflops=peak_tflops,
         peak_source=peak_source, kernel_ceiling_tflops=kernel_ceiling_tflops,
         host_by_cause={c: length_us(iv) / per_step for c, iv in timeline.by_cause.items()},
         host_sites={c: top(rows) for c, rows in timeline.sites.items()},

@@ -250,6 +250,37 @@ def _profile(step: Callable, steps: int, device: torch.device, trace_path: str |
     return Profiled(records, start, _memory_facts(before, after, device, steps), parse(records, start or None))
 
 
+def kernel_busy(step: Callable, steps: int, device: torch.device) -> tuple[float, float] | None:
+    """(GPU busy ms, step ms) per step of `steps` steps run back to back under a profiler that records the
+    GPU's activity only (no Python stacks, shapes or operator ranges: a few microseconds per launch), on
+    the host clock between two synchronizations, as the unprofiled window times them. None on the CPU.
+
+    The full profile's busy time is not the unprofiled step's: stretched by the profiler's host work, the
+    GPU idles most of the profiled step and its kernels run at a lighter load than back to back, where they
+    can run slower (a power-limited GPU lowers its clock under sustained load), so "step minus profiled
+    busy" reads as idle time what is kernels running slower. This profile's busy share is the one the
+    launch and idle rules read."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpulab.diagnose.analyze import length_us, merge_intervals
+    from gpulab.diagnose.events import GPU, record_kind, records_from_profiler
+
+    sync(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            _run(step, "kernel-only profiled steps")
+        sync(device)
+        wall_ms = (time.perf_counter() - start) * 1e3
+    records, _ = records_from_profiler(prof)
+    work = [(r.start_ns / 1e3, r.end_ns / 1e3) for r in records if record_kind(r) == GPU and r.end_ns > r.start_ns]
+    busy_ms = length_us(merge_intervals(work)) / 1e3
+    return busy_ms / steps, wall_ms / steps
+
+
 # A synchronizing call PyTorch warned of only when the debug mode was switched back after the step
 SYNC_MODE_MISSING = "set_sync_debug_mode unavailable"
 LATE_SYNC = "reported after the step, without its line (PyTorch's backward thread)"
@@ -477,11 +508,12 @@ def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, dev
                      f"{NVML_MIN_S:g} s; NVML's figure is the percent of time over its past sample period (1/6 s to 1 s, "
                      "by product) during which one or more kernels ran, so over a shorter time it reads the idle "
                      "before and after")
+    light = kernel_busy(step, steps, device) if profile and not distributed else None
     profiled = _profile(step, steps, device, trace_path, record=profile)
     stalls = stall_facts(per_step, chunks)
     if stalls is not None and stalls.period and not distributed and profile:
         try:
-            stalls = _stall_site(step, stalls, device, max(warmup, 1), steps)
+            stalls = _stall_site(step, stalls, device, max(warmup, 1), steps + (steps if light else 0))
         except DiagnoseError:
             raise
         except Exception as err:     # noqa: BLE001 - the slow step's line is extra
@@ -505,7 +537,8 @@ def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, dev
     inputs = dict(on_gpu=device.type == "cuda", tf32_matmul=tf32_matmul, tf32_cudnn=tf32_cudnn,
                   step_ms=timing.median_ms, flops_per_step=flops_per_step, peak_tflops=peak_tflops,
                   peak_source=source, kernel_ceiling_tflops=datasheet_16bit(device), hidden_syncs=tuple(hidden),
-                  compile=compile)
+                  compile=compile, light_busy_ms=light[0] if light else None,
+                  light_step_ms=light[1] if light else None)
     if record_to is not None:
         save_record(record_to, profiled, inputs, stalls, dict(device=str(device), step_spread_ms=timing.spread_ms,
                                                              nvml_util_pct=nvml, label=label, notes=notes))
@@ -593,7 +626,9 @@ def report_text(d: Diagnosis) -> str:
     share = (lambda ms: 100 * ms / d.profiled_step_ms) if d.profiled_step_ms else (lambda ms: 0.0)
     if d.on_gpu:
         lines.append(f"GPU busy {d.busy_ms:.3g} ms ({share(d.busy_ms):.0f} % of the profiled step, all streams merged), "
-                     f"idle {d.idle_ms:.3g} ms; without the profiler idle {f.base_idle_ms:.3g} ms of {f.base_ms:.3g}")
+                     f"idle {d.idle_ms:.3g} ms; without the profiler idle {f.base_idle_ms:.3g} ms of {f.base_ms:.3g}"
+                     + (f" (busy {f.light_busy_ms:.3g} of {f.light_step_ms:.3g} ms per step back to back under a profiler "
+                        "of the GPU's activity only)" if f.light_busy_ms is not None and f.light_step_ms else ""))
     else:
         lines.append(f"on the CPU the device is the host: busy inside aten ops {d.busy_ms:.3g} ms "
                      f"({share(d.busy_ms):.0f} %), outside them {d.idle_ms:.3g} ms ({share(d.idle_ms):.0f} %)")
