@@ -105,9 +105,25 @@ def test_idle_is_read_from_the_kernel_only_profile_where_there_is_one():
     stretched = dict(busy_ms=50.0, step_ms=80.0)          # step minus profiled busy: 30 ms "idle"
     assert facts({"launch": 60.0}, **stretched).base_idle_ms == pytest.approx(30.0)
     f = facts({"launch": 60.0}, light_busy_ms=78.0, light_step_ms=81.0, **stretched)
-    assert f.base_idle_ms == pytest.approx(80.0 * 3.0 / 81.0)
+    assert f.base_idle_ms == pytest.approx(2.0)         # the smaller of 80 x 3/81 and 80 - 78
+    # a kernel-only profile that stretched a host-paced step: its idle share would overstate the idle
+    assert facts({"launch": 60.0}, light_busy_ms=28.0, light_step_ms=43.0, step_ms=34.0,
+                 busy_ms=28.0).base_idle_ms == pytest.approx(6.0)
+    assert facts({"launch": 60.0}, light_busy_ms=20.0, light_step_ms=25.0, step_ms=30.0,
+                 busy_ms=20.0).base_idle_ms == pytest.approx(6.0)          # 30 x 5/25 < 30 - 20
     assert R.launch_bound(f) is None and R.launch_bound(facts({"launch": 60.0}, **stretched)) is not None
     assert facts({"launch": 60.0}, light_busy_ms=90.0, light_step_ms=81.0, **stretched).base_idle_ms == 0.0
+
+
+def test_launch_bound_leaves_out_what_graphs_cannot_capture():
+    """The optimizer's host time and the recurrent layers' (Dynamo runs nn.LSTM eagerly) stay outside the
+    model's graphs: expected without them, silent when what is left is under the threshold."""
+    v = R.launch_bound(facts({"launch": 40.0}, rnn_host_ms=20.0, optimizer_host_ms=5.0))
+    assert v.share == pytest.approx(0.40) and v.expected_share == pytest.approx(0.15)
+    assert "the recurrent layers' 20 ms too" in v.evidence and "the optimizer's 5 ms" in v.evidence
+    edge = R.LAUNCH_SHARE_MIN * WINDOW
+    assert R.launch_bound(facts({"launch": 40.0}, rnn_host_ms=40.0 - edge + BELOW)) is None
+    assert R.launch_bound(facts({"launch": 40.0}, rnn_host_ms=40.0 - edge)) is not None
 
 
 def test_input_bound_names_the_fix_for_where_the_batch_is_made():
