@@ -19,12 +19,15 @@ from gpulab.core.device import describe, pick_device
 
 
 _started = False   # start() has run in this process: the notebook's setup cell got that far
+_lesson = ""       # the lesson start() was called for (the check log's first column)
+CHECKS_ENV = "GPULAB_CHECKS"
 
 
 def start(lesson: str) -> None:
     """First output of every notebook: where it runs, at what size, what the numbers mean and, on a
     GPU, how long the notebook will take there (`predicted_time`)."""
-    global _started
+    global _started, _lesson
+    _lesson = lesson
     text = f"**Lesson {lesson}.** {describe()}"
     predicted = predicted_time(lesson)
     if predicted is not None:
@@ -166,7 +169,30 @@ def expect(name: str, measured: float | None, low: float | None = None,
         check = Check(name, measured, low, high, "pass" if ok else "FAIL",
                       why if ok else fail_text(measured, low, high, why_fail))
     print(check)
+    log_check(check)
     return check
+
+
+def log_check(check: Check) -> None:
+    """Append `check` as one JSON line to the file GPULAB_CHECKS names (nothing when it is unset): a run of
+    the course leaves every pass, FAIL and skip with its lesson, GPU, profile and scale, which nbval's
+    output does not keep. A file that cannot be written is said once in the output, not raised."""
+    path = os.environ.get(CHECKS_ENV)
+    if not path:
+        return
+    import json
+    import time
+
+    from gpulab.core.device import device_facts, scale
+    facts = device_facts()
+    row = {"lesson": _lesson, "name": check.name, "status": check.status, "measured": check.measured,
+           "low": check.low, "high": check.high, "why": check.why, "gpu": facts.name,
+           "profile": facts.profile or "", "scale": scale(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+    except OSError as err:
+        print(f"  (the check was not logged to {CHECKS_ENV}={path}: {err})")
 
 
 def fail_text(measured: float, low: float | None, high: float | None, why_fail: str) -> str:

@@ -197,3 +197,25 @@ def test_a_device_column_is_totalled_over_the_device_rows_only():
     legacy = [E(key="aten::mm", device_type=DeviceType.CPU, is_legacy=True, is_user_annotation=False,
                 self_device_time_total=7.0)]
     assert lesson.column_total(legacy, "self_device_time_total") == 7.0
+
+
+def test_checks_are_logged_where_gpulab_checks_says(tmp_path, monkeypatch, capsys):
+    """A course run leaves every check (pass, FAIL, skipped) with its lesson in the GPULAB_CHECKS file;
+    unset, nothing is written; an unwritable path is said, not raised."""
+    import json
+
+    from gpulab.notebook import lesson as L
+    path = tmp_path / "checks.jsonl"
+    monkeypatch.setattr(L, "_lesson", "06")
+    L.expect("ratio", 1.0, 2.0, 3.0, why_fail="too slow")
+    assert not path.exists()
+    monkeypatch.setenv(L.CHECKS_ENV, str(path))
+    L.expect("ratio", 1.0, 2.0, 3.0, why_fail="too slow")
+    L.expect("other", None, applies=False, why_not="no GPU here")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["lesson"], r["name"], r["status"]) for r in rows] == [("06", "ratio", "FAIL"), ("06", "other", "skipped")]
+    assert rows[0]["low"] == 2.0 and "too slow" in rows[0]["why"] and rows[1]["why"] == "no GPU here"
+    assert {"gpu", "profile", "scale", "time"} <= set(rows[0])
+    monkeypatch.setenv(L.CHECKS_ENV, str(tmp_path / "no-such-folder" / "x.jsonl"))
+    L.expect("ratio", 2.5, 2.0, 3.0)
+    assert "was not logged" in capsys.readouterr().out
