@@ -256,6 +256,7 @@ class Facts:
     compiled_regions: float = 0.0   # torch.compile'd regions entered per step
     between_regions_ms: float = 0.0  # host time between two compiled regions of a step (graph breaks)
     rnn_host_ms: float = 0.0        # host time inside recurrent layers' ops (Dynamo runs them eagerly)
+    compiled_host_ms: float | None = None   # host time inside compiled regions and compiled backwards
     compile: dict = field(default_factory=dict)   # dynamo's counters around the timed steps (core.py)
     stalls: StallFacts | None = None
     intervals: dict = field(default_factory=dict, repr=False)   # for the plot: windows, busy, idle, host
@@ -783,6 +784,7 @@ SOFTMAX_OPS = ("aten::_softmax", "aten::softmax", "aten::_softmax_backward_data"
 OPTIMIZER_RANGE = "Optimizer.step#"
 DDP_FORWARD = "DistributedDataParallel.forward"
 COMPILED_REGION = "Torch-Compiled Region"
+COMPILED_BACKWARD = "CompiledFunctionBackward"
 RNN_OPS = ("aten::_cudnn_rnn", "aten::_cudnn_rnn_backward", "aten::lstm", "aten::gru", "aten::rnn_tanh",
            "aten::rnn_relu", "aten::_thnn_fused_lstm_cell", "aten::_thnn_fused_gru_cell", "aten::miopen_rnn",
            "aten::miopen_rnn_backward")
@@ -869,6 +871,10 @@ def _patterns(events, gpu, classes, ops, calls, windows, span, step_name) -> dic
         inside = _outermost([r for r in regions if lo <= r.start_us <= hi])
         between += sum(max(b.start_us - a.end_us, 0.0) for a, b in zip(inside, inside[1:]))
     out["between_regions_ms"] = between
+    # the host time inside compiled code (the forward's regions and the compiled backward): all that a
+    # replayed CUDA graph of it could take off the host
+    backward = [op for op in ops.values() if op.name == COMPILED_BACKWARD]
+    out["compiled_host_ms"] = length_us(intersect(_spans(regions + backward), span))
     return out
 
 

@@ -7,7 +7,7 @@ training steps: the model trains on, as it does during the rest of the diagnosis
 
 | verdict | the variant | when it cannot be made |
 |---|---|---|
-| fp32_matmuls | the step under `torch.autocast(dtype=bfloat16)`; TF32 allowed where the GPU has no bf16 | a GPU with neither (Turing, Volta) |
+| fp32_matmuls | the step under `torch.autocast(dtype=bfloat16)`, its own outermost `autocast(enabled=False)` switched on; TF32 allowed where the GPU has no bf16 | a GPU with neither (Turing, Volta); a step that sets its precision otherwise |
 | pageable_copy | every pageable host-to-GPU `Tensor.to` or `Tensor.cuda` staged through a pinned buffer (reused after its copy's event) and copied with `non_blocking=True` | |
 | input_bound | the DataLoader's first batch handed out again every step, its tensors copied to the GPU once: what the input pipeline costs | the batch is made by the step's own code (no DataLoader): it runs anyway |
 | host_sync, host_code, periodic_stall | the step without the calls the learner marked with `skippable(...)` | nothing marked |
@@ -62,11 +62,47 @@ def without_marked() -> Iterator[dict]:
 
 # -- variants ---------------------------------------------------------------------------------------
 @contextlib.contextmanager
+def switched_on(device_type: str, dtype: torch.dtype) -> Iterator[dict]:
+    """Inside it, the step's own `torch.autocast(..., enabled=False)` for `device_type` is entered enabled,
+    in `dtype`, where it is the step's outermost autocast: a switch like `autocast(enabled=use_amp)` turned
+    on, as the fix would. One nested inside an autocast the step entered itself (an fp32 island: a loss, a
+    softmax) stays off. Yields {"switched": how many were turned on}."""
+    from torch.amp.autocast_mode import autocast
+
+    init, enter, leave = autocast.__init__, autocast.__enter__, autocast.__exit__
+    depth, seen = [0], {"switched": 0}
+
+    def new_init(self, device_type_, dtype=None, enabled=True, cache_enabled=None):
+        if not enabled and depth[0] == 0 and device_type_ == device_type:
+            enabled, dtype = True, wanted
+            seen["switched"] += 1
+        init(self, device_type_, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    def new_enter(self):
+        depth[0] += 1
+        return enter(self)
+
+    def new_exit(self, *exc):
+        depth[0] -= 1
+        return leave(self, *exc)
+
+    wanted = dtype
+    undo = [_patched(autocast, "__init__", new_init), _patched(autocast, "__enter__", new_enter),
+            _patched(autocast, "__exit__", new_exit)]
+    try:
+        yield seen
+    finally:
+        for u in reversed(undo):
+            u()
+
+
+@contextlib.contextmanager
 def sixteen_bit(device: torch.device) -> Iterator[str]:
-    """The step under bf16 autocast, or with TF32 allowed where the GPU has TF32 but no bf16."""
+    """The step under bf16 autocast (its own outermost `autocast(enabled=False)` switched on: `switched_on`),
+    or with TF32 allowed where the GPU has TF32 but no bf16."""
     if device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False):
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            yield "the step under torch.autocast(dtype=torch.bfloat16)"
+        with torch.autocast(device.type, dtype=torch.bfloat16), switched_on(device.type, torch.bfloat16):
+            yield "the step under torch.autocast(dtype=torch.bfloat16), its own autocast switch turned on"
         return
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0):
         from gpulab.models.precision import fp32_math

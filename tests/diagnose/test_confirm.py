@@ -159,3 +159,26 @@ def test_confirm_verdicts_demotes_a_fix_that_bought_too_little():
     C.confirm_verdicts(d, step, CPU, steps=1)
     (v,) = d.verdicts
     assert 0.8 < v.measured < 1.5 and v.demoted and "; demoted: it saved" in v.confirmation
+
+
+def test_the_16bit_variant_turns_on_the_steps_own_autocast_switch_not_its_fp32_islands():
+    """`autocast(enabled=use_amp)` with use_amp False is the step's switch: the variant turns it on (what
+    the fix does); an autocast(enabled=False) nested in one the step enabled itself stays off; undone after."""
+    import torch
+
+    from gpulab.diagnose.confirm import switched_on
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+            outer = (torch.randn(4, 4) @ torch.randn(4, 4)).dtype
+            with torch.autocast("cpu", enabled=True), torch.autocast("cpu", enabled=False):
+                island = (torch.randn(4, 4) @ torch.randn(4, 4)).dtype
+        return outer, island
+
+    assert step() == (torch.float32, torch.float32)
+    with switched_on("cpu", torch.bfloat16) as seen:
+        assert step() == (torch.bfloat16, torch.float32)
+    assert seen["switched"] == 1
+    with switched_on("cuda", torch.bfloat16) as seen:       # another device's autocast is left alone
+        assert step() == (torch.float32, torch.float32)
+    assert seen["switched"] == 0 and step() == (torch.float32, torch.float32)

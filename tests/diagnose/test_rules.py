@@ -402,6 +402,10 @@ def test_cudagraphs_skipped_edge_and_it_replaces_launch_bound():
     assert R.cudagraphs_skipped(replayed) is None
     verdicts, _ = R.run_rules(facts({"launch": 30.0}, compiled_regions=1.0, compile=skipped))
     assert "cudagraphs_skipped" in [v.rule for v in verdicts] and "launch_bound" not in [v.rule for v in verdicts]
+    # expected: only the host time inside the compiled code; the share stays the launch time
+    v = R.cudagraphs_skipped(facts({"launch": 30.0}, compiled_regions=1.0, compile=skipped, compiled_host_ms=12.0))
+    assert v.share == pytest.approx(0.30) and v.expected_share == pytest.approx(0.12)
+    assert "12 ms of the step inside the compiled code" in v.evidence
 
 
 def test_compute_bound_reports_mfu():
