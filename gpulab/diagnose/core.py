@@ -256,10 +256,13 @@ def kernel_busy(step: Callable, steps: int, device: torch.device) -> tuple[float
     the host clock between two synchronizations, as the unprofiled window times them. None on the CPU.
 
     The full profile's busy time is not the unprofiled step's: stretched by the profiler's host work, the
-    GPU idles most of the profiled step and its kernels run at a lighter load than back to back, where they
-    can run slower (a power-limited GPU lowers its clock under sustained load), so "step minus profiled
-    busy" reads as idle time what is kernels running slower. This profile's busy share is the one the
-    launch and idle rules read."""
+    GPU idles most of the profiled step, and its kernels ran faster there than back to back. On the H200
+    (zoo run D, 2026-12-01) vit_tuned's kernels took 19.8 ms per step back to back and 13.8 ms in the
+    full profile, gpt_tuned's 24.5 and 20.6, so "step minus profiled busy" read 5.8 and 4.6 ms of idle that
+    CUDA graphs did not remove (their labels: 1.01x, 0.97x). One likely reason, not measured for these
+    steps: a GPU at its power limit lowers its clock under sustained load (notebook 00's sustained product
+    ran at 1,543 MHz and 600 W on this H200: results/README.md, run s4). This profile's busy share is the
+    one the launch and idle rules read (`Facts.base_idle_ms`)."""
     if device.type != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
