@@ -392,6 +392,35 @@ def headline(scale: str | None = None) -> Measured:
                     True, f"relative error against float64: {errors}", f"fp32, n={n}", f"{best}, n={n}")
 
 
+# A measured 16-bit / fp32 ratio keeps at least 3/4 of the datasheet's: on the H200 it measured 13.1-13.6
+# against the datasheet's 989 / 67 = 14.8 (88-92 %; results/h200-2026-11-29*.json); a power-capped or
+# shared card keeps less of its 16-bit rate than of its fp32 rate.
+DATASHEET_RATIO_KEPT = 0.75
+
+
+def datasheet_ratio(name: str, bf16: bool = True) -> float | None:
+    """The datasheet's 16-bit (bf16 where the GPU has it, else fp16, fp32 accumulation) over fp32 rate for
+    the GPU called `name` (gpulab.core.specs), or None for a GPU not in the table."""
+    from gpulab.core.specs import datasheet_for
+    sheet = datasheet_for(name)
+    if sheet is None:
+        return None
+    half = (sheet.bf16 if bf16 else None) or sheet.fp16
+    return half / sheet.fp32 if half and sheet.fp32 else None
+
+
+def band_floor(scale: str | None = None) -> tuple[float, str]:
+    """The headline's least ratio on this GPU: DATASHEET_RATIO_KEPT of its own datasheet ratio (an A10 or L4,
+    whose datasheet ratio is 4.0, is not held to a band set for 8-16x parts); +inf (no change) for a GPU
+    not in the table. `lesson.expect_band` and `gpulab bench` lower the class's low end to it."""
+    facts = device_facts()
+    ratio = datasheet_ratio(facts.name, facts.bf16)
+    if ratio is None:
+        return float("inf"), "this GPU is not in gpulab.core.specs"
+    return DATASHEET_RATIO_KEPT * ratio, (f"{DATASHEET_RATIO_KEPT:g} of this GPU's datasheet ratio {ratio:.3g} "
+                                          "(gpulab.core.specs)")
+
+
 def bandwidth_ceiling(store: ResultsStore | None = None, scale: str | None = None) -> Ceiling:
     """Device-memory bandwidth (GB/s, read + write counted) for the floor. Notebook 12.
 
