@@ -4,6 +4,8 @@
 #   bash setup.sh lab     # install, then start JupyterLab on your working copy my-notebooks/ (localhost, with a token)
 #   bash setup.sh test    # install, then run every test (unit tests + notebooks under nbval)
 #
+#   bash setup.sh hub     # install JupyterHub and its proxy, then start a workshop hub (README: "Running a workshop")
+#
 # and one that installs nothing:
 #
 #   bash setup.sh reset 03   # start lesson 03 afresh: my-notebooks/03_*.ipynb from notebooks/ (old copy kept)
@@ -22,11 +24,11 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-usage="usage: bash setup.sh lab | test [extra arguments for jupyter lab / pytest]
+usage="usage: bash setup.sh lab | test | hub [extra arguments for jupyter lab / pytest / jupyterhub]
        bash setup.sh reset NN [NN ...] | all   (start lessons afresh in your working copy)"
 mode=${1:-}
 case "$mode" in
-  lab|test|reset) shift ;;
+  lab|test|hub|reset) shift ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 
@@ -163,12 +165,29 @@ else
   fi
   if [ "$mode" = lab ]; then
     "${pip[@]}" -e .
+  elif [ "$mode" = hub ]; then
+    "${pip[@]}" -e ".[hub]"
   else
     "${pip[@]}" -e ".[test]"
   fi
+  # JupyterHub's proxy (configurable-http-proxy) comes from the npm registry, into .hub/ (git-ignored)
+  if [ "$mode" != lab ] && [ ! -x .hub/node_modules/.bin/configurable-http-proxy ]; then
+    if command -v npm >/dev/null 2>&1; then
+      echo "setup: installing JupyterHub's proxy (configurable-http-proxy) into .hub/ with npm"
+      npm install --silent --no-audit --no-fund --prefix .hub configurable-http-proxy >/dev/null \
+        || echo "setup: warning: npm could not install configurable-http-proxy: the hub test will skip" >&2
+    else
+      echo "setup: no npm: JupyterHub's proxy is not installed (the hub test skips; bash setup.sh hub needs Node.js)" >&2
+    fi
+  fi
 fi
 
-if [ "$mode" = lab ]; then
+if [ "$mode" = hub ]; then
+  # the workshop hub (workshop/jupyterhub_config.py; README.md, "Running a workshop")
+  export PATH="$PWD/.hub/node_modules/.bin:$PWD/$venv/bin:$PATH"
+  echo "setup: starting JupyterHub for a workshop room (workshop/jupyterhub_config.py); learners log in on port 8000"
+  exec "$venv/bin/jupyterhub" -f workshop/jupyterhub_config.py "$@"
+elif [ "$mode" = lab ]; then
   working_copy
   args=(--ip=127.0.0.1 --port="${GPULAB_PORT:-8888}" --ServerApp.root_dir="$work")
   [ "$(id -u)" = 0 ] && args+=(--allow-root)

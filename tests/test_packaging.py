@@ -27,7 +27,7 @@ def environment_packages() -> set[str]:
             continue
         if in_deps and re.match(r"^  - [A-Za-z]", line):   # top-level conda entries only
             name = _name(line[4:])
-            if name not in ("python", "pip", "pip:"):
+            if name not in ("python", "pip", "pip:", "nodejs"):    # nodejs: npm for the hub's proxy, not PyPI
                 names.add(CONDA_TO_PIP.get(name, name))
     return names
 

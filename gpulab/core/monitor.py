@@ -347,10 +347,15 @@ _SHARING_CACHE: dict[int, tuple[float, Sharing | None]] = {}
 
 def sharing_mark(device: torch.device | None = None, max_age_s: float = 30.0) -> dict:
     """What the results store adds to a record measured on a shared GPU: {"shared": the note}; {} on a
-    GPU used alone, on the CPU, or where NVML cannot tell. Asked of NVML at most every `max_age_s`."""
+    GPU used alone, on the CPU, or where NVML cannot tell. Asked of NVML at most every `max_age_s`.
+    GPULAB_SHARED_GPU (a workshop hub's time-sliced profile sets it: inside a container NVML sees no other
+    learner's processes) marks every record on a GPU with its text."""
     device = device or pick_device()
     if device.type != "cuda":
         return {}
+    declared = os.environ.get("GPULAB_SHARED_GPU", "").strip()
+    if declared:
+        return {"shared": f"declared shared by the room ({declared})"}
     key = device.index or 0
     now = time.monotonic()
     if key not in _SHARING_CACHE or now - _SHARING_CACHE[key][0] > max_age_s:

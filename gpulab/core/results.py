@@ -100,9 +100,18 @@ def finite_value(value: Any) -> float | None:
 
 
 def default_path() -> Path:
-    """Where results go: $GPULAB_RESULTS, else ~/.gpulab/results.json."""
+    """Where results go: $GPULAB_RESULTS; else, in a workshop room, $GPULAB_ROOM/<learner>.json (the learner
+    from $GPULAB_LEARNER or JupyterHub's $JUPYTERHUB_USER: one file each in the folder the instructor
+    watches); else ~/.gpulab/results.json."""
     env = os.environ.get("GPULAB_RESULTS")
-    return Path(env).expanduser() if env else Path.home() / ".gpulab" / "results.json"
+    if env:
+        return Path(env).expanduser()
+    room = os.environ.get("GPULAB_ROOM")
+    learner = os.environ.get("GPULAB_LEARNER") or os.environ.get("JUPYTERHUB_USER")
+    if room and learner:
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in learner)
+        return Path(room).expanduser() / f"{safe}.json"
+    return Path.home() / ".gpulab" / "results.json"
 
 
 @dataclass(frozen=True)

@@ -317,7 +317,17 @@ def room(argv: list[str] | None = None) -> int:
     parser.add_argument("--png", metavar="PATH", default=None, help="save the grouped bar chart as a PNG")
     parser.add_argument("--json", metavar="PATH", default=None, help="write the merged table as JSON")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    parser.add_argument("--learners", action="store_true",
+                        help="one row per learner's results file (GPU, lessons run, marks: slice/shared, profile)")
+    parser.add_argument("--watch", metavar="SECONDS", type=float, default=None,
+                        help="print the table again every SECONDS as learners' results arrive (Ctrl-C stops)")
+    parser.add_argument("--rounds", type=int, default=None, help=argparse.SUPPRESS)   # --watch's rounds (tests)
     args = parser.parse_args(argv)
+    if args.watch is not None and args.watch <= 0:
+        print("gpulab room: --watch needs a positive number of seconds", file=sys.stderr)
+        return 2
+    if args.learners or args.watch is not None:
+        return _room_live(args, R)
     try:
         for flag, what in ((args.png, "the PNG"), (args.json, "the JSON")):
             if flag:
@@ -342,6 +352,32 @@ def room(argv: list[str] | None = None) -> int:
         print(f"gpulab room: cannot write {what} to {where} ({err.strerror or err})", file=sys.stderr)
         return 2
     return 0
+
+
+def _room_live(args, R) -> int:
+    """--learners and/or --watch: the table (per learner, or per lesson) printed once, or every --watch
+    seconds; a file half-written at one look is read again at the next."""
+    import time
+    done = 0
+    while True:
+        try:
+            if args.learners:
+                text = R.format_learners(R.learners(args.folder), markdown=args.markdown)
+            else:
+                text = R.format_table(R.merge(args.folder), markdown=args.markdown)
+        except (FileNotFoundError, ValueError) as err:
+            print(f"gpulab room: {err}", file=sys.stderr)
+            return 2
+        if args.watch is not None:
+            print(f"-- {time.strftime('%H:%M:%S')} {args.folder}")
+        print(text, flush=True)
+        done += 1
+        if args.watch is None or (args.rounds is not None and done >= args.rounds):
+            return 0
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
 
 
 def report(argv: list[str] | None = None) -> int:

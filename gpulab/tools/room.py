@@ -408,3 +408,62 @@ def readme_block(readme: str | os.PathLike) -> str | None:
     if README_START not in text or README_END not in text:
         return None
     return README_START + text.split(README_START, 1)[1].split(README_END, 1)[0] + README_END
+
+
+# -- the live room: one row per learner ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Learner:
+    name: str           # the results file's name without .json (the hub writes <learner>.json)
+    gpu: str
+    lessons: tuple      # lessons with at least one record, in order
+    records: int
+    last: str           # the newest record's time (UTC, as recorded)
+    marks: tuple        # "tiny", "profile <key>", "shared" (a MIG slice or other processes on the GPU)
+    problem: str = ""   # why the file could not be read this time (half-written, not a results store)
+
+
+def learners(folder: str | os.PathLike) -> list[Learner]:
+    """One row per results store in `folder` (bench files and other JSON are left to `merge`): what each
+    learner has run so far, on which GPU, under which marks. A file that is being written, cut off or not a
+    results store gets a row that says so, and the next look reads it again; nothing is moved or changed."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder")
+    rows = []
+    for path in sorted(root.glob("*.json")):
+        name = path.stem
+        try:
+            if not path.is_file():
+                raise ResultsFileError(_not_a_file(path))
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                raise ResultsFileError(f"not readable JSON yet ({type(err).__name__}): half-written or not a store")
+            if isinstance(data, dict) and data.get("kind") == BENCH_KIND:
+                continue                            # a bench file: the lesson table reads it
+            records = read_records(path)
+        except (OSError, ResultsFileError) as err:
+            rows.append(Learner(name, "", (), 0, "", (), str(err)))
+            continue
+        marks = []
+        if any(r.scale == "tiny" for r in records):
+            marks.append("tiny")
+        profiles = sorted({record_profile(r) for r in records} - {None, ""})
+        marks += [f"profile {p}" for p in profiles]
+        if any(r.extra.get("shared") for r in records):
+            marks.append("shared")
+        lessons = tuple(sorted({r.lesson for r in records}))
+        gpus = sorted({r.gpu for r in records})
+        rows.append(Learner(name, ", ".join(gpus) or "-", lessons, len(records),
+                            max((r.time for r in records), default=""), tuple(marks)))
+    return rows
+
+
+def format_learners(rows: list[Learner], markdown: bool = False) -> str:
+    header = ["learner", "GPU", "lessons", "records", "last record", "marks"]
+    body = [[r.name, r.gpu or "-", " ".join(r.lessons) or "-", str(r.records), r.last or "-",
+             ", ".join(r.marks) if not r.problem else f"not read: {r.problem}"] for r in rows]
+    lines = _grid(header, body, markdown)
+    lines.append(f"{len(rows)} learner(s); marks: shared = a MIG slice or other processes on the GPU (timings "
+                 "noisier), profile = timings of the GPU that emulated it, tiny = CPU-sized run")
+    return "\n".join(lines)

@@ -398,3 +398,16 @@ def test_ceilings_skip_zero_and_negative_measurements(results_path, on_cpu):
     assert found["matmul_fp16"].value == 4.0
     assert "copy_bandwidth" not in found and "matmul_bf16" not in found        # no datasheet on the CPU
     assert all(c.value > 0 for c in found.values())
+
+
+def test_a_workshop_room_gives_each_learner_a_file_in_the_room(monkeypatch, tmp_path):
+    from gpulab.core.results import default_path
+    monkeypatch.delenv("GPULAB_RESULTS", raising=False)
+    monkeypatch.delenv("GPULAB_LEARNER", raising=False)
+    monkeypatch.setenv("GPULAB_ROOM", str(tmp_path))
+    monkeypatch.setenv("JUPYTERHUB_USER", "ann/../x")
+    assert default_path() == tmp_path / "ann_.._x.json"          # one file in the room, never outside it
+    monkeypatch.setenv("GPULAB_LEARNER", "bob")
+    assert default_path() == tmp_path / "bob.json"
+    monkeypatch.setenv("GPULAB_RESULTS", str(tmp_path / "mine.json"))
+    assert default_path() == tmp_path / "mine.json"

@@ -64,3 +64,13 @@ def test_a_mig_slice_is_named_from_nvml_or_from_the_device_name(gpu):
 
 def test_nothing_to_say_on_the_cpu():
     assert monitor.gpu_sharing(torch.device("cpu")) is None
+
+
+def test_a_room_declares_a_time_sliced_gpu_shared(monkeypatch):
+    """Inside a container NVML sees no other learner's processes: the hub's time-sliced profile says so."""
+    import torch
+
+    from gpulab.core import monitor
+    monkeypatch.setenv("GPULAB_SHARED_GPU", "time-sliced")
+    assert monitor.sharing_mark(torch.device("cuda", 0)) == {"shared": "declared shared by the room (time-sliced)"}
+    assert monitor.sharing_mark(torch.device("cpu")) == {}
