@@ -57,6 +57,7 @@ def pick_device() -> torch.device:
             _capped = True
             apply_profile_memory_cap(device)
             apply_profile_cpu_limit()
+            apply_profile_sm_limit(device)
         return device
     if wanted == "cuda":
         raise SettingError(
@@ -211,7 +212,8 @@ def device_facts(device: torch.device | None = None) -> DeviceFacts:
 
     Under a GPU profile (`GPULAB_PROFILE`) the capabilities are the profile's (its compute capability,
     and the TF32 / bf16 / FP8 it implies) and its memory where that is smaller, so every lesson takes
-    that class's code path; the SM count and L2 stay this device's, since they shape its timings.
+    that class's code path; the SM count and L2 stay this device's, since they shape its timings, except a
+    MIG slice's SM count where a green context limits this process to it (`apply_profile_sm_limit`).
     """
     device = device or pick_device()
     real = _real_facts(device)
@@ -222,7 +224,11 @@ def device_facts(device: torch.device | None = None) -> DeviceFacts:
     memory = int(prof.memory_gib * 2**30)
     if real.memory_bytes is not None:
         memory = min(memory, real.memory_bytes)
-    facts = facts_for_capability(prof.name, major, minor, sm_count=real.sm_count, memory_bytes=memory,
+    # a slice's SM count where a green context gave this process that many (else this GPU's: its timings)
+    sms = prof.sm_count if prof.sm_count and SM_LIMIT.get("sms") == prof.sm_count else real.sm_count
+    if real.kind != "cuda" and prof.sm_count:
+        sms = prof.sm_count             # on the CPU: the slice's control flow, as for its capabilities
+    facts = facts_for_capability(prof.name, major, minor, sm_count=sms, memory_bytes=memory,
                                  l2_cache_bytes=real.l2_cache_bytes, geforce=prof.geforce)
     return dataclasses.replace(facts, profile=prof.key, emulated_on=real.name, real_kind=real.kind)
 
@@ -256,6 +262,34 @@ def apply_profile_cpu_limit() -> int | None:
         return None
     torch.set_num_threads(min(torch.get_num_threads(), prof.cpu_cores))
     return prof.cpu_cores
+
+
+SM_LIMIT: dict = {"sms": None, "why": "no profile with an SM count"}   # what apply_profile_sm_limit did
+
+
+def apply_profile_sm_limit(device: torch.device) -> int | None:
+    """On a GPU under a MIG-slice profile (`Profile.sm_count`), run this process's work on that many SMs:
+    a CUDA green context of `sm_count` SMs (`torch.cuda.green_contexts`, beta), made current, its stream
+    this process's current stream. Returns the SM count, or None with the reason in SM_LIMIT["why"] (no
+    such profile; this PyTorch or driver has no green contexts), when the SMs stay the whole GPU's and
+    `device_facts()` says so."""
+    prof = profile()
+    if prof is None or not prof.sm_count or device.type != "cuda":
+        SM_LIMIT.update(sms=None, why="no profile with an SM count" if prof is None or not prof.sm_count
+                        else "not on a GPU")
+        return None
+    try:
+        from torch.cuda.green_contexts import SUPPORTED, GreenContext
+        if not SUPPORTED:
+            raise RuntimeError("this PyTorch was not built with green contexts")
+        ctx = GreenContext.create(num_sms=prof.sm_count, device_id=device.index or 0)
+        ctx.set_context()
+        torch.cuda.set_stream(ctx.Stream())
+    except Exception as err:        # noqa: BLE001 - the slice's SMs are an emulation; the course runs without them
+        SM_LIMIT.update(sms=None, why=f"green contexts unavailable ({type(err).__name__}: {err})")
+        return None
+    SM_LIMIT.update(sms=prof.sm_count, why=f"a green context of {prof.sm_count} SMs", context=ctx)
+    return prof.sm_count
 
 
 def apply_profile_memory_cap(device: torch.device | None = None) -> float | None:

@@ -106,6 +106,17 @@ def _readers(pynvml) -> dict[str, Any]:
     }
 
 
+def slice_without_utilization() -> str:
+    """Why NVML's utilization is not read here ("" where it is): under a MIG-slice profile, as on a real
+    slice, where NVML reports it Not Supported (the GPU's figure would count every slice's kernels)."""
+    from gpulab.core.device import profile
+    prof = profile()
+    if prof is not None and not prof.nvml_utilization:
+        return (f"a MIG slice ({prof.key}: {prof.mig}) has no NVML utilization of its own; "
+                "the profiler's busy share is the measure there")
+    return ""
+
+
 class GpuMonitor:
     """Background sampler of GPU busy %, memory, SM clock, PCIe rx/tx and power.
 
@@ -148,6 +159,9 @@ class GpuMonitor:
         self._pynvml.nvmlInit()
         self._handle = nvml_handle(self._pynvml, self.device)
         self.available = True
+        no_util = slice_without_utilization()
+        if no_util:
+            self.unsupported["busy_pct"] = no_util
         self.status = f"sampling every {self.interval_s:g} s"
         self._stop.clear()
         self._t0 = time.perf_counter()

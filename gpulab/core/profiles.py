@@ -1,6 +1,7 @@
 """GPU profiles: the classes of GPU learners bring, so the course can behave as on one of them.
 
-`GPULAB_PROFILE=t4` (or v100, a10, rtx3090, rtx4090, l4, a100, h100, h200) makes the course take
+`GPULAB_PROFILE=t4` (or v100, a10, rtx3090, rtx4090, l4, a100, h100, h200, or a MIG slice: h200-1g,
+h100-1g, a100-1g) makes the course take
 that class's code paths on whatever it runs on: `device_facts()` reports the profile's compute
 capability and what it implies (no TF32 or bf16 before Ampere, no FP8 before Ada), so a precision
 the class lacks is refused the way a real one refuses it; on a GPU, memory is capped to the
@@ -34,6 +35,12 @@ class Profile:
     source: str
     pcie_generation: int = 4    # host link, x16 (from the same datasheet): what the budget test divides by
     cpu_cores: int | None = None  # the host's CPU cores where the class comes with a typical host (None: this one's)
+    # A MIG slice: its SMs (applied with a green context where PyTorch has them: gpulab.core.device), and
+    # what a slice does not have: NVML reads no utilization for it, and it has no P2P or NVLink to another GPU.
+    sm_count: int | None = None
+    mig: str = ""               # the MIG profile name ("1g.18gb"); "" for a whole GPU
+    nvml_utilization: bool = True
+    p2p: bool = True
 
 
 PROFILES: dict[str, Profile] = {p.key: p for p in (
@@ -57,6 +64,18 @@ PROFILES: dict[str, Profile] = {p.key: p for p in (
             "NVIDIA H100 Tensor Core GPU datasheet (2023)", pcie_generation=5),
     Profile("h200", "NVIDIA H200", (9, 0), 141, 700, False,
             "NVIDIA H200 Tensor Core GPU datasheet (2024)", pcie_generation=5),
+    # MIG 1g slices, one seventh of the GPU, as a workshop hands them out (workshop/z2jh-values.yaml). SMs,
+    # memory and the profile names: NVIDIA's MIG User Guide, "Supported MIG Profiles"; memory is the usable
+    # part of the slice's nominal size.
+    Profile("h200-1g", "NVIDIA H200 MIG 1g.18gb", (9, 0), 16, 700, False,
+            "NVIDIA MIG User Guide, supported profiles: H200 1g.18gb, 16 SMs (one seventh of the GPU), 18 GB",
+            pcie_generation=5, sm_count=16, mig="1g.18gb", nvml_utilization=False, p2p=False),
+    Profile("h100-1g", "NVIDIA H100 80GB HBM3 MIG 1g.10gb", (9, 0), 9.5, 700, False,
+            "NVIDIA MIG User Guide, supported profiles: H100 80GB 1g.10gb, 16 SMs, 10 GB",
+            pcie_generation=5, sm_count=16, mig="1g.10gb", nvml_utilization=False, p2p=False),
+    Profile("a100-1g", "NVIDIA A100-SXM4-80GB MIG 1g.10gb", (8, 0), 9.5, 400, False,
+            "NVIDIA MIG User Guide, supported profiles: A100 80GB 1g.10gb, 14 SMs, 10 GB",
+            pcie_generation=4, sm_count=14, mig="1g.10gb", nvml_utilization=False, p2p=False),
 )}
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 import torch
-from gpulab.core.device import pick_device, resolve_scale
+from gpulab.core.device import device_facts, pick_device, resolve_scale
 from gpulab.core.measured import Measured, Skipped
 from gpulab.core.memory import free_memory
 from gpulab.core.predict import Plan, Work
@@ -459,7 +459,7 @@ def bandwidth_experiment(block_size: int = 1024, num_warps: int = 4, n: int | No
     res = kernel_resources(compiled)
     occ = occupancy(_device_cc(device), res.threads_per_block, res.registers_per_thread, res.shared_bytes)
     t = benchmark(launch)                   # x and y are freed when this function returns
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = device_facts(device).sm_count      # a MIG slice's under its profile (gpulab.core.device)
     resident = min(occ.active_blocks, -(-grid[0] // sms))
     return {"GB/s": t.per_second(2 * 4 * n) / 1e9, "ms": t, "occupancy %": occ.percent,
             "blocks/SM": occ.active_blocks, "limited by": occ.limiter,
@@ -501,7 +501,7 @@ class WaveKernel:
                                    self.resources.registers_per_thread, self.resources.shared_bytes)
         if not self.occupancy.fits:
             raise ValueError(f"wave_kernel does not fit on an SM here: {self.occupancy}")
-        self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        self.sms = device_facts(self.device).sm_count
         self.slots = self.sms * self.occupancy.active_blocks
         self.max_programs = waves_shown * self.slots + 1
         self.out = torch.empty(self.max_programs * block, device=self.device)

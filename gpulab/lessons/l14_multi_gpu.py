@@ -724,6 +724,14 @@ def link_info(devices: Sequence[int]) -> dict[str, Any]:
     """How two GPUs are connected, from CUDA (peer access) and NVML (NVLink, PCIe topology)."""
     from gpulab.core import monitor
 
+    from gpulab.core.device import profile
+
+    prof = profile()
+    if prof is not None and not prof.p2p:
+        return {"summary": f"a MIG slice ({prof.key}: {prof.mig}): no P2P or NVLink to another GPU, and one "
+                           "slice per process; two slices talk through host memory (NCCL's SHM or sockets)",
+                "peer_access": False, "nvlink_active": 0, "nvlink_p2p": False, "pcie_ancestor": None,
+                "nvml": "not used: the profile says what a slice has"}
     if len(devices) < 2 or not torch.cuda.is_available():
         return {"summary": "gloo over loopback (CPU)", "peer_access": None, "nvlink_active": None,
                 "nvlink_p2p": None, "pcie_ancestor": None, "nvml": "not used on the CPU"}

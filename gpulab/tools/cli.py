@@ -18,6 +18,7 @@ import importlib
 import importlib.metadata as md
 import json
 import os
+import shutil
 import sys
 import warnings
 from dataclasses import asdict, dataclass
@@ -139,7 +140,25 @@ def doctor_findings(cpu_ok: bool = False) -> list[Finding]:
                         "kernels); not a problem on this machine")
     add("Triton", t_status, t_detail, t_fix)
 
+    # torch.compile on a GPU: Triton builds a small C launcher per kernel, so a C compiler must be on PATH
+    # (the CUDA runtime images have none)
+    cc = next((shutil.which(c) for c in (os.environ.get("CC", ""), "cc", "gcc", "clang") if c and shutil.which(c)), None)
+    add("C compiler", OK if cc else (WARN if gpu else OK),
+        f"{cc}" if cc else "none on PATH: torch.compile cannot build Triton's kernel launchers"
+        + ("" if gpu else " (only needed on a GPU)"),
+        "" if cc or not gpu else "install one (Debian/Ubuntu: apt-get install build-essential), or set CC")
+
     if gpu:
+        name = torch.cuda.get_device_name(0)
+        if "MIG" in name or os.environ.get("CUDA_VISIBLE_DEVICES", "").startswith("MIG-"):
+            add("MIG slice", OK, f"{name}: this process sees one MIG slice (its SMs, memory and L2; no P2P, "
+                                 "NVML reports no utilization for it)")
+        counters = _profiler_records_kernels()
+        add("profiler (CUPTI)", OK if counters is True else WARN,
+            "torch.profiler records this GPU's kernels" if counters is True else f"kernels not recorded: {counters}",
+            "" if counters is True else "in a container the GPU's profiling may be refused (ERR_NVGPUCTRPERM): "
+            "lessons 01, 13 and gpulab diagnose need kernel traces; ask the admin to allow profiling "
+            "(NVreg_RestrictProfilingToAdminUsers=0) or run with CAP_SYS_ADMIN")
         free, total = torch.cuda.mem_get_info(0)
         gib = 2**30
         add("free GPU memory", OK if free >= 4 * gib else WARN,
@@ -184,12 +203,34 @@ def doctor_findings(cpu_ok: bool = False) -> list[Finding]:
             add("GPULAB_PROFILE", OK, "unset: this GPU as it is")
         else:
             major, minor = prof.compute_capability
+            from gpulab.core.device import SM_LIMIT
+            sms = ""
+            if prof.sm_count:
+                sms = (f"; its {prof.sm_count} SMs: " + (SM_LIMIT["why"] if SM_LIMIT.get("sms") else
+                       f"not applied ({SM_LIMIT['why']}), this GPU's SMs run the work" if gpu else
+                       "on the CPU, its control flow only"))
             add("GPULAB_PROFILE", OK, f"emulating {prof.key}, {prof.name} (compute capability {major}.{minor}, "
-                                      f"{prof.memory_gib:g} GiB): its code paths and memory; timings stay this machine's")
+                                      f"{prof.memory_gib:g} GiB): its code paths and memory; timings stay this machine's"
+                                      + sms)
     except SettingError as err:
         add("GPULAB_PROFILE", FAIL, str(err),
             f"unset GPULAB_PROFILE (this GPU as it is), or set one of {', '.join(PROFILES)}")
     return found
+
+
+def _profiler_records_kernels():
+    """True if torch.profiler records a kernel on this GPU; else why not (text)."""
+    import torch
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        x = torch.ones(1024, device="cuda")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            (x * 2).sum().item()
+        kernels = [e for e in prof.events() if getattr(e, "device_type", None) is not None
+                   and "cuda" in str(e.device_type).lower()]
+        return True if kernels else "the profile holds no GPU events"
+    except Exception as err:      # noqa: BLE001 - a refusal shows up in many forms
+        return f"{type(err).__name__}: {str(err)[:160]}"
 
 
 def doctor(argv: list[str] | None = None) -> int:

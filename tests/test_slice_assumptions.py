@@ -1,0 +1,60 @@
+"""A notebook or lesson that assumes a figure a MIG slice does not have fails here: the SM count, NVML's
+utilization and P2P are read only through the course's own layer (gpulab.core.device's facts, the
+monitor, lesson 14's link_info), which answers for the slice under its profile. Reading them straight
+from CUDA or NVML anywhere else would show the whole GPU's 132 SMs, its utilization, its peers."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from gpulab.core.profiles import PROFILES
+
+ROOT = Path(__file__).resolve().parents[1]
+DIRECT = {
+    "SM count": re.compile(r"multi_processor_count"),
+    "NVML utilization": re.compile(r"nvmlDeviceGetUtilizationRates"),
+    "P2P": re.compile(r"can_device_access_peer|nvmlDeviceGetP2PStatus"),
+}
+# the one place each is read (and made to answer for a slice)
+ALLOWED = {
+    "SM count": {"gpulab/core/device.py", "gpulab/tools/cli.py"},     # the facts; doctor's raw device line
+    "NVML utilization": {"gpulab/core/monitor.py"},
+    "P2P": {"gpulab/lessons/l14_multi_gpu.py"},
+}
+
+
+def _sources():
+    for path in sorted((ROOT / "gpulab").rglob("*.py")):
+        yield path.relative_to(ROOT).as_posix(), path.read_text(encoding="utf-8")
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        yield path.relative_to(ROOT).as_posix(), "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+@pytest.mark.parametrize("figure", sorted(DIRECT))
+def test_nothing_reads_a_figure_a_slice_lacks_around_the_course_layer(figure):
+    found = [where for where, text in _sources() if DIRECT[figure].search(text) and where not in ALLOWED[figure]]
+    assert not found, (f"{', '.join(found)} read the {figure} straight from CUDA or NVML: under a MIG-slice "
+                       f"profile ({', '.join(k for k, p in PROFILES.items() if p.mig)}) that is the whole GPU's; "
+                       "read it through gpulab.core.device.device_facts / the monitor / l14.link_info")
+
+
+def test_the_course_layer_answers_for_the_slice(monkeypatch):
+    """Under the slice profile on the CPU: its SM count in the facts, no NVML utilization, no P2P."""
+    from gpulab.core import device, monitor
+    from gpulab.lessons import l14_multi_gpu as L14
+    monkeypatch.setenv("GPULAB_PROFILE", "h200-1g")
+    assert device.device_facts().sm_count == 16
+    assert "no NVML utilization" in monitor.slice_without_utilization()
+    link = L14.link_info([0, 1])
+    assert link["peer_access"] is False and "no P2P" in link["summary"]
+    monkeypatch.setenv("GPULAB_PROFILE", "h200")                # a whole GPU: this device's SMs (none on a CPU)
+    assert monitor.slice_without_utilization() == "" and device.device_facts().sm_count is None
+
+
+def test_the_check_can_fail():
+    """A planted direct read is caught."""
+    planted = [("notebooks/99_x.ipynb", "sms = torch.cuda.get_device_properties(0).multi_processor_count")]
+    found = [w for w, t in planted if DIRECT["SM count"].search(t) and w not in ALLOWED["SM count"]]
+    assert found == ["notebooks/99_x.ipynb"]
