@@ -129,7 +129,7 @@ class Check:
     measured: float | None
     low: float | None
     high: float | None
-    status: str   # "pass", "FAIL", "skipped"
+    status: str   # "pass", "FAIL", "skipped", "shared" (outside its band on a GPU others use: not judged)
     why: str
 
     def __str__(self) -> str:
@@ -166,8 +166,13 @@ def expect(name: str, measured: float | None, low: float | None = None,
         check = Check(name, measured, low, high, "skipped", why_not or "not measurable here")
     else:
         ok = (low is None or measured >= low) and (high is None or measured <= high)
-        check = Check(name, measured, low, high, "pass" if ok else "FAIL",
-                      why if ok else fail_text(measured, low, high, why_fail))
+        shared = "" if ok else _shared_gpu()
+        if shared:          # other processes' kernels ran between ours: the band is not this run's fault
+            check = Check(name, measured, low, high, "shared",
+                          f"{fail_text(measured, low, high, why_fail)}; not judged: this GPU is shared ({shared})")
+        else:
+            check = Check(name, measured, low, high, "pass" if ok else "FAIL",
+                          why if ok else fail_text(measured, low, high, why_fail))
     print(check)
     log_check(check)
     return check
@@ -193,6 +198,16 @@ def log_check(check: Check) -> None:
             f.write(json.dumps(row) + "\n")
     except OSError as err:
         print(f"  (the check was not logged to {CHECKS_ENV}={path}: {err})")
+
+
+def _shared_gpu() -> str:
+    """The sharing note of this GPU ("" when it is used alone, or on the CPU): a MIG slice's neighbours or
+    other processes (`monitor.sharing_mark`), or a room's time-sliced GPU (GPULAB_SHARED_GPU)."""
+    try:
+        from gpulab.core.monitor import sharing_mark
+        return sharing_mark().get("shared", "")
+    except Exception:          # noqa: BLE001 - a check must print even where NVML cannot be asked
+        return ""
 
 
 def fail_text(measured: float, low: float | None, high: float | None, why_fail: str) -> str:

@@ -115,8 +115,8 @@ def _facts_for(monkeypatch, facts):
 
 
 @pytest.mark.parametrize("name, cc, measured, status, low", [
-    ("NVIDIA H200", (9, 0), 13.3, "pass", 4.0),              # tensor-core band of lesson 00
-    ("NVIDIA H200", (9, 0), 2.0, "FAIL", 4.0),
+    ("NVIDIA H200", (9, 0), 13.3, "pass", 3.0),              # tensor-core band of lesson 00
+    ("NVIDIA H200", (9, 0), 2.0, "FAIL", 3.0),
     ("NVIDIA GeForce RTX 4090", (8, 9), 2.0, "pass", 1.6),   # geforce: half-rate fp32-accumulate
 ])
 def test_expect_band_takes_the_band_of_this_gpus_class_from_bands_toml(monkeypatch, capsys, name, cc, measured,
@@ -219,3 +219,14 @@ def test_checks_are_logged_where_gpulab_checks_says(tmp_path, monkeypatch, capsy
     monkeypatch.setenv(L.CHECKS_ENV, str(tmp_path / "no-such-folder" / "x.jsonl"))
     L.expect("ratio", 2.5, 2.0, 3.0)
     assert "was not logged" in capsys.readouterr().out
+
+
+def test_a_check_outside_its_band_on_a_shared_gpu_says_shared_not_fail(monkeypatch, capsys):
+    from gpulab.notebook import lesson as L
+    monkeypatch.setattr(L, "_shared_gpu", lambda: "2 other processes on it")
+    out = L.expect("ratio", 1.0, 2.0, 3.0, why_fail="too slow")
+    assert out.status == "shared" and "not judged: this GPU is shared (2 other processes on it)" in out.why
+    assert "too slow" in out.why and "FAIL" not in capsys.readouterr().out
+    assert L.expect("ratio", 2.5, 2.0, 3.0).status == "pass"          # inside its band: a pass all the same
+    monkeypatch.setattr(L, "_shared_gpu", lambda: "")
+    assert L.expect("ratio", 1.0, 2.0, 3.0).status == "FAIL"
