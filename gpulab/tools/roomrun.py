@@ -1,0 +1,210 @@
+"""A room on one GPU: N learners running notebooks at once, each in its own process (and, under a MIG-slice
+profile, on its own slice's worth of SMs), against one learner alone; what each notebook took per learner,
+whether every notebook passed, every check's outcome, and the spread of each headline across learners.
+
+    python -m gpulab.tools.roomrun --learners 7 --profile h200-1g --notebooks 00,01,02 --out room-run/
+
+runs one learner alone first (the reference), then all of them at once. Each learner is a pytest run of
+the notebooks under nbval, one pytest per notebook, timed (as `bash setup.sh test notebooks/` runs them),
+with its own results store and check log (GPULAB_CHECKS) in --out; `summarize(out)` (also printed, and
+written to --out/summary.json and summary.md) reads them back. On the CPU it runs at tiny size.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _notebooks(spec: str) -> list[Path]:
+    chosen = []
+    for key in [k.strip() for k in spec.split(",") if k.strip()]:
+        found = sorted((ROOT / "notebooks").glob(f"{key}*.ipynb"))
+        if len(found) != 1:
+            raise ValueError(f"--notebooks {key}: expected one notebook to match, found {len(found)}")
+        chosen.append(found[0])
+    return chosen
+
+
+def learner_env(out: Path, name: str, profile: str, scale: str | None) -> dict:
+    env = {**os.environ, "GPULAB_RESULTS": str(out / "room" / f"{name}.json"),
+           "GPULAB_CHECKS": str(out / "checks" / f"{name}.jsonl"), "GPULAB_LEARNER": name,
+           "MPLBACKEND": "Agg"}
+    if profile:
+        env["GPULAB_PROFILE"] = profile
+    if scale:
+        env["GPULAB_SCALE"] = scale
+    return env
+
+
+def start(out: Path, name: str, notebooks: list[Path], profile: str, scale: str | None) -> subprocess.Popen:
+    """The learner: a process that runs the notebooks one after the other (`child`)."""
+    for sub in ("room", "timings", "checks", "logs"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    log = (out / "logs" / f"{name}.txt").open("w")
+    return subprocess.Popen([sys.executable, "-m", "gpulab.tools.roomrun", "--child", name, "--out", str(out),
+                             *map(str, notebooks)],
+                            cwd=ROOT, env=learner_env(out, name, profile, scale), stdout=log,
+                            stderr=subprocess.STDOUT)
+
+
+def child(out: Path, name: str, notebooks: list[str]) -> int:
+    """One learner's notebooks, each under nbval in its own pytest, timed on the host clock; writes
+    out/timings/<name>.json ({notebook: {"seconds", "rc"}}) after each. Exit 1 if any failed."""
+    times: dict = {}
+    for nb in notebooks:
+        t0 = time.perf_counter()
+        rc = subprocess.call([sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
+                              "-p", "no:cacheprovider", "-q", nb], cwd=ROOT)
+        times[Path(nb).stem] = {"seconds": round(time.perf_counter() - t0, 1), "rc": rc}
+        (out / "timings" / f"{name}.json").write_text(json.dumps(times, indent=1))
+    return int(any(t["rc"] for t in times.values()))
+
+
+def run(out: Path, learners: int, notebooks: list[Path], profile: str = "", scale: str | None = None,
+        timeout_s: float = 3600, alone: bool = True) -> dict:
+    """The learner alone (if `alone`), then `learners` at once; {name: pytest's exit code}."""
+    codes = {}
+    if alone:
+        p = start(out, "alone", notebooks, profile, scale)
+        codes["alone"] = p.wait(timeout=timeout_s)
+    procs = {f"learner{i}": start(out, f"learner{i}", notebooks, profile, scale) for i in range(1, learners + 1)}
+    end = time.monotonic() + timeout_s
+    for name, p in procs.items():
+        try:
+            codes[name] = p.wait(timeout=max(1.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            codes[name] = "timeout"
+    (out / "exit_codes.json").write_text(json.dumps(codes, indent=1))
+    return codes
+
+
+def _timings(path: Path) -> dict:
+    """{notebook: seconds} from a learner's timings file; {notebook: "failed"} where its pytest failed."""
+    if not path.exists():
+        return {}
+    try:
+        rows = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return {}
+    return {nb: ("failed" if row["rc"] else float(row["seconds"])) for nb, row in rows.items()}
+
+
+def _checks(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def _headlines(path: Path) -> dict:
+    """{(lesson, metric): value} of each bench headline the learner's notebooks recorded (profile records
+    included: every learner ran under the same one)."""
+    from gpulab.core.results import read_records
+    from gpulab.tools.bench import REGISTRY
+    if not path.exists():
+        return {}
+    records = read_records(path)
+    out = {}
+    for exp in REGISTRY:
+        if exp.from_store is None:
+            continue
+        values = exp.from_store([r for r in records if r.lesson == exp.lesson])
+        if values:
+            out[(exp.lesson, exp.metric)] = float(values[-1])
+    return out
+
+
+def summarize(out: Path) -> dict:
+    names = sorted(p.stem for p in (out / "room").glob("*.json")) if (out / "room").exists() else []
+    codes = json.loads((out / "exit_codes.json").read_text()) if (out / "exit_codes.json").exists() else {}
+    learners = [n for n in names if n != "alone"]
+    times = {n: _timings(out / "timings" / f"{n}.json") for n in names}
+    checks = {n: _checks(out / "checks" / f"{n}.jsonl") for n in names}
+    heads = {n: _headlines(out / "room" / f"{n}.json") for n in names}
+    notebooks = sorted({nb for t in times.values() for nb in t})
+    per_notebook = {}
+    for nb in notebooks:
+        secs = [times[n][nb] for n in learners if isinstance(times[n].get(nb), float)]
+        per_notebook[nb] = {"alone_s": times.get("alone", {}).get(nb), "learners_s": {n: times[n].get(nb) for n in learners},
+                            "median_s": statistics.median(secs) if secs else None,
+                            "failed": [n for n in learners if times[n].get(nb) == "failed"]}
+    spread = {}
+    for key in sorted({k for h in heads.values() for k in h}):
+        values = [heads[n][key] for n in learners if key in heads[n]]
+        spread[f"{key[0]} {key[1]}"] = {
+            "alone": heads.get("alone", {}).get(key), "n": len(values),
+            "median": statistics.median(values) if values else None,
+            "min": min(values, default=None), "max": max(values, default=None),
+            "spread_pct": (100 * (max(values) - min(values)) / statistics.median(values)
+                           if len(values) > 1 and statistics.median(values) else None)}
+    outcome = {n: dict(sorted(Counter(c["status"] for c in checks[n]).items())) for n in names}
+    not_passed = [{"learner": n, **{k: c.get(k) for k in ("lesson", "name", "status", "measured", "why")}}
+                  for n in names for c in checks[n] if c["status"] not in ("pass",)]
+    summary = {"exit_codes": codes, "notebooks": per_notebook, "headline_spread": spread, "checks": outcome,
+               "checks_not_passed": not_passed}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    (out / "summary.md").write_text(markdown(summary))
+    return summary
+
+
+def markdown(s: dict) -> str:
+    lines = ["| notebook | alone (s) | median of learners (s) | failed |", "|---|---|---|---|"]
+    for nb, row in s["notebooks"].items():
+        lines.append(f"| {nb} | {row['alone_s'] if row['alone_s'] is not None else '-'} | "
+                     f"{row['median_s'] if row['median_s'] is not None else '-'} | {', '.join(row['failed']) or '-'} |")
+    lines += ["", "| headline | alone | learners: median [min, max] | spread |", "|---|---|---|---|"]
+    for key, h in s["headline_spread"].items():
+        fmt = (lambda v: f"{v:.3g}" if isinstance(v, float) else "-")
+        lines.append(f"| {key} | {fmt(h['alone'])} | {fmt(h['median'])} [{fmt(h['min'])}, {fmt(h['max'])}] (n={h['n']}) | "
+                     f"{fmt(h['spread_pct']) + ' %' if h['spread_pct'] is not None else '-'} |")
+    lines += ["", "checks per learner: " + "; ".join(f"{n}: {c}" for n, c in s["checks"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpulab.tools.roomrun", description=__doc__.split("\n\n")[0])
+    p.add_argument("--learners", type=int, default=7)
+    p.add_argument("--profile", default="", help="GPULAB_PROFILE for every learner (e.g. h200-1g)")
+    p.add_argument("--notebooks", default="00,01,02,03,04,05,06,07,08")
+    p.add_argument("--scale", default=None, help="GPULAB_SCALE (default: the course's, full on a GPU)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument("--no-alone", action="store_true", help="skip the learner-alone reference run")
+    p.add_argument("--summarize-only", action="store_true")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)     # one learner's process (`start`)
+    p.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    out = Path(a.out)
+    if a.child:
+        return child(out, a.child, a.paths)
+    if a.learners < 1:
+        print("roomrun: --learners must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        notebooks = _notebooks(a.notebooks)
+    except ValueError as err:
+        print(f"roomrun: {err}", file=sys.stderr)
+        return 2
+    if not a.summarize_only:
+        run(out, a.learners, notebooks, a.profile, a.scale, a.timeout, alone=not a.no_alone)
+    print(markdown(summarize(out)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
