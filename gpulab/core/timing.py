@@ -196,6 +196,29 @@ def benchmark(
     return summarize(_host_times(fn, repeat, device), str(device), "perf_counter")
 
 
+def interleaved(fns: dict[str, Callable[[], object]], *, rounds: int = 6, repeat: int = 3, warmup: int = 2,
+                **kwargs) -> dict[str, Timing]:
+    """`benchmark` each of `fns` in turns (A B, B A, A B, ...: `rounds` rounds of `repeat` samples each),
+    so that whatever else the GPU runs meanwhile (other learners on a time-sliced GPU, a MIG slice's
+    neighbours' heat and power) falls on every variant alike rather than on whichever ran last. Returns
+    each variant's Timing over all its samples. `kwargs` go to `benchmark` (device, clock, calls)."""
+    if not fns:
+        raise ValueError("nothing to time")
+    if rounds < 1 or repeat < 1:
+        raise ValueError(f"rounds and repeat must be >= 1, got {rounds}, {repeat}")
+    names = list(fns)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    timings: dict[str, Timing] = {}
+    for n in names:
+        benchmark(fns[n], warmup=warmup, repeat=1, **kwargs)      # each variant's kernels loaded first
+    for r in range(rounds):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            timings[n] = benchmark(fns[n], warmup=0, repeat=repeat, **kwargs)
+            samples[n].extend(timings[n].samples_ms)
+    return {n: summarize(samples[n], timings[n].device, f"{timings[n].method}, interleaved with "
+                         f"{', '.join(m for m in names if m != n)} ({rounds} rounds)") for n in names}
+
+
 # -- GPU busy time from a torch.profiler trace (lessons 11, 12, 14) --------------------------------
 def gpu_kernels(prof) -> list[tuple[str, float, float]]:
     """(name, start us, end us) of every GPU kernel, copy or memset a finished `torch.profiler.profile`

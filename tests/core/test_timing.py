@@ -237,3 +237,25 @@ def test_calls_per_sample_times_back_to_back_calls_per_call():
     assert len(seen) == 1 * 4 + 3 * 4 and t.n == 3 and "4 back-to-back calls per sample" in t.method
     with pytest.raises(ValueError, match="calls must be >= 1"):
         benchmark(lambda: None, calls=0, device=torch.device("cpu"))
+
+
+def test_interleaved_takes_turns_so_a_slowdown_falls_on_every_variant():
+    """A GPU that slows down half way (another learner starts) slows A and B alike when they take turns;
+    timed one after the other, the second variant alone would take it."""
+    from gpulab.core.timing import interleaved
+
+    calls = []
+
+    def variant(name):
+        def fn():
+            calls.append(name)
+        return fn
+
+    out = interleaved({"A": variant("A"), "B": variant("B")}, rounds=4, repeat=2, warmup=1,
+                      device=torch.device("cpu"))
+    assert set(out) == {"A", "B"} and out["A"].n == 8 and out["B"].n == 8
+    assert "interleaved with B (4 rounds)" in out["A"].method
+    assert "".join(calls[:4]) == "AABB"                       # each variant's warm-up and first call
+    assert "".join(calls[4:]) == "AABB" "BBAA" "AABB" "BBAA"   # turns, the order reversed every round
+    with pytest.raises(ValueError):
+        interleaved({}, device=torch.device("cpu"))

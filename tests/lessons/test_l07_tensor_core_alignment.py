@@ -63,3 +63,20 @@ def test_cudnn_steady_steps_at_full_size():
     assert config("full")["cudnn_repeat"] >= 30
     whats = [w.what for w in plan("full").work]
     assert any(w.startswith("GPT panel") for w in whats) and any(w.startswith("CNN panel") for w in whats)
+
+
+def test_on_a_shared_gpu_the_headline_times_its_two_products_in_turns(monkeypatch):
+    import gpulab.core.monitor as M
+    from gpulab.lessons import l07_tensor_core_alignment as L07
+    monkeypatch.setattr(M, "sharing_mark", lambda device=None: {"shared": "2 other processes"})
+    seen = {}
+
+    def pair(a, b, p, repeat):
+        seen["pair"] = (a, b)
+        return 4.0, 1.0
+    monkeypatch.setattr(L07, "gemm_pair_interleaved", pair)
+    m = L07.headline("tiny")
+    cfg = L07.config("tiny")
+    assert seen["pair"] == (cfg["aligned"], cfg["misaligned"]) and m.ratio == 4.0
+    assert "timed in turns" in m.check and "2 other processes" in m.check
+    assert all(v > 0 for v in L07.gemm_pair_interleaved(64, 63, L07.gemm_precisions()[0], 3))
