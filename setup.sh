@@ -174,10 +174,14 @@ else
   if [ "$mode" != lab ] && [ ! -x .hub/node_modules/.bin/configurable-http-proxy ]; then
     if command -v npm >/dev/null 2>&1; then
       echo "setup: installing JupyterHub's proxy (configurable-http-proxy) into .hub/ with npm"
-      npm install --silent --no-audit --no-fund --prefix .hub configurable-http-proxy >/dev/null \
-        || echo "setup: warning: npm could not install configurable-http-proxy: the hub test will skip" >&2
+      if ! npm install --silent --no-audit --no-fund --prefix .hub configurable-http-proxy >/dev/null; then
+        echo "setup: npm could not install configurable-http-proxy (it needs Node.js 20 or newer: node --version)" >&2
+        if [ "$mode" = hub ]; then exit 1; fi
+        echo "setup: the hub test will skip" >&2
+      fi
     else
-      echo "setup: no npm: JupyterHub's proxy is not installed (the hub test skips; bash setup.sh hub needs Node.js)" >&2
+      echo "setup: no npm: JupyterHub's proxy is not installed (needs Node.js 20 or newer)" >&2
+      if [ "$mode" = hub ]; then exit 1; fi
     fi
   fi
 fi

@@ -109,9 +109,14 @@ def default_path() -> Path:
     room = os.environ.get("GPULAB_ROOM")
     learner = os.environ.get("GPULAB_LEARNER") or os.environ.get("JUPYTERHUB_USER")
     if room and learner:
-        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in learner)
-        return Path(room).expanduser() / f"{safe}.json"
+        return Path(room).expanduser() / room_file(learner)
     return Path.home() / ".gpulab" / "results.json"
+
+
+def room_file(learner: str) -> str:
+    """A learner's results file name in a room folder: their name with anything but letters, digits and
+    -_. replaced, so it stays one file inside the room."""
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in learner) + ".json"
 
 
 @dataclass(frozen=True)
@@ -357,6 +362,11 @@ class ResultsStore:
                 f.write(payload)
                 f.flush()
                 os.fsync(f.fileno())
+            # readable by others, as a file written with open() under the usual umask would be (mkstemp
+            # makes 0600): an instructor reads learners' stores in a workshop's room folder
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o644 & ~umask)
             os.replace(tmp, self.path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):

@@ -398,6 +398,13 @@ def room(argv: list[str] | None = None) -> int:
 def _room_live(args, R) -> int:
     """--learners and/or --watch: the table (per learner, or per lesson) printed once, or every --watch
     seconds; a file half-written at one look is read again at the next."""
+    try:
+        return _room_rounds(args, R)
+    except KeyboardInterrupt:                  # Ctrl-C ends the watch wherever it lands
+        return 0
+
+
+def _room_rounds(args, R) -> int:
     import time
     done = 0
     while True:
@@ -415,10 +422,7 @@ def _room_live(args, R) -> int:
         done += 1
         if args.watch is None or (args.rounds is not None and done >= args.rounds):
             return 0
-        try:
-            time.sleep(args.watch)
-        except KeyboardInterrupt:
-            return 0
+        time.sleep(args.watch)
 
 
 def report(argv: list[str] | None = None) -> int:

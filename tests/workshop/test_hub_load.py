@@ -1,6 +1,6 @@
 """The workshop room on real parts, on the CPU: JupyterHub with its proxy (configurable-http-proxy from
 the npm registry, which `bash setup.sh test` installs into .hub/), the room's spawner
-(gpulab.workshop.SimpleRoomSpawner, as workshop/jupyterhub_config.py sets it up), and LEARNERS simulated
+(gpulab.tools.workshop.SimpleRoomSpawner, as workshop/jupyterhub_config.py sets it up), and LEARNERS simulated
 learners at once. Each is created, its server spawned, notebook 01 run at tiny size through the kernel
 API (an execute_request per code cell over the kernel's websocket, as JupyterLab sends them); its
 results must land in the room folder; `gpulab room --learners` must show one row each; stopping the
@@ -168,7 +168,8 @@ c.SimpleRoomSpawner.room_env = {{"GPULAB_SCALE": "tiny", "GPULAB_DEVICE": "cpu",
                                  "OMP_NUM_THREADS": "1"}}
 c.JupyterHub.concurrent_spawn_limit = {LEARNERS}
 ''')
-    env = {**os.environ, "GPULAB_ROOM": str(room), "GPULAB_HUB_HOMES": str(homes), "GPULAB_HUB_PASSWORD": "",
+    env = {**os.environ, "GPULAB_ROOM": str(room), "GPULAB_HUB_HOMES": str(homes),
+           "GPULAB_HUB_PASSWORD": uuid.uuid4().hex, "GPULAB_HUB_ALLOW_ROOT": "1",       # CI runs as root
            "GPULAB_HUB_DB": str(tmp_path / "hub.sqlite"), "GPULAB_HUB_SECRET": str(tmp_path / "secret"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
            "PATH": os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])}
