@@ -71,13 +71,20 @@ def nvml_status() -> tuple[bool, str]:
 
 
 def nvml_handle(pynvml, device: torch.device):
-    """NVML handle of the torch device, matched by UUID (CUDA_VISIBLE_DEVICES renumbers GPUs)."""
+    """NVML handle of the torch device, matched by UUID (CUDA_VISIBLE_DEVICES renumbers GPUs): a MIG slice's
+    own handle where CUDA_VISIBLE_DEVICES names it (MIG-...) or its UUID is a slice's, else the GPU's; by
+    index only when no UUID matches (which, on a slice, would be the whole GPU's)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     uuid = str(torch.cuda.get_device_properties(index).uuid)
-    try:
-        return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-    except pynvml.NVMLError:
-        return pynvml.nvmlDeviceGetHandleByIndex(index)
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    candidates = [visible[index]] if index < len(visible) and visible[index].startswith("MIG-") else []
+    candidates += [uuid] if uuid.startswith(("GPU-", "MIG-")) else [f"GPU-{uuid}", f"MIG-{uuid}"]
+    for name in candidates:
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(name)
+        except pynvml.NVMLError:
+            continue
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
 
 
 @dataclass(frozen=True)

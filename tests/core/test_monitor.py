@@ -291,3 +291,32 @@ def test_sharing_mark_is_empty_on_the_cpu():
     import torch
     from gpulab.core.monitor import sharing_mark
     assert sharing_mark(torch.device("cpu")) == {}
+
+
+def test_a_mig_slice_gets_its_own_nvml_handle_not_the_gpus(monkeypatch):
+    """Under CUDA_VISIBLE_DEVICES=MIG-..., torch's device 0 is the slice: NVML is asked for that slice, not
+    for index 0 (the whole first GPU)."""
+    import types
+
+    import torch
+
+    from gpulab.core import monitor
+
+    class NVMLError(Exception):
+        pass
+    asked = []
+
+    def by_uuid(name):
+        asked.append(name)
+        if name == "MIG-abc":
+            return "slice handle"
+        raise NVMLError(name)
+    fake = types.SimpleNamespace(NVMLError=NVMLError, nvmlDeviceGetHandleByUUID=by_uuid,
+                                 nvmlDeviceGetHandleByIndex=lambda i: f"GPU {i}")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid="1234"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-abc")
+    assert monitor.nvml_handle(fake, torch.device("cuda", 0)) == "slice handle" and asked == ["MIG-abc"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    asked.clear()
+    assert monitor.nvml_handle(fake, torch.device("cuda", 0)) == "GPU 0"
+    assert asked == ["GPU-1234", "MIG-1234"]
