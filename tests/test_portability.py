@@ -12,6 +12,8 @@ How the matrix was chosen, to stay well inside CI's time on 2 cores:
 - notebooks: those whose code, or the code of the lesson module they import, reads the device's
   facts (`BRANCHES`); the others cannot take another path under a profile. The selection is computed,
   so a lesson that starts branching on the device joins the matrix by itself.
+- where the browser test runs (CI), it runs every lesson in JupyterLab under one representative
+  (`tests/browser/test_jupyterlab.py`'s PROFILE): the matrix leaves that one out (`MATRIX`).
 """
 import json
 import os
@@ -80,7 +82,24 @@ def run_notebook(path: Path, profile: str, timeout: int = 600) -> None:
                 os.environ[k] = v
 
 
-@pytest.mark.parametrize("profile", REPRESENTATIVES)
+def browser_profile() -> str | None:
+    """The profile tests/browser runs every lesson under in JupyterLab, where that test will run (CI demands
+    it: GPULAB_REQUIRE_BROWSER=1; elsewhere, where Chromium is installed): those runs cover its control flow."""
+    text = (ROOT / "tests" / "browser" / "test_jupyterlab.py").read_text()
+    found = re.search(r'^PROFILE = "(\w+)"', text, re.M)
+    runs = os.environ.get("GPULAB_REQUIRE_BROWSER") == "1" or Path(os.environ.get("GPULAB_CHROMIUM",
+                                                                              "/usr/bin/chromium")).exists()
+    return found.group(1) if found and runs else None
+
+
+MATRIX = tuple(p for p in REPRESENTATIVES if p != browser_profile())
+
+
+def test_the_browser_pass_and_the_matrix_cover_every_representative():
+    assert set(MATRIX) | ({browser_profile()} - {None}) == set(REPRESENTATIVES)
+
+
+@pytest.mark.parametrize("profile", MATRIX)
 @pytest.mark.parametrize("notebook", branching_notebooks(), ids=lambda p: p.stem[:2])
 def test_notebook_runs_under_profile(notebook, profile):
     run_notebook(notebook, profile)

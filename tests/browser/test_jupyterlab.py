@@ -36,6 +36,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
 CHROMIUM = os.environ.get("GPULAB_CHROMIUM", "/usr/bin/chromium")
+# The lessons run in JupyterLab under this GPU profile (its control flow on the CPU), so the portability
+# matrix (tests/test_portability.py) need not run every lesson under it a second time; the plain CPU flow
+# is nbval's pass over notebooks/.
+PROFILE = "t4"
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 # What JupyterLab shows instead of a widget when its front end is missing or broken.
@@ -102,7 +106,7 @@ def lab(clone, tmp_path_factory):
     port, token = _free_port(), secrets.token_hex(16)
     env = {k: v for k, v in os.environ.items() if k != "GPULAB_NOTEBOOKS"}   # the default working copy
     env.update(
-        GPULAB_PORT=str(port), GPULAB_RESULTS=str(work / "results.json"),
+        GPULAB_PORT=str(port), GPULAB_RESULTS=str(work / "results.json"), GPULAB_PROFILE=PROFILE,
         # This interpreter's environment as it is (installing would re-point its editable gpulab at the
         # clone), and the clone's gpulab first on the path, so the kernels run the clone's code.
         GPULAB_VENV=sys.prefix, GPULAB_SKIP_INSTALL="1",

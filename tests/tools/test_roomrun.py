@@ -21,13 +21,14 @@ def _notebook(path):
     return path
 
 
-def test_a_room_of_two_and_one_alone_is_run_and_summarized(tmp_path):
+def test_a_room_of_two_is_run_and_summarized(tmp_path):
     nb = _notebook(tmp_path / "01_probe.ipynb")
-    codes = RR.run(tmp_path / "out", 2, [nb], scale="tiny", timeout_s=300)
-    assert codes == {"alone": 0, "learner1": 0, "learner2": 0}, (tmp_path / "out" / "logs" / "learner1.txt").read_text()
+    codes = RR.run(tmp_path / "out", 2, [nb], scale="tiny", timeout_s=300, alone=False)   # (alone: one more)
+    assert codes == {"learner1": 0, "learner2": 0}, (tmp_path / "out" / "logs" / "learner1.txt").read_text()
     s = RR.summarize(tmp_path / "out")
     row = s["notebooks"]["01_probe"]
-    assert isinstance(row["alone_s"], float) and set(row["learners_s"]) == {"learner1", "learner2"}
+    assert row["alone_s"] is None and set(row["learners_s"]) == {"learner1", "learner2"}
+    assert all(isinstance(v, float) for v in row["learners_s"].values())
     assert s["checks"]["learner1"] == {"FAIL": 1, "pass": 1}
     assert {c["name"] for c in s["checks_not_passed"]} == {"impossible"}
     assert (tmp_path / "out" / "summary.md").read_text().startswith("| notebook |")
