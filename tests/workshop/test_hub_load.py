@@ -136,7 +136,7 @@ def _proxy_alive(api_port: int) -> bool:
 
 
 @pytest.mark.hub
-def test_a_room_of_learners_on_a_real_hub(tmp_path):
+def test_a_room_of_learners_on_a_real_hub(tmp_path, capsys):
     try:
         import jupyterhub  # noqa: F401
         import websocket  # noqa: F401
@@ -167,6 +167,7 @@ c.Spawner.default_url = "/tree"
 c.SimpleRoomSpawner.room_env = {{"GPULAB_SCALE": "tiny", "GPULAB_DEVICE": "cpu", "MPLBACKEND": "Agg",
                                  "OMP_NUM_THREADS": "1"}}
 c.JupyterHub.concurrent_spawn_limit = {LEARNERS}
+c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}   # POST .../server returns at once: spawns overlap
 ''')
     env = {**os.environ, "GPULAB_ROOM": str(room), "GPULAB_HUB_HOMES": str(homes),
            "GPULAB_HUB_PASSWORD": uuid.uuid4().hex, "GPULAB_HUB_ALLOW_ROOT": "1",       # CI runs as root
@@ -180,7 +181,9 @@ c.JupyterHub.concurrent_spawn_limit = {LEARNERS}
     users = [f"learner{i}" for i in range(1, LEARNERS + 1)]
     stopped = False
     try:
+        t0 = time.monotonic()
         _wait("the hub's API", lambda: hub.call("GET", "/hub/api/")[0] == 200, START_S)
+        print(f"hub up after {time.monotonic() - t0:.1f} s")
         for user in users:
             assert hub.call("POST", f"/hub/api/users/{user}")[0] == 201
         for user in users:
@@ -188,6 +191,7 @@ c.JupyterHub.concurrent_spawn_limit = {LEARNERS}
         for user in users:
             _wait(f"{user}'s server", lambda u=user: hub.call("GET", f"/hub/api/users/{u}")[1]["servers"][""]["ready"],
                   START_S)
+        print(f"{LEARNERS} servers ready after {time.monotonic() - t0:.1f} s")
         # each learner has the course's working copy in their own folder
         for user in users:
             assert (homes / user / NOTEBOOK.name).exists(), f"{user} has no working copy"
@@ -200,17 +204,18 @@ c.JupyterHub.concurrent_spawn_limit = {LEARNERS}
             t.start()
         for t in threads:
             t.join(RUN_S + 30)
+        print(f"notebook 01 run by every learner after {time.monotonic() - t0:.1f} s")
         problems = [e for user in users for e in errors.get(user, [f"{user}: no result"])]
         assert not problems, "notebook 01 failed in learners' kernels:\n" + "\n".join(problems)
         # every learner's results arrived in the room, and the room shows a row each
         for user in users:
             assert (room / f"{user}.json").exists(), f"{user}'s results did not reach the room folder"
-        shown = subprocess.run([sys.executable, "-m", "gpulab.tools.cli", "room", str(room), "--learners"],
-                               capture_output=True, text=True, timeout=60, env=env)
-        assert shown.returncode == 0, shown.stderr
-        rows = [line for line in shown.stdout.splitlines() if line.startswith("learner") and " 01" in line]
-        assert len(rows) == LEARNERS, f"gpulab room shows {len(rows)} learners who ran 01:\n{shown.stdout}"
-        assert "not read" not in shown.stdout and "tiny" in shown.stdout
+        from gpulab.tools import cli
+        assert cli.main(["room", str(room), "--learners"]) == 0
+        shown = capsys.readouterr().out
+        rows = [line for line in shown.splitlines() if line.startswith("learner") and " 01" in line]
+        assert len(rows) == LEARNERS, f"gpulab room shows {len(rows)} learners who ran 01:\n{shown}"
+        assert "not read" not in shown and "tiny" in shown
         # stopping the hub stops the learners' servers and the proxy
         hub_proc.send_signal(signal.SIGTERM)
         hub_proc.wait(timeout=60)
