@@ -267,8 +267,7 @@ def kernel_busy(step: Callable, steps: int, device: torch.device) -> tuple[float
         return None
     from torch.profiler import ProfilerActivity, profile
 
-    from gpulab.diagnose.analyze import length_us, merge_intervals
-    from gpulab.diagnose.events import GPU, record_kind, records_from_profiler
+    from gpulab.core.timing import gpu_kernels, merge_intervals
 
     sync(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -278,10 +277,8 @@ def kernel_busy(step: Callable, steps: int, device: torch.device) -> tuple[float
             _run(step, "kernel-only profiled steps")
         sync(device)
         wall_ms = (time.perf_counter() - start) * 1e3
-    records, _ = records_from_profiler(prof)
-    work = [(r.start_ns / 1e3, r.end_ns / 1e3) for r in records if record_kind(r) == GPU and r.end_ns > r.start_ns]
-    busy_ms = length_us(merge_intervals(work)) / 1e3
-    return busy_ms / steps, wall_ms / steps
+    busy_us = sum(b - a for a, b in merge_intervals((a, b) for _, a, b in gpu_kernels(prof) if b > a))
+    return busy_us / 1e3 / steps, wall_ms / steps
 
 
 # A synchronizing call PyTorch warned of only when the debug mode was switched back after the step

@@ -223,12 +223,12 @@ def _profiler_records_kernels():
     import torch
     try:
         from torch.profiler import ProfilerActivity, profile
+
+        from gpulab.core.timing import gpu_kernels
         x = torch.ones(1024, device="cuda")
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             (x * 2).sum().item()
-        kernels = [e for e in prof.events() if getattr(e, "device_type", None) is not None
-                   and "cuda" in str(e.device_type).lower()]
-        return True if kernels else "the profile holds no GPU events"
+        return True if gpu_kernels(prof) else "the profile holds no GPU events"
     except Exception as err:      # noqa: BLE001 - a refusal shows up in many forms
         return f"{type(err).__name__}: {str(err)[:160]}"
 

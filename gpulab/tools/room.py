@@ -153,13 +153,14 @@ def read_bench(data: dict, source: str) -> tuple[list[Measurement], int]:
 
 
 def read_store(records: list[Record], source: str,
-               registry: Iterable[Experiment] | None = None) -> list[Measurement]:
+               registry: Iterable[Experiment] | None = None, profiles: bool = False) -> list[Measurement]:
     """Headline ratios in a results store: `bench_ratio` records written by `gpulab bench`, and the
-    ratios notebooks recorded, read through each registry entry's `from_store`."""
+    ratios notebooks recorded, read through each registry entry's `from_store`. Records made under a GPU
+    profile are left out unless `profiles` (a room whose learners all ran under the same one)."""
     registry = REGISTRY if registry is None else tuple(registry)
     groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
     for r in records:
-        if record_profile(r) is None:     # under a GPU profile the timings are another GPU's: not compared
+        if profiles or record_profile(r) is None:   # under a profile the timings are another GPU's
             groups[(r.gpu, r.scale)].append(r)
     out = []
     for (gpu, size), recs in sorted(groups.items()):

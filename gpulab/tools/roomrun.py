@@ -115,18 +115,10 @@ def _headlines(path: Path) -> dict:
     """{(lesson, metric): value} of each bench headline the learner's notebooks recorded (profile records
     included: every learner ran under the same one)."""
     from gpulab.core.results import read_records
-    from gpulab.tools.bench import REGISTRY
+    from gpulab.tools.room import read_store
     if not path.exists():
         return {}
-    records = read_records(path)
-    out = {}
-    for exp in REGISTRY:
-        if exp.from_store is None:
-            continue
-        values = exp.from_store([r for r in records if r.lesson == exp.lesson])
-        if values:
-            out[(exp.lesson, exp.metric)] = float(values[-1])
-    return out
+    return {(m.lesson, m.metric): m.value for m in read_store(read_records(path), str(path), profiles=True)}
 
 
 def summarize(out: Path) -> dict:
