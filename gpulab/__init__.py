@@ -10,8 +10,18 @@
                labelled cases that prove the rules (cases, suite)
 """
 import importlib
+import os
 
 __version__ = "0.1.0"
+
+# After a torch.profiler session Kineto leaves CUPTI attached unless TEARDOWN_CUPTI=1, and every later kernel
+# launch in the process pays CUPTI's callbacks: on the H200 (torch 2.11) one small kernel's launch went from
+# 6.7 to 13.4 us after one `gpulab.diagnose`, and host-bound zoo steps timed after profiles ran up to twice as
+# slow as in a fresh process (results/zoo/probe-cupti-h200-2026-12-01.json). The course profiles and then
+# times in one process (notebooks 01, 11, 12, 14, diagnose and notebook 15), so it asks Kineto to detach CUPTI
+# when each session ends (cuptiFinalize; the next session attaches again). A value the user set is kept;
+# PyTorch itself sets "0" where teardown is known to crash (CUDA graphs before CUDA 12.6).
+os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
 # The everyday helpers, importable from the top (`from gpulab import benchmark`). Loaded on first use,
 # so that `python -m gpulab.tools.coursetime` runs where torch is not installed.

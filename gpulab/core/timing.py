@@ -220,6 +220,29 @@ def interleaved(fns: dict[str, Callable[[], object]], *, rounds: int = 6, repeat
 
 
 # -- GPU busy time from a torch.profiler trace (lessons 11, 12, 14) --------------------------------
+def release_cupti() -> None:
+    """Call when a torch.profiler session that recorded CUDA activity has ended: CUPTI is detached now, not
+    at the next session's start. Importing gpulab sets TEARDOWN_CUPTI=1 (see gpulab/__init__.py); Kineto
+    (torch 2.11) then tears CUPTI down when the *next* session is configured, and the teardown completes at
+    that session's first CUDA call, so that session records no GPU activity and until it starts every
+    launch still pays CUPTI's callbacks. On the H200, twenty sessions back to back recorded 50, 0, 50, 0, ...
+    kernels (results/zoo/probe-cupti-h200-2026-12-01-b.json). An empty session here takes that teardown,
+    and its synchronizations (CUDA calls, with short pauses for Kineto's teardown thread) let it finish."""
+    import os
+
+    if os.environ.get("TEARDOWN_CUPTI") != "1" or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]):
+        for _ in range(3):
+            torch.cuda.synchronize()
+            time.sleep(0.002)
+    for _ in range(3):
+        torch.cuda.synchronize()
+        time.sleep(0.002)
+
+
 def gpu_kernels(prof) -> list[tuple[str, float, float]]:
     """(name, start us, end us) of every GPU kernel, copy or memset a finished `torch.profiler.profile`
     recorded (CUPTI's own timestamps, so the host's launch gaps are not in them)."""

@@ -227,6 +227,7 @@ def _profile(step: Callable, steps: int, device: torch.device, trace_path: str |
     profiler, and None comes back."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    from gpulab.core.timing import release_cupti
     from gpulab.diagnose.events import parse, records_from_profiler
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" and cuda else [])
@@ -247,6 +248,8 @@ def _profile(step: Callable, steps: int, device: torch.device, trace_path: str |
     records, start = records_from_profiler(prof)   # before the export: kineto's save may consume its trace
     if trace_path is not None:
         prof.export_chrome_trace(str(trace_path))
+    if ProfilerActivity.CUDA in activities:
+        release_cupti()
     return Profiled(records, start, _memory_facts(before, after, device, steps), parse(records, start or None))
 
 
@@ -267,7 +270,7 @@ def kernel_busy(step: Callable, steps: int, device: torch.device) -> tuple[float
         return None
     from torch.profiler import ProfilerActivity, profile
 
-    from gpulab.core.timing import gpu_kernels, merge_intervals
+    from gpulab.core.timing import gpu_kernels, merge_intervals, release_cupti
 
     sync(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -277,6 +280,7 @@ def kernel_busy(step: Callable, steps: int, device: torch.device) -> tuple[float
             _run(step, "kernel-only profiled steps")
         sync(device)
         wall_ms = (time.perf_counter() - start) * 1e3
+    release_cupti()
     busy_us = sum(b - a for a, b in merge_intervals((a, b) for _, a, b in gpu_kernels(prof) if b > a))
     return busy_us / 1e3 / steps, wall_ms / steps
 

@@ -19,7 +19,7 @@ import torch
 from gpulab.core.device import pick_device, resolve_scale, sync
 from gpulab.core.measured import Measured
 from gpulab.core.predict import Plan, Work
-from gpulab.core.timing import MIN_CALLS, benchmark
+from gpulab.core.timing import MIN_CALLS, benchmark, release_cupti
 
 # -- knobs ------------------------------------------------------------------------------------------
 TITLE = "measuring time"
@@ -113,6 +113,7 @@ def kernel_ms_per_call(fn: Callable[[], object], op: str, calls: int,
                 before()
             fn()
         sync(device)
+    release_cupti()
     times_us = [e.device_time_total for e in prof.events() if e.name == op]
     return sum(times_us) / len(times_us) / 1e3 if times_us else None
 

@@ -28,7 +28,7 @@ from gpulab.core.children import at_once
 from gpulab.core.device import require_cuda, resolve_scale
 from gpulab.core.measured import Measured, Skipped
 from gpulab.core.predict import Plan, Work
-from gpulab.core.timing import MIN_CALLS, benchmark, gpu_kernels, merged_ms
+from gpulab.core.timing import MIN_CALLS, benchmark, gpu_kernels, merged_ms, release_cupti
 
 
 # -- knobs ------------------------------------------------------------------------------------------
@@ -208,6 +208,7 @@ def step_profile(fn: Callable[[], object], steps: int = 20) -> dict[str, float]:
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
+    release_cupti()
     spans = [(a, b) for _, a, b in gpu_kernels(prof)]
     return {"host ms": host * 1e3 / steps, "wall ms": wall * 1e3 / steps,
             "GPU busy ms": merged_ms(spans) / steps, "kernels": len(spans) / steps}

@@ -26,7 +26,7 @@ import torch
 from gpulab.core.device import pick_device, resolve_scale, sync
 from gpulab.core.measured import Measured
 from gpulab.core.predict import Plan, Work
-from gpulab.core.timing import MIN_CALLS, benchmark, gpu_kernels
+from gpulab.core.timing import MIN_CALLS, benchmark, gpu_kernels, release_cupti
 
 
 def _import_torchs_torchscript_module_quietly() -> None:
@@ -178,6 +178,7 @@ def kernels_launched(fn: Callable[[], object], device: torch.device | None = Non
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             sync(device)
+        release_cupti()
     names = [name for name, _, _ in gpu_kernels(prof)]
     return [n for n in names if not n.startswith(("Memcpy", "Memset"))]
 

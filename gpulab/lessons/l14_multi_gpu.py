@@ -40,7 +40,8 @@ import torch.distributed as dist
 from torch import nn
 from gpulab.core.predict import Plan, Work
 from gpulab.core.device import cpu_cores, float32_matmul, pick_device, resolve_scale, scale
-from gpulab.core.timing import Timing, benchmark, gpu_kernels, intersect, merge_intervals, stopwatch, summarize
+from gpulab.core.timing import (Timing, benchmark, gpu_kernels, intersect, merge_intervals, release_cupti, stopwatch,
+                                 summarize)
 from gpulab.models.transformer import TransformerStack, loss_fn
 
 
@@ -693,6 +694,7 @@ def profile_steps_of(fns: dict[str, Callable[[], None]], steps: int, device: tor
         try:
             if prof is not None:
                 prof.stop()
+                release_cupti()
                 kernels = gpu_kernels(prof)
                 out[label] = dict(kernel_breakdown(kernels, steps), wall_ms=wall * 1e3 / steps)
         except Exception as err:            # noqa: BLE001
