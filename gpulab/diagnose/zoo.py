@@ -370,6 +370,8 @@ def probe_kernels(device: torch.device) -> dict:
     NHWC), SDPA, and fused / foreach AdamW on this GPU: what analyze's name tables must recognise."""
     from torch.profiler import ProfilerActivity, profile
 
+    from gpulab.core.timing import release_cupti
+
     from gpulab.models.precision import fp32_math
 
     def names(fn) -> list[str]:
@@ -378,6 +380,7 @@ def probe_kernels(device: torch.device) -> dict:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
+        release_cupti()
         return sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})
 
     a = torch.randn(1024, 1024, device=device)
@@ -407,6 +410,28 @@ def probe_kernels(device: torch.device) -> dict:
     return out
 
 
+def _diagnose_in_child(path: Path, a, say=print) -> dict:
+    """One step's `diagnose` row from a child process (`python -m gpulab.diagnose.zoo diagnose --only`)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "one.json"
+        cmd = [sys.executable, "-m", "gpulab.diagnose.zoo", "diagnose", "--only", path.stem, "--out", str(out)]
+        if a.records:
+            cmd += ["--records", a.records]
+        if a.window:
+            cmd += ["--window", str(a.window)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        for line in done.stdout.splitlines():
+            say(line)
+        if done.returncode != 0 or not out.exists():
+            return {"name": path.stem, "error": f"the child process ended with {done.returncode}: "
+                                                + (done.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+        rows = json.loads(out.read_text())["steps"]
+        return rows[0] if rows else {"name": path.stem, "error": "the child process diagnosed nothing"}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gpulab.diagnose.zoo", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -425,6 +450,10 @@ def main(argv: list[str] | None = None) -> int:
     dia.add_argument("--records", default=None, help="a folder: keep each diagnosis's record (new gpulab only)")
     dia.add_argument("--half", choices=("dev", "held_out"), default=None)
     dia.add_argument("--window", type=float, default=None)
+    dia.add_argument("--own-process", action="store_true",
+                     help="each step in a process of its own, as `gpulab diagnose script.py` runs it: what one "
+                          "diagnosis leaves in a process (CUDA modules, the allocator's cache, CUPTI) does not "
+                          "slow the next step's launches")
     jud = sub.add_parser("judge")
     jud.add_argument("labels")
     jud.add_argument("diagnoses")
@@ -479,7 +508,10 @@ def main(argv: list[str] | None = None) -> int:
             if need > 1 and need > (torch.cuda.device_count() if device.type == "cuda" else 0):
                 rows.append({"name": f.stem, "error": "skipped: needs more GPUs"})
                 continue
-            rows.append(diagnose_step(f, device, records, say=lambda s: print(s, flush=True), **extra))
+            if a.own_process:
+                rows.append(_diagnose_in_child(f, a, say=lambda s: print(s, flush=True)))
+            else:
+                rows.append(diagnose_step(f, device, records, say=lambda s: print(s, flush=True), **extra))
             Path(a.out).write_text(json.dumps({**stamp, "gpulab": str(Path(gpulab.__file__).parent), "steps": rows},
                                               indent=1))
         return 0

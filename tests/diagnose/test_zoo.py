@@ -111,3 +111,20 @@ def test_held_out_is_a_fixed_split_by_name():
     held = [n for n in names if Z.held_out(n)]
     assert 0 < len(held) < len(names) and held == [n for n in names if Z.held_out(n)]
     assert Z.RENAMED == {"fp32_no_tensor_cores": "fp32_matmuls"}
+
+
+def test_diagnose_each_step_in_its_own_process(tmp_path, monkeypatch):
+    """`--own-process`: each step diagnosed by a child `python -m gpulab.diagnose.zoo diagnose --only`, its row
+    read back; a child that fails leaves a row that says how it ended."""
+    monkeypatch.setenv("ZOO_COMPILE_BACKEND", "eager")
+    out = tmp_path / "d.json"
+    assert Z.main(["diagnose", "--only", "mlp_eager_small", "--out", str(out), "--own-process", "--window", "0.05"]) == 0
+    import json
+    rows = json.loads(out.read_text())["steps"]
+    assert [r["name"] for r in rows] == ["mlp_eager_small"] and "error" not in rows[0] and rows[0]["step_ms"] > 0
+
+    class Args:
+        records, window = None, None
+    monkeypatch.setattr(Z.sys, "executable", "/bin/false")
+    row = Z._diagnose_in_child(Z.ZOO / "mlp_eager_small.py", Args(), say=lambda s: None)
+    assert row["name"] == "mlp_eager_small" and "ended with 1" in row["error"]
