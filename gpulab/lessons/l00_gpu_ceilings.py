@@ -109,7 +109,7 @@ def plan(scale: str | None = None) -> Plan:
     work.append(Work("copy_bandwidth", 2 * 2 * calls * cfg["copy_mib"] * 2**20, 0.9, "read and write streams"))
     sweep_host = 4 * len(cfg["sweep_shapes"]) * cfg["sweep_budget_s"] + cfg["sustain_seconds"] + 4 * 0.5
     return Plan(host_s=19.5 + sweep_host, work=work,
-                host_source="wall time of notebook 00 in results/h200-2026-11-30-course-timings.tsv "
+                host_source="wall time of notebook 00 in results/h200-2026-11-30-course/h200-2026-11-30-course-timings.tsv "
                             "(H200, torch 2.11, 2026-11-30) minus its GPU work at that run's ceilings, plus the "
                             "peak sweep's and streams' timing budgets and the sustained run (added since)")
 
@@ -286,7 +286,7 @@ def memory_floor_ms(read_bytes: float, write_bytes: float, rates: dict[str, floa
     """The least time any kernel can take to read `read_bytes` and write `write_bytes` of device memory:
     all the bytes at the fastest rate notebook 00 saw the memory move in any stream (`rates`: GB/s by
     ceiling name; read-only, write-only and copy). Not bytes over the read rate: on the H200
-    (results/h200-2026-11-30-s4.json) torch.compile's fused reduction read faster than the `sum` kernel
+    (results/h200-2026-11-30-s4/h200-2026-11-30-s4.json) torch.compile's fused reduction read faster than the `sum` kernel
     that measured it, so only the fastest rate seen bounds every kernel. Without the read and write
     streams, the copy rate alone (then not a strict floor: a kernel that mostly reads can beat a copy).
     Returns (ms, how it was derived). Notebook 12."""
@@ -393,7 +393,7 @@ def headline(scale: str | None = None) -> Measured:
 
 
 # A measured 16-bit / fp32 ratio keeps at least 3/4 of the datasheet's: on the H200 it measured 13.1-13.6
-# against the datasheet's 989 / 67 = 14.8 (88-92 %; results/h200-2026-11-29*.json); a power-capped or
+# against the datasheet's 989 / 67 = 14.8 (88-92 %; results/h200-2026-11-29*/); a power-capped or
 # shared card keeps less of its 16-bit rate than of its fp32 rate.
 DATASHEET_RATIO_KEPT = 0.75
 

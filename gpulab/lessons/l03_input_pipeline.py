@@ -57,7 +57,7 @@ CONFIG = {
 
 # seconds of notebook 03 that no GPU changes: the CPU makes every batch (the lesson is an input stall)
 HOST_S = 43.1
-HOST_SOURCE = ("wall time of notebook 03 in results/h200-2026-11-30-course-timings.tsv (H200, torch 2.11, "
+HOST_SOURCE = ("wall time of notebook 03 in results/h200-2026-11-30-course/h200-2026-11-30-course-timings.tsv (H200, torch 2.11, "
                "2026-11-30); its GPU steps are sized to under 1/8 of the CPU's batch time, inside it")
 
 

@@ -88,7 +88,7 @@ def plan(scale: str | None = None) -> Plan:
     moved["h2d_pageable"] += 2 * 4 * zero
     moved["d2h_pageable"] += 2 * zero
     # pageable copies here reach less than notebook 00's figure (H200, 256 MiB: 6.1 of 8.8 GB/s host->device,
-    # 11.0 of 14.8 device->host, results/h200-2026-11-30-course.json); pinned ones all of it
+    # 11.0 of 14.8 device->host, results/h200-2026-11-30-course/h200-2026-11-30-course.json); pinned ones all of it
     share = {"h2d_pageable": 0.7, "h2d_pinned": 1.0, "d2h_pageable": 0.7, "d2h_pinned": 1.0}
     work = [Work(kind, nbytes, share[kind], f"{kind.replace('_', ' ')} copies, {nbytes / MiB:,.0f} MiB")
             for kind, nbytes in moved.items()]
@@ -98,7 +98,7 @@ def plan(scale: str | None = None) -> Plan:
     # issue 15), + 1.2 s for the host-clock budgets issue 15 added (0.3 s each: two more pin_then_copy runs,
     # the zero-page pair)
     return Plan(host_s=12.0 + 1.2, work=work,
-                host_source="wall time of notebook 05 in results/h200-2026-11-30-s3-course-timings.tsv "
+                host_source="wall time of notebook 05 in results/h200-2026-11-30-s3-course/h200-2026-11-30-s3-course-timings.tsv "
                             "(H200, torch 2.11, 2026-11-30) minus its GPU work at that run's ceilings, "
                             "plus the time budgets of the runs added since (issue 15)")
 

@@ -97,8 +97,8 @@ def plan(scale: str | None = None) -> Plan:
                  f"{compiled} torch.compile calls (fully fused)"),
             Work("copy_bandwidth", inputs * n * n * 4, 0.8, f"{inputs} random n x n fp32 inputs written"),
         ],
-        host_source="wall time of notebook 12 in results/h200-2026-11-30-course-2-timings.tsv (one H200, "
-                    "torch 2.11, 2026-11-30) minus its GPU work at the ceilings in results/h200-2026-11-30-course.json",
+        host_source="wall time of notebook 12 in results/h200-2026-11-30-course-2/h200-2026-11-30-course-2-timings.tsv (one H200, "
+                    "torch 2.11, 2026-11-30) minus its GPU work at the ceilings in results/h200-2026-11-30-course/h200-2026-11-30-course.json",
     )
 
 

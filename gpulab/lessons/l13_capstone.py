@@ -106,8 +106,8 @@ def config(scale: str | None = None) -> dict[str, Any]:
 # -- how long notebook 13 takes (gpulab.core.predict) -------------------------------------------------
 RESNET50_FLOPS_PER_IMAGE = 3 * 8.2e9   # forward 4.1 G multiply-adds at 224 x 224 (He et al. 2016, table 1), x 3
 HOST_S = 90.2           # the reference run below, less its GPU work (compiling the GPT, loaders, budgets)
-HOST_SOURCE = ("wall time of notebook 13 in results/h200-2026-11-30-course-2-timings.tsv (one H200, torch 2.11, "
-               "2026-11-30) minus its GPU work at the ceilings in results/h200-2026-11-30-course.json")
+HOST_SOURCE = ("wall time of notebook 13 in results/h200-2026-11-30-course-2/h200-2026-11-30-course-2-timings.tsv (one H200, torch 2.11, "
+               "2026-11-30) minus its GPU work at the ceilings in results/h200-2026-11-30-course/h200-2026-11-30-course.json")
 
 
 def plan(scale: str | None = None) -> Plan:

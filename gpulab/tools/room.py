@@ -184,6 +184,8 @@ def read_store(records: list[Record], source: str,
 # results/ beside the stores, read by `python -m gpulab.diagnose.zoo judge`, not by the room.
 ZOO_KIND = "gpulab zoo"
 DIAGNOSIS_KINDS = (ZOO_KIND, "gpulab diagnose suite")
+# A run folder's manifest (gpulab.tools.results_index): what ran, not measurements.
+MANIFEST_KIND = "gpulab results manifest"
 
 
 def read_file(path: str | os.PathLike, registry: Iterable[Experiment] | None = None) -> tuple[str, list[Measurement], int]:
@@ -201,6 +203,8 @@ def read_file(path: str | os.PathLike, registry: Iterable[Experiment] | None = N
         raise RoomFileError(f"not JSON, or cut off ({err})") from None
     if isinstance(data, dict) and str(data.get("kind", "")).startswith(DIAGNOSIS_KINDS):
         return "zoo", [], 0             # the diagnosis zoo's and suite's verdicts: no lesson's measurements
+    if isinstance(data, dict) and data.get("kind") == MANIFEST_KIND:
+        return "manifest", [], 0        # a run folder's manifest: what ran, read by results_index
     if isinstance(data, dict) and data.get("kind") == BENCH_KIND:
         found, skipped = read_bench(data, str(path))
         return "bench", found, skipped
