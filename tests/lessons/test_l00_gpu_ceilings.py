@@ -236,3 +236,18 @@ def test_memory_floor_divides_by_the_fastest_stream():
     assert ms == pytest.approx(1.0) and "not a strict floor" in how
     with pytest.raises(ValueError):
         memory_floor_ms(1.0, 1.0, {})
+
+
+def test_copy_experiment_launch_free_says_how_it_timed():
+    r = copy_experiment(1, launch_free=True)
+    assert r["GB/s"] > 0 and r["copies"] >= 1
+    if torch.cuda.is_available():
+        assert r["copies"] == 256 and "CUDA graph" in r["how"]
+        assert r["GB/s"] == pytest.approx(2 * 2**20 / (r["ms"].median_ms / 256 / 1e3) / 1e9)
+    else:
+        assert r["copies"] == 1 and "no CUDA graph" in r["how"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: on the CPU there is no launch to remove")
+def test_a_small_copy_launch_free_is_faster_than_one_launch_per_copy():
+    assert copy_experiment(1, launch_free=True)["GB/s"] > 2 * copy_experiment(1)["GB/s"]
