@@ -219,6 +219,26 @@ def interleaved(fns: dict[str, Callable[[], object]], *, rounds: int = 6, repeat
                          f"{', '.join(m for m in names if m != n)} ({rounds} rounds)") for n in names}
 
 
+def capture_graph(fn: Callable[..., object], *static_inputs: torch.Tensor, warmup: int = 3):
+    """Capture `fn(*static_inputs)` into a CUDA graph; return (graph, static output). Lesson 11 teaches it;
+    lesson 00 replays copies with it to time them without launches.
+
+    As PyTorch's CUDA Graphs docs show: warm up on a side stream (so lazy initialisation, cuBLAS workspaces
+    and autograd's first-call work happen outside the capture), then capture. Replaying reads the static
+    inputs' memory and writes the static output's: to run on new data, `.copy_()` it into the static inputs.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn(*static_inputs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = fn(*static_inputs)
+    return graph, static_out
+
+
 # -- GPU busy time from a torch.profiler trace (lessons 11, 12, 14) --------------------------------
 def release_cupti() -> None:
     """Call when a torch.profiler session that recorded CUDA activity has ended: CUPTI is detached now, not
@@ -241,6 +261,19 @@ def release_cupti() -> None:
     for _ in range(3):
         torch.cuda.synchronize()
         time.sleep(0.002)
+
+
+@contextlib.contextmanager
+def gpu_profile(cpu: bool = False, **kwargs) -> Iterator[object]:
+    """`torch.profiler.profile` of the GPU's activity (and the host's with `cpu=True`; `kwargs` go to it),
+    with CUPTI released when it ends (`release_cupti`): what gpulab's own profiles run under, so timings
+    taken after them are not slowed by the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = ([ProfilerActivity.CPU] if cpu else []) + [ProfilerActivity.CUDA]
+    with profile(activities=activities, **kwargs) as prof:
+        yield prof
+    release_cupti()
 
 
 def gpu_kernels(prof) -> list[tuple[str, float, float]]:

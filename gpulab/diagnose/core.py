@@ -268,19 +268,16 @@ def kernel_busy(step: Callable, steps: int, device: torch.device) -> tuple[float
     one the launch and idle rules read (`Facts.base_idle_ms`)."""
     if device.type != "cuda":
         return None
-    from torch.profiler import ProfilerActivity, profile
-
-    from gpulab.core.timing import gpu_kernels, merge_intervals, release_cupti
+    from gpulab.core.timing import gpu_kernels, gpu_profile, merge_intervals
 
     sync(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with gpu_profile() as prof:
         sync(device)
         start = time.perf_counter()
         for _ in range(steps):
             _run(step, "kernel-only profiled steps")
         sync(device)
         wall_ms = (time.perf_counter() - start) * 1e3
-    release_cupti()
     busy_us = sum(b - a for a, b in merge_intervals((a, b) for _, a, b in gpu_kernels(prof) if b > a))
     return busy_us / 1e3 / steps, wall_ms / steps
 

@@ -368,19 +368,16 @@ def matrix_text(result: dict) -> str:
 def probe_kernels(device: torch.device) -> dict:
     """The kernel names of fp32 (IEEE and TF32), bf16 and fp16 matrix products and convolutions (NCHW and
     NHWC), SDPA, and fused / foreach AdamW on this GPU: what analyze's name tables must recognise."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from gpulab.core.timing import release_cupti
+    from gpulab.core.timing import gpu_profile
 
     from gpulab.models.precision import fp32_math
 
     def names(fn) -> list[str]:
         fn()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with gpu_profile() as prof:
             fn()
             torch.cuda.synchronize()
-        release_cupti()
         return sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})
 
     a = torch.randn(1024, 1024, device=device)

@@ -25,7 +25,7 @@ from gpulab.core.device import DeviceFacts, device_facts, float32_matmul, pick_d
 from gpulab.core.measured import Measured
 from gpulab.core.predict import Plan, Work
 from gpulab.core.results import ResultsStore, results_store
-from gpulab.core.timing import MIN_CALLS, benchmark
+from gpulab.core.timing import MIN_CALLS, benchmark, capture_graph
 
 
 # -- knobs ------------------------------------------------------------------------------------------
@@ -263,25 +263,20 @@ def copy_experiment(mib: int = 1024, launch_free: bool = False) -> dict:
     dst.copy_(src)
     if not torch.equal(dst, src):
         raise AssertionError("device copy produced different data")
-    copies, how = 1, "one launch per copy"
-    if launch_free and device.type == "cuda":
-        copies = max(1, GRAPH_MIB // mib)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            dst.copy_(src)                           # warm-up outside the capture
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(copies):
-                dst.copy_(src)
-        t = benchmark(graph.replay)
+    copies, how, graph = 1, "one launch per copy", None
+    if launch_free and device.type != "cuda":
+        how = "one launch per copy (no CUDA graph on this device)"
+    elif launch_free:
+        many = max(1, GRAPH_MIB // mib)
+        try:
+            graph, _ = capture_graph(lambda: [dst.copy_(src) for _ in range(many)], warmup=1)
+            copies, how = many, f"{many} copies replayed from one CUDA graph"
+        except RuntimeError as err:          # a driver or emulation that refuses the capture: say so, time per launch
+            torch.cuda.synchronize()
+            how = f"one launch per copy (the CUDA graph capture failed: {str(err)[:120]})"
+    t = benchmark(graph.replay if graph is not None else (lambda: dst.copy_(src)))
+    if graph is not None:
         graph.reset()
-        how = f"{copies} copies replayed from one CUDA graph"
-    else:
-        if launch_free:
-            how = "one launch per copy (no CUDA graph on this device)"
-        t = benchmark(lambda: dst.copy_(src))
     del src, dst
     per_copy_ms = t.median_ms / copies
     return {"GB/s": 2 * n * 4 / (per_copy_ms / 1e3) / 1e9, "ms": t, "per_copy_ms": per_copy_ms,

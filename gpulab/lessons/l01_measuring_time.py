@@ -19,7 +19,7 @@ import torch
 from gpulab.core.device import pick_device, resolve_scale, sync
 from gpulab.core.measured import Measured
 from gpulab.core.predict import Plan, Work
-from gpulab.core.timing import MIN_CALLS, benchmark, release_cupti
+from gpulab.core.timing import MIN_CALLS, benchmark, gpu_profile
 
 # -- knobs ------------------------------------------------------------------------------------------
 TITLE = "measuring time"
@@ -98,8 +98,6 @@ def kernel_ms_per_call(fn: Callable[[], object], op: str, calls: int,
     `fn`, as torch.profiler reads it on the GPU (CUPTI: each kernel's own start and end), so the host's
     launch gaps are not in it. `before` runs ahead of each call, outside `op` (an L2 flush, say).
     None on the CPU: there are no kernels to read."""
-    from torch.profiler import ProfilerActivity, profile
-
     device = pick_device()
     if device.type != "cuda":
         return None
@@ -107,13 +105,12 @@ def kernel_ms_per_call(fn: Callable[[], object], op: str, calls: int,
         before()
     fn()                                           # warm-up outside the profile
     sync(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with gpu_profile(cpu=True) as prof:
         for _ in range(calls):
             if before is not None:
                 before()
             fn()
         sync(device)
-    release_cupti()
     times_us = [e.device_time_total for e in prof.events() if e.name == op]
     return sum(times_us) / len(times_us) / 1e3 if times_us else None
 

@@ -28,7 +28,7 @@ from gpulab.core.children import at_once
 from gpulab.core.device import require_cuda, resolve_scale
 from gpulab.core.measured import Measured, Skipped
 from gpulab.core.predict import Plan, Work
-from gpulab.core.timing import MIN_CALLS, benchmark, gpu_kernels, merged_ms, release_cupti
+from gpulab.core.timing import MIN_CALLS, benchmark, capture_graph, gpu_kernels, gpu_profile, merged_ms
 
 
 # -- knobs ------------------------------------------------------------------------------------------
@@ -103,24 +103,13 @@ def tiny_ops_reference(x: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def capture(fn: Callable[..., object], *static_inputs: torch.Tensor, warmup: int = 3):
-    """Capture `fn(*static_inputs)` into a CUDA graph; return (graph, static output).
-
-    As PyTorch's CUDA Graphs docs show: warm up on a side stream (so lazy initialisation,
-    cuBLAS workspaces and autograd's first-call work happen outside the capture), then
-    capture. Replaying reads the static inputs' memory and writes the static output's:
-    to run on new data, `.copy_()` it into the static inputs.
+    """Capture `fn(*static_inputs)` into a CUDA graph; return (graph, static output): `timing.capture_graph`
+    (warm-up on a side stream, then the capture, as PyTorch's CUDA Graphs docs show), on a CUDA GPU only.
+    Replaying reads the static inputs' memory and writes the static output's: to run on new data, `.copy_()`
+    it into the static inputs.
     """
     require_cuda(NO_GRAPHS)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn(*static_inputs)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = fn(*static_inputs)
-    return graph, static_out
+    return capture_graph(fn, *static_inputs, warmup=warmup)
 
 
 class MLP(nn.Module):
@@ -193,8 +182,6 @@ def step_profile(fn: Callable[[], object], steps: int = 20) -> dict[str, float]:
       a second run of `steps` calls; `kernels`: how many ran per step.
     A step whose host ms is close to its wall ms while the GPU is busy a fraction of it is host-bound:
     the CPU, not the GPU, sets its pace. CUDA only."""
-    from torch.profiler import ProfilerActivity, profile
-
     require_cuda(NO_GRAPHS)
     fn()
     torch.cuda.synchronize()
@@ -204,11 +191,10 @@ def step_profile(fn: Callable[[], object], steps: int = 20) -> dict[str, float]:
     host = time.perf_counter() - t0
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with gpu_profile() as prof:
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
-    release_cupti()
     spans = [(a, b) for _, a, b in gpu_kernels(prof)]
     return {"host ms": host * 1e3 / steps, "wall ms": wall * 1e3 / steps,
             "GPU busy ms": merged_ms(spans) / steps, "kernels": len(spans) / steps}

@@ -26,7 +26,7 @@ import torch
 from gpulab.core.device import pick_device, resolve_scale, sync
 from gpulab.core.measured import Measured
 from gpulab.core.predict import Plan, Work
-from gpulab.core.timing import MIN_CALLS, benchmark, gpu_kernels, release_cupti
+from gpulab.core.timing import MIN_CALLS, benchmark, gpu_kernels, gpu_profile
 
 
 def _import_torchs_torchscript_module_quietly() -> None:
@@ -170,15 +170,12 @@ def kernels_launched(fn: Callable[[], object], device: torch.device | None = Non
     device = device or pick_device()
     if device.type != "cuda":
         return None
-    from torch.profiler import ProfilerActivity, profile
-
     sync(device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")          # profiler start-up notices are not the lesson
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with gpu_profile() as prof:
             fn()
             sync(device)
-        release_cupti()
     names = [name for name, _, _ in gpu_kernels(prof)]
     return [n for n in names if not n.startswith(("Memcpy", "Memset"))]
 

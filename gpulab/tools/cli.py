@@ -222,13 +222,10 @@ def _profiler_records_kernels():
     """True if torch.profiler records a kernel on this GPU; else why not (text)."""
     import torch
     try:
-        from torch.profiler import ProfilerActivity, profile
-
-        from gpulab.core.timing import gpu_kernels, release_cupti
+        from gpulab.core.timing import gpu_kernels, gpu_profile
         x = torch.ones(1024, device="cuda")
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with gpu_profile() as prof:
             (x * 2).sum().item()
-        release_cupti()
         return True if gpu_kernels(prof) else "the profile holds no GPU events"
     except Exception as err:      # noqa: BLE001 - a refusal shows up in many forms
         return f"{type(err).__name__}: {str(err)[:160]}"

@@ -80,3 +80,15 @@ def test_sessions_back_to_back_each_record_their_kernels_and_launches_recover():
     assert counts == [20] * 6, f"kernels recorded per session: {counts} (a session lost to CUPTI's teardown reads 0)"
     after = launch_us()
     assert after < 1.5 * fresh, f"a launch took {after:.1f} us after the profiles, {fresh:.1f} us before"
+
+
+def test_gpu_profile_releases_cupti_when_it_ends(monkeypatch):
+    """gpulab's own profiles run under timing.gpu_profile, which calls release_cupti when the session ends."""
+    from gpulab.core import timing
+
+    calls = []
+    monkeypatch.setattr(timing, "release_cupti", lambda: calls.append("released"))
+    with timing.gpu_profile(cpu=True) as prof:
+        torch.ones(4).sum()
+        assert calls == []
+    assert calls == ["released"] and prof is not None
