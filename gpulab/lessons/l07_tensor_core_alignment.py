@@ -170,10 +170,7 @@ def gemm_experiment(n: int = 4096, precision: str = "bf16", m: int | None = None
     if device.type != "cuda" and max(m, n, k) > max_cpu_size:
         raise ValueError(f"on the CPU this lesson stops at {max_cpu_size} (got {max(m, n, k)}): "
                          "larger products take minutes there and say nothing about a GPU.")
-    dtype = spec.dtype or torch.float32
-    g = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(m, k, generator=g, device=device).to(dtype)
-    b = torch.randn(k, n, generator=g, device=device).to(dtype)
+    a, b = operands(m, k, n, spec.dtype or torch.float32, device)
     with fp32_math(spec.fp32_mode):
         c = a @ b
     with fp32_math("ieee"):
@@ -187,6 +184,13 @@ def gemm_experiment(n: int = 4096, precision: str = "bf16", m: int | None = None
         t = benchmark(lambda: a @ b, warmup=3, repeat=repeat)
     del a, b
     return {"TFLOP/s": t.per_second(2 * m * n * k) / 1e12, "ms": t, "rel. error": err}
+
+
+def operands(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (m x k) and B (k x n) of a product, drawn from seed 0 in fp32 and cast to `dtype`."""
+    g = torch.Generator(device=device).manual_seed(0)
+    return (torch.randn(m, k, generator=g, device=device).to(dtype),
+            torch.randn(k, n, generator=g, device=device).to(dtype))
 
 
 def alignment(n: int, element_bytes: int = 2) -> int:
@@ -342,9 +346,7 @@ def gemm_pair_interleaved(n_a: int, n_b: int, precision: str, repeat: int) -> tu
     from gpulab.core.timing import interleaved
     spec = check(precision)
     device = pick_device()
-    dtype = spec.dtype or torch.float32
-    ops = {n: (torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype))
-           for n in (n_a, n_b)}
+    ops = {n: operands(n, n, n, spec.dtype or torch.float32, device) for n in (n_a, n_b)}
     with fp32_math(spec.fp32_mode):
         t = interleaved({f"n={n}": (lambda a=a, b=b: a @ b) for n, (a, b) in ops.items()},
                         rounds=max(2, repeat // 3), repeat=3)
