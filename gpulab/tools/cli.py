@@ -108,8 +108,8 @@ def doctor_findings(cpu_ok: bool = False) -> list[Finding]:
                 else "the GPU monitor (lessons 00, 03, 05) needs NVML: install the NVIDIA driver, or start the "
                 "container with the 'utility' driver capability (NVIDIA_DRIVER_CAPABILITIES=compute,utility)")
     add("NVIDIA driver / NVML", OK if nvml_ok else gpu_fail, nvml_why, nvml_fix)
+    shared = monitor.gpu_sharing(torch.device("cuda", 0)) if gpu else None
     if gpu:
-        shared = monitor.gpu_sharing(torch.device("cuda", 0))
         if shared is None:
             add("GPU shared?", WARN, "NVML cannot tell whether other processes use this GPU",
                 "the course's numbers assume it has the GPU to itself")
@@ -149,10 +149,9 @@ def doctor_findings(cpu_ok: bool = False) -> list[Finding]:
         "" if cc or not gpu else "install one (Debian/Ubuntu: apt-get install build-essential), or set CC")
 
     if gpu:
-        name = torch.cuda.get_device_name(0)
-        if "MIG" in name or os.environ.get("CUDA_VISIBLE_DEVICES", "").startswith("MIG-"):
-            add("MIG slice", OK, f"{name}: this process sees one MIG slice (its SMs, memory and L2; no P2P, "
-                                 "NVML reports no utilization for it)")
+        if shared is not None and shared.mig:      # monitor.gpu_sharing's reading: the device name, NVML's MIG mode
+            add("MIG slice", OK, f"{torch.cuda.get_device_name(0)}: this process sees one MIG slice (its SMs, "
+                                 "memory and L2; no P2P, NVML reports no utilization for it)")
         counters = _profiler_records_kernels()
         add("profiler (CUPTI)", OK if counters is True else WARN,
             "torch.profiler records this GPU's kernels" if counters is True else f"kernels not recorded: {counters}",
