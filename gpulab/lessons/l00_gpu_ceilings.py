@@ -270,6 +270,10 @@ def copy_experiment(mib: int = 1024, launch_free: bool = False) -> dict:
         many = max(1, GRAPH_MIB // mib)
         try:
             graph, _ = capture_graph(lambda: [dst.copy_(src) for _ in range(many)], warmup=1)
+            dst.zero_()
+            graph.replay()                   # the replayed copies are checked too: from zeros, they must give src
+            if not torch.equal(dst, src):
+                raise AssertionError("the copies replayed from the CUDA graph produced different data")
             copies, how = many, f"{many} copies replayed from one CUDA graph"
         except RuntimeError as err:          # a driver or emulation that refuses the capture: say so, time per launch
             torch.cuda.synchronize()
