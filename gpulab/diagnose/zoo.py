@@ -47,6 +47,9 @@ TOP_HITS_MIN = 0.90
 # floor), the one comparison the suite's cases use too.
 LABEL_WINDOW_S = 1.5
 LABEL_CHUNK = 5
+# `label --settle`: at most this long compiling before the timed window (see `settle`).
+SETTLE_MAX_S = 90.0
+SETTLE_QUIET = 2            # chunks in a row without a new graph (a rare length can skip one chunk)
 # Old rule names, for judging an older version's verdicts.
 RENAMED = {"fp32_no_tensor_cores": "fp32_matmuls"}
 
@@ -142,18 +145,42 @@ def same_model(module, fix: str, device: torch.device, scale: str = "tiny") -> d
     return result
 
 
-def step_time(module, fix, scale: str, device: torch.device, window_s: float = LABEL_WINDOW_S) -> dict:
+def settle(step, limit_s: float = SETTLE_MAX_S) -> dict:
+    """Run `step` in chunks of LABEL_CHUNK until SETTLE_QUIET chunks in a row compile no new graph
+    (torch.compile's count), at most `limit_s`: a compiled step's label is its time once its shapes have
+    compiled, not the compiles of its first steps, a one-time cost however long the run (on the H200,
+    2026-12-01, bert_variable_lengths_compile's 1.5 s window after 3 warm-up steps read a mean of 151 ms per
+    step against a median of 75 ms). Returns {"steps": run, "graphs": compiled meanwhile, "settled": whether
+    the last chunks compiled nothing}."""
+    from gpulab.diagnose.core import compile_counters
+
+    t0, steps, quiet = time.perf_counter(), 0, 0
+    first = last = compile_counters().get("graphs", 0)
+    while True:
+        for _ in range(LABEL_CHUNK):
+            step()
+        steps += LABEL_CHUNK
+        now = compile_counters().get("graphs", 0)
+        quiet = quiet + 1 if now == last else 0
+        last = now
+        if quiet >= SETTLE_QUIET or time.perf_counter() - t0 > limit_s:
+            return {"steps": steps, "graphs": now - first, "settled": quiet >= SETTLE_QUIET}
+
+
+def step_time(module, fix, scale: str, device: torch.device, window_s: float = LABEL_WINDOW_S,
+              settled: bool = False) -> dict:
     """ms per step (the mean over chunks of LABEL_CHUNK steps back to back, at least `window_s`, after 3
-    warm-up steps), and the chunks' spread."""
+    warm-up steps; with `settled`, after `settle` too), and the chunks' spread."""
     from gpulab.core.timing import benchmark
 
     step = module.make_step(fix, scale=scale, device=device)
     try:
+        settling = settle(step) if settled else None
         timing = benchmark(step, warmup=3, repeat=None, budget_s=window_s, max_repeat=60, calls=LABEL_CHUNK,
                            clock="host", device=device)
         samples = timing.samples_ms
         return {"ms": sum(samples) / len(samples), "median_ms": timing.median_ms, "spread": timing.spread_ms / timing.median_ms,
-                "chunks": len(samples)}
+                "chunks": len(samples), **({"settle": settling} if settling else {})}
     finally:
         _close(step)
         del step
@@ -161,7 +188,7 @@ def step_time(module, fix, scale: str, device: torch.device, window_s: float = L
 
 
 def label_step(path: Path, scale: str, device: torch.device, say=print, checks: dict | None = None,
-               window_s: float = LABEL_WINDOW_S) -> dict:
+               window_s: float = LABEL_WINDOW_S, settled: bool = False) -> dict:
     """One step's label: its time as written and with each fix (each checked first: here, or in `checks`,
     {step: {rule: same_model's answer}} from an earlier run), and the best fix."""
     module = load(path)
@@ -173,14 +200,14 @@ def label_step(path: Path, scale: str, device: torch.device, say=print, checks: 
         return out
     try:
         t0 = time.perf_counter()
-        out["as_written"] = step_time(module, None, scale, device, window_s)
+        out["as_written"] = step_time(module, None, scale, device, window_s, settled)
         for rule, text in module.FIXES.items():
             check = (checks or {}).get(path.stem, {}).get(rule) if checks is not None else same_model(module, rule, device)
             if check is None:
                 check = {"ok": False, "why": "no correctness check recorded for this fix"}
             row = {"fix": text, "check": check}
             if check["ok"]:
-                row.update(step_time(module, rule, scale, device, window_s))
+                row.update(step_time(module, rule, scale, device, window_s, settled))
                 row["gain"] = out["as_written"]["ms"] / row["ms"]
             out["fixes"][rule] = row
         timed = {r: f["gain"] for r, f in out["fixes"].items() if "gain" in f}
@@ -438,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     lab.add_argument("--scale", default=None)
     lab.add_argument("--checks", default=None, help="the correctness checks of an earlier `check` run (JSON)")
     lab.add_argument("--window", type=float, default=LABEL_WINDOW_S)
+    lab.add_argument("--settle", action="store_true",
+                     help="time each variant once torch.compile has stopped compiling new graphs (see `settle`)")
     chk = sub.add_parser("check")
     chk.add_argument("--out", required=True)
     chk.add_argument("--only", default=None)
@@ -474,8 +503,8 @@ def main(argv: list[str] | None = None) -> int:
         checks = json.loads(Path(a.checks).read_text())["checks"] if a.checks else None
         for f in files:
             rows.append(label_step(f, a.scale, device, say=lambda s: print(s, flush=True), checks=checks,
-                                   window_s=a.window))
-            Path(a.out).write_text(json.dumps({**stamp, "checks_from": a.checks, "steps": rows}, indent=1))
+                                   window_s=a.window, settled=a.settle))
+            Path(a.out).write_text(json.dumps({**stamp, "checks_from": a.checks, "settled": a.settle, "steps": rows}, indent=1))
         return 0
     if a.cmd == "check":
         out: dict = {}

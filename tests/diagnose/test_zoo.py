@@ -128,3 +128,26 @@ def test_diagnose_each_step_in_its_own_process(tmp_path, monkeypatch):
     monkeypatch.setattr(Z.sys, "executable", "/bin/false")
     row = Z._diagnose_in_child(Z.ZOO / "mlp_eager_small.py", Args(), say=lambda s: None)
     assert row["name"] == "mlp_eager_small" and "ended with 1" in row["error"]
+
+
+def test_settle_runs_until_two_chunks_compile_nothing(monkeypatch):
+    """A step that compiles a new graph on each of its first 12 calls settles after the two quiet chunks
+    that follow; one that compiles nothing after two chunks; one that never stops says it did not settle."""
+    import gpulab.diagnose.core as C
+
+    graphs = {"n": 0}
+    monkeypatch.setattr(C, "compile_counters", lambda: {"graphs": graphs["n"]})
+
+    def compiling(until):
+        def step():
+            if until is None or graphs["n"] < until:
+                graphs["n"] += 1
+        return step
+
+    out = Z.settle(compiling(12))
+    assert out == {"steps": 25, "graphs": 12, "settled": True}, out      # 3 chunks compile, 2 quiet
+    graphs["n"] = 0
+    assert Z.settle(compiling(0)) == {"steps": 10, "graphs": 0, "settled": True}
+    graphs["n"] = 0
+    out = Z.settle(compiling(None), limit_s=0.0)
+    assert out["settled"] is False and out["steps"] == Z.LABEL_CHUNK, out
