@@ -24,6 +24,7 @@ Every figure in `Facts` is per profiled step (the profiled steps' total divided 
 """
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import statistics
@@ -257,6 +258,7 @@ class Facts:
     between_regions_ms: float = 0.0  # host time between two compiled regions of a step (graph breaks)
     rnn_host_ms: float = 0.0        # host time inside recurrent layers' ops (Dynamo runs them eagerly)
     compiled_host_ms: float | None = None   # host time inside compiled regions and compiled backwards
+    compiled_launch_ms: float | None = None  # of it, from each region's first GPU-queueing call to its last's end
     compile: dict = field(default_factory=dict)   # dynamo's counters around the timed steps (core.py)
     stalls: StallFacts | None = None
     intervals: dict = field(default_factory=dict, repr=False)   # for the plot: windows, busy, idle, host
@@ -875,6 +877,27 @@ def _patterns(events, gpu, classes, ops, calls, windows, span, step_name) -> dic
     # replayed CUDA graph of it could take off the host
     backward = [op for op in ops.values() if op.name == COMPILED_BACKWARD]
     out["compiled_host_ms"] = length_us(intersect(_spans(regions + backward), span))
+    # the part of it a replayed graph does take off the host: in each compiled region (or backward), from
+    # its first call that queues GPU work to the end of its last (inductor's launches and its Python between
+    # them). Before the first and after the last run dynamo's guards and AOTAutograd's wrappers, which
+    # reduce-overhead's graphs run too (cudagraph trees add their own checks and input copies).
+    queue = {}
+    for e in events:
+        if e.kind == RUNTIME and e.name in QUEUEING:
+            queue.setdefault(e.stream, []).append((e.start_us, e.end_us))
+    for calls_ in queue.values():
+        calls_.sort()
+    launching = []
+    for r in regions + backward:
+        calls_ = queue.get(r.stream, [])
+        i = bisect.bisect_left(calls_, (r.start_us, -math.inf))
+        inside = []
+        while i < len(calls_) and calls_[i][0] <= r.end_us:
+            inside.append(calls_[i])
+            i += 1
+        if inside:
+            launching.append((inside[0][0], min(max(b for _, b in inside), r.end_us)))
+    out["compiled_launch_ms"] = length_us(intersect(merge_intervals(launching), span))
     return out
 
 

@@ -259,6 +259,30 @@ def diagnose_step(path: Path, device: torch.device, record_dir: Path | None = No
     return out
 
 
+def with_confirmations(row: dict, live: dict | None) -> dict:
+    """A re-analysed record's verdicts with the measurements its live diagnosis made (`confirm` runs the step,
+    which a record cannot): each verdict whose rule the live run confirmed gets the same measured gain and is
+    demoted, or not, against its own (perhaps new) expectation (`rules.demote`), then ranked (`rules.rank`).
+    Needs this gpulab's rules."""
+    import dataclasses
+
+    from gpulab.diagnose.rules import Verdict, demote, rank
+
+    if not live or "verdicts" not in row:
+        return row
+    measured = {v["rule"]: v for v in live.get("verdicts", []) if v.get("measured") is not None}
+    names = {f.name for f in dataclasses.fields(Verdict)}
+    out = []
+    for d in row["verdicts"]:
+        v = Verdict(**{k: x for k, x in d.items() if k in names})
+        m = measured.get(v.rule)
+        if m is not None:
+            how = m.get("confirmation", "").split("; demoted:")[0]
+            v = demote(v, m["measured"], f"{how} (in the live run)")
+        out.append(v)
+    return {**row, "verdicts": [v.to_dict() for v in rank(out)]}
+
+
 def diagnose_record(path: Path) -> dict:
     """A recorded diagnosis (`diagnose(..., record_to=)`) analysed by whichever gpulab is importable:
     the rules as they were before a change (an older checkout on PYTHONPATH) on exactly the profile the
@@ -489,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     rec = sub.add_parser("records", help="analyse recorded diagnoses with the gpulab importable here")
     rec.add_argument("folder")
     rec.add_argument("--out", required=True)
+    rec.add_argument("--confirmations", default=None,
+                     help="the live diagnoses (JSON) whose measured gains the re-analysed verdicts take")
     a = p.parse_args(argv)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     files = step_files()
@@ -551,14 +577,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.cmd == "records":
         rows = []
+        live = ({r["name"]: r for r in json.loads(Path(a.confirmations).read_text())["steps"]}
+                if a.confirmations else {})
         for path in sorted(Path(a.folder).glob("*.json.gz")):
             try:
-                rows.append(diagnose_record(path))
+                rows.append(with_confirmations(diagnose_record(path), live.get(path.name.split(".")[0])))
             except Exception as err:       # noqa: BLE001
                 rows.append({"name": path.name.split(".")[0], "error": f"{type(err).__name__}: {err}"})
             print(rows[-1]["name"], rows[-1].get("error") or [v["rule"] for v in rows[-1]["verdicts"]], flush=True)
         import gpulab
         Path(a.out).write_text(json.dumps({**stamp, "gpulab": str(Path(gpulab.__file__).parent), "from_records": a.folder,
+                                           "confirmations_from": a.confirmations,
                                            "steps": rows}, indent=1))
         return 0
     if a.cmd == "probe":

@@ -613,6 +613,22 @@ def test_data_parallel_and_compiled_regions():
     assert f.compiled_regions == 2 and f.between_regions_ms == pytest.approx(0.15)
 
 
+def test_compiled_launch_time_runs_from_a_regions_first_launch_to_its_last():
+    """What a replayed graph takes off the host: inside each compiled region (and compiled backward, on its
+    own thread) from its first queueing call to its last one's end; guards before and wrappers after stay."""
+    events = [step(0, 1000),
+              op("Torch-Compiled Region: 0/0", 100, 400),
+              call("cudaLaunchKernel", 150, 160), call("cudaLaunchKernel", 250, 260), call("cudaLaunchKernel", 300, 310),
+              call("cudaLaunchKernel", 450, 460),                                   # outside every region
+              op("CompiledFunctionBackward", 500, 900, thread=2, corr=11),
+              call("cudaLaunchKernel", 600, 610, thread=2), call("cudaLaunchKernel", 700, 720, thread=2),
+              call("cudaLaunchKernel", 650, 660, thread=1),                         # another thread's launch
+              op("Torch-Compiled Region: 1/0", 920, 990)]                           # a region that launched nothing
+    f = analyze(events)
+    assert f.compiled_host_ms == pytest.approx((300 + 400 + 70) / 1e3)
+    assert f.compiled_launch_ms == pytest.approx((160 + 120) / 1e3)
+
+
 def test_data_parallel_is_found_in_a_real_profile():
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function

@@ -406,6 +406,11 @@ def test_cudagraphs_skipped_edge_and_it_replaces_launch_bound():
     v = R.cudagraphs_skipped(facts({"launch": 30.0}, compiled_regions=1.0, compile=skipped, compiled_host_ms=12.0))
     assert v.share == pytest.approx(0.30) and v.expected_share == pytest.approx(0.12)
     assert "12 ms of the step inside the compiled code" in v.evidence
+    # where the launches inside it are known: only the stretch from the first launch to the last
+    v = R.cudagraphs_skipped(facts({"launch": 30.0}, compiled_regions=1.0, compile=skipped, compiled_host_ms=12.0,
+                                   compiled_launch_ms=5.0))
+    assert v.share == pytest.approx(0.30) and v.expected_share == pytest.approx(0.05)
+    assert "5 ms of it between its first launch and its last" in v.evidence
 
 
 def test_compute_bound_reports_mfu():

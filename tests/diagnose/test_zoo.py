@@ -151,3 +151,21 @@ def test_settle_runs_until_two_chunks_compile_nothing(monkeypatch):
     graphs["n"] = 0
     out = Z.settle(compiling(None), limit_s=0.0)
     assert out["settled"] is False and out["steps"] == Z.LABEL_CHUNK, out
+
+
+def test_a_reanalysed_record_takes_the_live_runs_measurements():
+    """A record cannot run the step: its verdicts take the gains the live diagnosis measured, and are demoted
+    against their own expectation (which a rule change may have moved), then ranked again."""
+    from gpulab.diagnose.rules import verdict
+
+    a = verdict("fp32_matmuls", "fp32", "06", 0.6, "e", "f").to_dict()           # expects 2.5x
+    b = verdict("launch_bound", "launch", "11", 0.3, "e", "f").to_dict()          # expects 1.43x
+    live = {"verdicts": [{**a, "measured": 1.2, "confirmation": "measured 1.2x with 16-bit math"}]}
+    out = Z.with_confirmations({"name": "s", "verdicts": [a, b]}, live)
+    first, second = out["verdicts"]
+    assert first["rule"] == "launch_bound" and not first["demoted"] and first["measured"] is None
+    assert second["rule"] == "fp32_matmuls" and second["demoted"] and second["measured"] == 1.2
+    assert "(in the live run)" in second["confirmation"] and "demoted: it saved 28%" in second["confirmation"]
+    kept = Z.with_confirmations({"name": "s", "verdicts": [a]}, {"verdicts": [{**a, "measured": 2.4}]})
+    assert not kept["verdicts"][0]["demoted"]
+    assert Z.with_confirmations({"name": "s", "verdicts": [a]}, None)["verdicts"] == [a]
