@@ -40,11 +40,11 @@ CONFIG = {
 }
 
 # Seconds of notebook 15 that no GPU changes: worker start-up, the CPU making every batch, the
-# profiler's own work over the diagnoses and the panel's first run. The notebook's first full-size run
-# took 54 s (executed whole, kernel start included; its GPU work, a few hundred ms per diagnosis, inside).
-HOST_S = 246.0
-HOST_SOURCE = ("wall time of notebook 15 under nbval at full size (results/h200-2026-12-01-n15e/h200-2026-12-01-n15e-timings.tsv: H200, "
-               "torch 2.11, 2026-12-01, 246 s, 200 of them the chain of fixes: five rounds, each checking that its "
+# profiler's own work over the diagnoses and the panel's first run: at full size on the H200 the notebook's
+# cells took 222 s in all (2026-12-02), its GPU work (a few hundred ms per diagnosis) inside.
+HOST_S = 225.0
+HOST_SOURCE = ("wall time of notebook 15 under nbval at full size (results/h200-2026-12-02-00-15/h200-2026-12-02-00-15-timings.tsv: "
+               "H200, torch 2.11, 2026-12-02, 225 s, most of it the chain of fixes: five rounds, each checking that its "
                "fix trains the same model and diagnosing the step again); no GPU ceiling sets it: the steps are "
                "paced by the host's data making")
 

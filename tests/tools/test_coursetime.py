@@ -67,6 +67,8 @@ PREDICTOR_RUNS = [
     ("h200x2-2026-11-30-s9-timings.tsv", "h200x2-2026-11-30-s9.json", ("15",)),
     # notebook 15 after issue 23 (its chain now checks and diagnoses every round): the newest for 15
     ("h200-2026-12-01-n15e-timings.tsv", "h200-2026-12-01-n15e.json", ("15",)),
+    # notebook 00 then 15, 15 sized from 00's ceilings (2026-12-02): the newest for both
+    ("h200-2026-12-02-00-15-timings.tsv", "h200-2026-12-02-00-15.json", ("00", "15")),
 ]
 
 
