@@ -26,6 +26,12 @@ BANDS_PATH = Path(__file__).with_name("bands.toml")
 
 
 # -- bands ------------------------------------------------------------------------------------
+# What a band's ratio is of. A "time" ratio is this GPU's speed, so it is not judged under a GPU profile (the
+# timings are the real GPU's); a "memory" ratio is set by the model's shape and the allocator, the same on
+# the emulated class, and is judged there too.
+MEASURES = ("time", "memory")
+
+
 class BandsError(ValueError):
     """The bands file is missing something or says something impossible."""
 
@@ -40,6 +46,7 @@ class Band:
     source: str
     applies: bool = True
     why: str = ""               # why the band does not apply (applies=False)
+    measures: str = "time"      # what the ratio is of: "time" (this GPU's speed) or "memory" (the model's bytes)
 
 
 @dataclass(frozen=True)
@@ -117,11 +124,14 @@ def _band(path: Path, cls: str, lesson: str, raw: dict) -> Band:
     applies = raw.get("applies", True)
     if not isinstance(applies, bool):
         raise BandsError(f"{where} applies must be true or false")
+    measures = raw.get("measures", "time")
+    if measures not in MEASURES:
+        raise BandsError(f"{where} measures must be one of {', '.join(MEASURES)}, not {measures!r}")
     if not applies:
         why = raw.get("why")
         if not isinstance(why, str) or not why.strip():
             raise BandsError(f"{where} does not apply, so it needs a 'why'")
-        return Band(cls, lesson, metric, -math.inf, math.inf, source, False, why)
+        return Band(cls, lesson, metric, -math.inf, math.inf, source, False, why, measures)
     low, high = raw.get("low"), raw.get("high")
     for name, v in (("low", low), ("high", high)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
@@ -130,7 +140,7 @@ def _band(path: Path, cls: str, lesson: str, raw: dict) -> Band:
         raise BandsError(f"{where} low {low} > high {high}")
     if math.isinf(low) and math.isinf(high):
         raise BandsError(f"{where} bounds nothing: give low or high (or applies = false and a why)")
-    return Band(cls, lesson, metric, float(low), float(high), source, True, "")
+    return Band(cls, lesson, metric, float(low), float(high), source, True, "", measures)
 
 
 def gpu_class(facts=None) -> str:

@@ -229,7 +229,8 @@ def expect_band(lesson: str, measured: float | None, applies: bool = True, why_n
     `gpulab/core/bands.toml`: the one place a band is written (gpulab bench judges with the same).
 
     Skipped, with the reason, where the class has no band that applies (the CPU, a pre-Volta GPU for
-    some lessons), and under a GPU profile: the timings are then this GPU's, not the profile's.
+    some lessons), and under a GPU profile where the band is of time: the timings are then this GPU's, not the
+    profile's (a band of memory, `measures = "memory"`, is the model's, and judged).
     Where the lesson's module predicts a lower low end for this machine (`band_floor`: a host with two
     cores cannot run twelve workers), that is the low end, and it says why (`bands.judged_low`, as bench).
     """
@@ -243,7 +244,7 @@ def expect_band(lesson: str, measured: float | None, applies: bool = True, why_n
     if band is None or not band.applies:
         reason = band.why if band is not None else f"no band for lesson {lesson} in class {cls} (bands.toml)"
         return expect(label, measured, applies=False, why_not=why_not if not applies and why_not else reason)
-    if facts.profile:
+    if facts.profile and band.measures == "time":
         return expect(label, measured, applies=False,
                       why_not=f"emulating the {facts.profile} profile: the band is a {cls} GPU's, the timing this "
                               "GPU's, so it is not judged")

@@ -172,9 +172,9 @@ def judge(exp: Experiment, measured: Measured | None, bands: Bands, cls: str, si
     settings = bands.settings(cls)
     if settings.get("applies", True) is False:
         return NA, str(settings.get("why", "")), band
-    if profile:
+    if profile and (band is None or band.measures == "time"):
         return NA, (f"emulating the {profile} profile: the timings are this GPU's, not a {profile}'s, so bands "
-                    "are judged only without a profile"), band
+                    "of time are judged only without a profile"), band
     if size != "full":
         return NA, "tiny scale: bands are for full-size runs", band
     if band is None:

@@ -138,6 +138,9 @@ def test_expect_band_skips_under_a_profile_and_where_no_band_applies(monkeypatch
     _facts_for(monkeypatch, facts)
     check = lesson.expect_band("00", 13.3)
     assert check.status == "skipped" and "emulating the t4 profile" in check.why
+    # a band of memory is the model's, not this GPU's speed: judged under the profile too
+    assert lesson.expect_band("09", 0.35).status == "pass"
+    assert lesson.expect_band("10", 1.2).status == "FAIL"
     _facts_for(monkeypatch, facts_for_capability("Tesla P100", 6, 0))
     check = lesson.expect_band("00", 2.0)
     assert check.status == "skipped" and "no Tensor Cores" in check.why
