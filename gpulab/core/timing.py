@@ -329,3 +329,55 @@ def merged_ms(intervals) -> float:
     """Total length of the union of (start, end) intervals, in their unit / 1e3 (profiler us -> ms):
     the time at least one of them was running (a GPU's busy time, concurrent kernels counted once)."""
     return sum(b - a for a, b in merge_intervals(intervals)) / 1e3
+
+
+# A step whose kernels fill at least this share of it is paced by the GPU; below it the GPU waits for the host
+# between kernels (launches, Python, synchronizations, data). The same line as gpulab.diagnose's compute_bound.
+GPU_PACED_MIN = 0.90
+
+
+@dataclass(frozen=True)
+class Pace:
+    """What paces a step: the GPU's busy time per step (the union of its kernels, copies and memsets, from a
+    profile that records the GPU's activity only) against the step's time on the host clock, steps back to
+    back as in training."""
+
+    busy_ms: float
+    step_ms: float
+    steps: int
+
+    @property
+    def share(self) -> float:
+        return min(self.busy_ms / self.step_ms, 1.0) if self.step_ms > 0 else 0.0
+
+    @property
+    def paced_by(self) -> str:
+        return "the GPU" if self.share >= GPU_PACED_MIN else "the host"
+
+    def text(self) -> str:
+        return (f"GPU busy {100 * self.share:.0f} % of the step ({self.busy_ms:.3g} of {self.step_ms:.3g} ms, "
+                f"{self.steps} steps back to back under a kernel-only profile): paced by {self.paced_by}"
+                + ("" if self.paced_by == "the GPU" else
+                   " (the GPU waits between kernels: launches, Python, synchronizations or data)"))
+
+
+def pace(fn: Callable[[], object], steps: int = 10, device: torch.device | None = None) -> Pace | None:
+    """`fn` run `steps` times back to back under a profiler that records the GPU's activity only (no Python
+    stacks, shapes or operator ranges: a few microseconds per launch), timed on the host clock between two
+    synchronizations: the GPU's busy share of the step and what paces it. None off a CUDA device. Call it
+    after the step's warm-up (its first steps choose kernels, compile, allocate)."""
+    device = device or pick_device()
+    if device.type != "cuda":
+        return None
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    sync(device)
+    with gpu_profile() as prof:
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        sync(device)
+        wall_ms = (time.perf_counter() - start) * 1e3
+    busy_ms = merged_ms((a, b) for _, a, b in gpu_kernels(prof) if b > a)
+    return Pace(busy_ms / steps, wall_ms / steps, steps)

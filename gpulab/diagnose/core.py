@@ -266,20 +266,10 @@ def kernel_busy(step: Callable, steps: int, device: torch.device) -> tuple[float
     steps: a GPU at its power limit lowers its clock under sustained load (notebook 00's sustained product
     ran at 1,543 MHz and 600 W on this H200: results/README.md, run s4). This profile's busy share is the
     one the launch and idle rules read (`Facts.base_idle_ms`)."""
-    if device.type != "cuda":
-        return None
-    from gpulab.core.timing import gpu_kernels, gpu_profile, merge_intervals
+    from gpulab.core.timing import pace
 
-    sync(device)
-    with gpu_profile() as prof:
-        sync(device)
-        start = time.perf_counter()
-        for _ in range(steps):
-            _run(step, "kernel-only profiled steps")
-        sync(device)
-        wall_ms = (time.perf_counter() - start) * 1e3
-    busy_us = sum(b - a for a, b in merge_intervals((a, b) for _, a, b in gpu_kernels(prof) if b > a))
-    return busy_us / 1e3 / steps, wall_ms / steps
+    p = pace(lambda: _run(step, "kernel-only profiled steps"), steps, device)
+    return None if p is None else (p.busy_ms, p.step_ms)
 
 
 # A synchronizing call PyTorch warned of only when the debug mode was switched back after the step

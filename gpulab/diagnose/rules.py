@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from gpulab.core.memory import fmt_bytes
+from gpulab.core.timing import GPU_PACED_MIN
 from gpulab.diagnose.analyze import Facts
 
 # -- thresholds ------------------------------------------------------------------------------------
@@ -92,8 +93,9 @@ CUDAGRAPH_SKIP_SHARE_MIN = 0.05
 # free blocks is reused and given back under pressure.
 PEAK_ALLOCATED_FRAC_MAX = 0.90
 # The GPU busy at least 90 % of the step: the host keeps it fed, so what is left is the kernels' own
-# speed (MFU). Below it, idle time is a larger lever than any kernel.
-COMPUTE_BUSY_MIN = 0.90
+# speed (MFU). Below it, idle time is a larger lever than any kernel. The notebooks' "paced by" line
+# (`timing.Pace`) draws the same line.
+COMPUTE_BUSY_MIN = GPU_PACED_MIN
 # Two verdicts expected to buy within this much of each other are ranked by how small their fix is
 # (FIX_ORDER): a judgement on the timings' own spread (a few percent).
 TIE = 0.02

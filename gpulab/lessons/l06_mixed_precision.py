@@ -23,7 +23,7 @@ from gpulab.core.device import DeviceFacts, device_facts, pick_device, resolve_s
 from gpulab.core.measured import Measured
 from gpulab.core.memory import GiB, track_peak
 from gpulab.core.predict import Plan, Work
-from gpulab.core.timing import benchmark
+from gpulab.core.timing import benchmark, pace
 from gpulab.models.cnn import RESNET50, ResNetish, image_batches
 from gpulab.models.gpt import GPT, token_batches
 from gpulab.models.precision import (SPECS, LossFn, check, classification_loss, fp32_math, language_model_loss,
@@ -55,6 +55,7 @@ CONFIG = {
 }
 MEMORY_CAP = 64 * GiB   # a batch is halved until an fp32 step fits min(this, half the free GPU memory)
 BATCHES = 4             # distinct batches per workload, cycled
+PACE_STEPS = 10         # steps of the kernel-only profile that says what paces each timed step
 # Largest accepted relative difference of the starting weights' loss in each precision to fp32's
 # (notebook 06, section 6, and the headline): 16-bit products round each input to 8 (bf16) or
 # 11 (fp16) significant bits, TF32 to 11.
@@ -149,9 +150,10 @@ def plan(scale: str | None = None) -> Plan:
     step_flops = {"CNN": 3 * resnet_forward_flops(cnn["depths"], cnn["width"], cnn["classes"], cnn["image"])
                   * cnn["batch"],
                   "GPT": 3 * gpt_forward_flops_per_token(**gpt) * gpt["seq"] * gpt["batch"]}
-    run = cfg["steps"] + 2 + cfg["repeat"]                   # precision_run: loss curve, 2 warm-up, timed steps
-    gpt_run = cfg["steps"] + 2 + cfg["gpt_repeat"]
-    headline_run = cfg["headline_steps"] + 2 + cfg["repeat"]
+    # precision_run: loss curve, 2 warm-up, timed steps, then the pace's profiled steps (at most PACE_STEPS)
+    run = cfg["steps"] + 2 + cfg["repeat"] + min(cfg["repeat"], PACE_STEPS)
+    gpt_run = cfg["steps"] + 2 + cfg["gpt_repeat"] + min(cfg["gpt_repeat"], PACE_STEPS)
+    headline_run = cfg["headline_steps"] + 2 + cfg["repeat"] + min(cfg["repeat"], PACE_STEPS)
     # training steps per precision at the config's batch; a forward is 1/3 of a step
     steps = {
         "CNN": {"fp32": run + headline_run + 3 / 3,          # first losses: 2 in section 6, 1 in the headline
@@ -300,7 +302,8 @@ def precision_run(work: Workload, precision: str, batch: int, steps: int, repeat
     then `repeat` timed steps (after `warmup`) and their peak memory. Notebook 06.
 
     Returns {unit: throughput, "ms per step": Timing, "peak (GiB)": float or a note on the CPU,
-    "loss curve": LossCurve}. A precision this device cannot run raises ValueError.
+    "loss curve": LossCurve, "pace": `timing.Pace` of PACE_STEPS more steps (the GPU's busy share: is the
+    step the GPU's speed or the host's?), None on the CPU}. A precision this device cannot run raises ValueError.
     """
     check(precision)
     optimizer = work.reset()
@@ -309,15 +312,18 @@ def precision_run(work: Workload, precision: str, batch: int, steps: int, repeat
     try:
         curve = train_curve(work.model, optimizer, batches, work.loss_fn, precision, scaler, steps)
         cycle = itertools.cycle(batches)
+        def step():
+            train_step(work.model, *next(cycle), loss=work.loss_fn, optimizer=optimizer, precision=precision,
+                       scaler=scaler)
+
         with track_peak() as mem:
-            t = benchmark(lambda: train_step(work.model, *next(cycle), loss=work.loss_fn, optimizer=optimizer,
-                                             precision=precision, scaler=scaler),
-                          warmup=warmup, repeat=repeat)
+            t = benchmark(step, warmup=warmup, repeat=repeat)
+        busy = pace(step, steps=min(repeat, PACE_STEPS))      # what paces the timed step (None on the CPU)
     finally:
         work.model.zero_grad(set_to_none=True)      # also after an error: give the gradients back
     return {work.unit: t.per_second(batch * work.items), "ms per step": t,
             "peak (GiB)": "not measured on the CPU" if mem.peak is None else mem.peak / GiB,
-            "loss curve": curve}
+            "loss curve": curve, "pace": busy}
 
 
 def unscaled_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn,

@@ -259,3 +259,19 @@ def test_interleaved_takes_turns_so_a_slowdown_falls_on_every_variant():
     assert "".join(calls[4:]) == "AABB" "BBAA" "AABB" "BBAA"   # turns, the order reversed every round
     with pytest.raises(ValueError):
         interleaved({}, device=torch.device("cpu"))
+
+
+def test_pace_says_what_sets_a_steps_pace():
+    """The GPU's busy share of a step and which side paces it, at the 90 % line diagnose's compute_bound uses."""
+    import torch
+
+    from gpulab.core.timing import GPU_PACED_MIN, Pace, pace
+    from gpulab.diagnose.rules import COMPUTE_BUSY_MIN
+
+    assert COMPUTE_BUSY_MIN == GPU_PACED_MIN
+    at = Pace(busy_ms=9.0, step_ms=10.0, steps=5)
+    below = Pace(busy_ms=8.99, step_ms=10.0, steps=5)
+    assert at.paced_by == "the GPU" and below.paced_by == "the host"
+    assert "GPU busy 90 %" in below.text() and "waits between kernels" in below.text()
+    assert Pace(busy_ms=12.0, step_ms=10.0, steps=1).share == 1.0       # overlapping streams counted once, capped
+    assert pace(lambda: None, device=torch.device("cpu")) is None

@@ -33,10 +33,11 @@ def test_gpt_is_timed_over_at_least_30_steps_at_full_size():
 
 
 def test_plan_counts_the_gpt_steps():
-    """Each GPT precision: loss curve, 2 warm-up steps and `gpt_repeat` timed steps (+ first-loss forwards, and
-    for fp32 fit_batch's probe steps at batches 4 and 8)."""
+    """Each GPT precision: loss curve, 2 warm-up steps, `gpt_repeat` timed steps and the pace's profiled ones
+    (+ first-loss forwards, and for fp32 fit_batch's probe steps at batches 4 and 8)."""
+    from gpulab.lessons.l06_mixed_precision import PACE_STEPS
     cfg = config("full")
-    run = cfg["steps"] + 2 + cfg["gpt_repeat"]
+    run = cfg["steps"] + 2 + cfg["gpt_repeat"] + min(cfg["gpt_repeat"], PACE_STEPS)
     whats = [w.what for w in plan("full").work if w.what.startswith("GPT")]
     assert f"GPT: {run + 1 / 3:.3g} bf16 training steps" in whats
     assert f"GPT: {run + 2 / 3 + 12 / cfg['gpt']['batch']:.3g} fp32 training steps" in whats
