@@ -354,8 +354,13 @@ class Pace:
     def paced_by(self) -> str:
         return "the GPU" if self.share >= GPU_PACED_MIN else "the host"
 
+    def percent(self) -> str:
+        """The busy share in %, with a decimal more where it would print the same as the 90 % line."""
+        pct = 100 * self.share
+        return f"{pct:.1f}" if abs(pct - 100 * GPU_PACED_MIN) < 0.5 else f"{pct:.0f}"
+
     def text(self) -> str:
-        return (f"GPU busy {100 * self.share:.0f} % of the step ({self.busy_ms:.3g} of {self.step_ms:.3g} ms, "
+        return (f"GPU busy {self.percent()} % of the step ({self.busy_ms:.3g} of {self.step_ms:.3g} ms, "
                 f"{self.steps} steps back to back under a kernel-only profile): paced by {self.paced_by}"
                 + ("" if self.paced_by == "the GPU" else
                    " (the GPU waits between kernels: launches, Python, synchronizations or data)"))

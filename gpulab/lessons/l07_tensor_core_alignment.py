@@ -23,7 +23,7 @@ import torch
 from gpulab.core.device import DeviceFacts, device_facts, pick_device, resolve_scale
 from gpulab.core.measured import Measured
 from gpulab.core.predict import Plan, Work
-from gpulab.core.timing import benchmark, summarize
+from gpulab.core.timing import Pace, benchmark, pace, summarize
 from gpulab.lessons.l06_mixed_precision import gpt_forward_flops_per_token, resnet_forward_flops
 from gpulab.models.cnn import RESNET50, ResNetish, image_batches
 from gpulab.models.precision import GEMM_TOLERANCE, check, classification_loss, fp32_math, make_scaler, refusal
@@ -123,7 +123,7 @@ def plan(scale: str | None = None) -> Plan:
         return 3 * resnet_forward_flops(c["depths"], c["width"], c["classes"], image)
     n_layout = 3 + cfg["repeat"]
     layout_step = cnn_image(cnn, cnn["image"]) * cnn["batch"]
-    steady = 1 + STEADY_WARMUP + cfg["cudnn_repeat"]              # first step, warm-up, timed steps
+    steady = 1 + STEADY_WARMUP + cfg["cudnn_repeat"] + min(cfg["cudnn_repeat"], PACE_STEPS)   # + pace's steps
     n_cudnn = 2 * (1 + steady + len(cb["varying"]))
     cudnn = 2 * cb["batch"] * (cnn_image(cb, 64) + steady * cnn_image(cb, cb["fixed"])
                                + sum(cnn_image(cb, s) for s in cb["varying"]))
@@ -212,6 +212,7 @@ _FULL = RESNET50["full"]      # the defaults below: ResNet-50 on 224 x 224 image
 # Untimed steps at the fixed size after the first one (where cuDNN chooses, or with benchmark=True searches,
 # its plans for the forward and both backward convolutions) and before the steady steps are timed
 STEADY_WARMUP = 3
+PACE_STEPS = 10          # steady steps of the kernel-only profile that says what paces them (timing.pace)
 
 
 def conv_step_times(benchmark_on: bool, fixed: int = _FULL["image"], varying: Sequence[int] = (160, 192, 256),
@@ -228,6 +229,8 @@ def conv_step_times(benchmark_on: bool, fixed: int = _FULL["image"], varying: Se
     - "steady": `repeat` further steps on the same size, after `STEADY_WARMUP` untimed ones;
     - "new sizes": one step per size in `varying`, each size new to the process (left out if `varying`
       is empty).
+    Between "steady" and "new sizes", PACE_STEPS more steady steps under a kernel-only profile say what paces
+    the step (`timing.pace`: the GPU's busy share), returned as "pace" (None on the CPU).
     Model and images are in `channels_last` (NHWC) or the default NCHW layout, the same in both settings.
     Returns the samples (ms) of each, the device and the timing method.
     """
@@ -261,6 +264,7 @@ def conv_step_times(benchmark_on: bool, fixed: int = _FULL["image"], varying: Se
             "first step": benchmark(lambda: step(next(cycle)), warmup=0, repeat=1, device=device),
             "steady": benchmark(lambda: step(next(cycle)), warmup=STEADY_WARMUP, repeat=repeat, device=device),
         }
+        busy = pace(lambda: step(next(cycle)), steps=min(repeat, PACE_STEPS), device=device)   # None on the CPU
         if varying:
             times["new sizes"] = benchmark(lambda: step(next(new_batches)), warmup=0, repeat=len(varying),
                                            device=device)
@@ -269,7 +273,8 @@ def conv_step_times(benchmark_on: bool, fixed: int = _FULL["image"], varying: Se
     t = times["steady"]
     return {"benchmark": benchmark_on, "device": t.device, "method": t.method, "fixed": fixed,
             "varying": list(varying), "batch": batch, "precision": precision, "channels_last": channels_last,
-            "samples_ms": {k: list(v.samples_ms) for k, v in times.items()}}
+            "samples_ms": {k: list(v.samples_ms) for k, v in times.items()},
+            "pace": None if busy is None else {"busy_ms": busy.busy_ms, "step_ms": busy.step_ms, "steps": busy.steps}}
 
 
 def conv_benchmark_in_fresh_process(benchmark_on: bool, fixed: int = _FULL["image"],
@@ -277,7 +282,8 @@ def conv_benchmark_in_fresh_process(benchmark_on: bool, fixed: int = _FULL["imag
                                     precision: str = "bf16", depths: Sequence[int] = _FULL["depths"],
                                     width: int = _FULL["width"], classes: int = _FULL["classes"], repeat: int = 10,
                                     channels_last: bool = False, timeout_s: float = 300) -> dict:
-    """`conv_step_times` in a new Python process (fresh cuDNN caches); returns a `Timing` per phase. Notebook 07."""
+    """`conv_step_times` in a new Python process (fresh cuDNN caches); returns a `Timing` per phase, and "pace":
+    what paced the steady steps (`timing.Pace`, None on the CPU). Notebook 07."""
     cmd = [sys.executable, "-m", "gpulab.lessons.l07_tensor_core_alignment", "--benchmark", "on" if benchmark_on else "off",
            "--fixed", str(fixed), "--varying", ",".join(map(str, varying)), "--batch", str(batch),
            "--precision", precision, "--depths", ",".join(map(str, depths)), "--width", str(width),
@@ -289,7 +295,9 @@ def conv_benchmark_in_fresh_process(benchmark_on: bool, fixed: int = _FULL["imag
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise RuntimeError("the cudnn.benchmark process failed: " + " | ".join(tail))
     raw = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {k: summarize(v, raw["device"], raw["method"]) for k, v in raw["samples_ms"].items()}
+    out: dict = {k: summarize(v, raw["device"], raw["method"]) for k, v in raw["samples_ms"].items()}
+    out["pace"] = Pace(**raw["pace"]) if raw.get("pace") else None
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

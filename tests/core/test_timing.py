@@ -272,6 +272,7 @@ def test_pace_says_what_sets_a_steps_pace():
     at = Pace(busy_ms=9.0, step_ms=10.0, steps=5)
     below = Pace(busy_ms=8.99, step_ms=10.0, steps=5)
     assert at.paced_by == "the GPU" and below.paced_by == "the host"
-    assert "GPU busy 90 %" in below.text() and "waits between kernels" in below.text()
+    assert "GPU busy 89.9 %" in below.text() and "waits between kernels" in below.text()   # not "90 %"
+    assert at.percent() == "90.0" and Pace(7.0, 10.0, 1).percent() == "70"
     assert Pace(busy_ms=12.0, step_ms=10.0, steps=1).share == 1.0       # overlapping streams counted once, capped
     assert pace(lambda: None, device=torch.device("cpu")) is None
