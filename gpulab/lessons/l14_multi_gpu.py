@@ -122,6 +122,37 @@ def dp_bytes_gpu0(param_bytes: float, n: int) -> float:
     return float(param_bytes) if n > 1 else 0.0
 
 
+# fp32 training with AdamW: bytes per parameter of each part of the training state
+WEIGHT_B, GRAD_B, ADAM_B = 4, 4, 8
+
+
+def state_bytes_per_gpu(params: int, n: int, strategy: str, largest_unit: int = 0) -> dict[str, float]:
+    """Bytes of fp32 AdamW training state one GPU holds, by part, under each strategy (activations apart):
+
+    - "ddp": every GPU holds every weight, gradient and moment (16 bytes a parameter), and DDP's gradient
+      buckets, a second copy of the gradients (`gradient_as_bucket_view=False`, the default), persist;
+    - "fsdp": `fully_shard` keeps 1/n of the weights, of the gradients and of AdamW's moments on each GPU;
+      while a unit (here: a block) runs, its weights are all-gathered whole, and in backward its whole
+      gradient exists until the reduce-scatter: `largest_unit` parameters of each, the transient;
+    - "fsdp-keep": `reshard_after_forward=False`: the gathered weights of every unit stay from its forward
+      to its backward, so at the end of the forward all of them are whole (params x 4 bytes) at once.
+    Returns {"weights", "gradients", "optimizer", "buckets", "transient", "total"} in bytes."""
+    if n < 1:
+        raise ValueError(f"need at least one GPU (got {n})")
+    if strategy == "ddp":
+        parts = dict(weights=WEIGHT_B * params, gradients=GRAD_B * params, optimizer=ADAM_B * params,
+                     buckets=GRAD_B * params if n > 1 else 0.0, transient=0.0)
+    elif strategy in ("fsdp", "fsdp-keep"):
+        gathered = WEIGHT_B * (params if strategy == "fsdp-keep" else largest_unit)
+        parts = dict(weights=WEIGHT_B * params / n, gradients=GRAD_B * params / n, optimizer=ADAM_B * params / n,
+                     buckets=0.0, transient=gathered + GRAD_B * largest_unit)
+    else:
+        raise ValueError(f"strategy must be 'ddp', 'fsdp' or 'fsdp-keep' (got {strategy!r})")
+    parts = {k: float(v) for k, v in parts.items()}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
 def bubble_fraction(stages: int, micro_batches: int) -> float:
     """GPipe's idle share of a pipeline step: (p-1)/(m+p-1) (Huang et al. 2019, arXiv:1811.06965)."""
     if stages < 1 or micro_batches < 1:
@@ -897,9 +928,132 @@ def exp_pipeline(ctx: Ctx, model: dict, batch: int, micro_batches: Sequence[int]
             "activation_bytes": batch * model["seq"] * model["width"] * 4}
 
 
-def exp_suite(ctx: Ctx, ddp: dict, allreduce: dict, pipeline: dict | None = None, dp: dict | None = None) -> dict:
-    """(With `dp` given) `dp` on rank 0 alone, then `ddp`, `allreduce` and (with `pipeline` given)
-    `pipeline`, in one set of processes.
+def params_of(model: nn.Module) -> list[torch.Tensor]:
+    """Every parameter whole, in order: a DTensor shard of fully_shard is gathered (a collective: call it on
+    every rank)."""
+    return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().float().clone() for p in model.parameters()]
+
+
+def moved_apart(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], start: Sequence[torch.Tensor]) -> float:
+    """||a - b|| over ||b - start||: how far two trainings from the same start ended apart, in units of how far
+    training moved the weights."""
+    diff = math.sqrt(sum(float((x - y).double().pow(2).sum()) for x, y in zip(a, b)))
+    moved = math.sqrt(sum(float((y - z).double().pow(2).sum()) for y, z in zip(b, start)))
+    return diff / moved if moved > 0 else math.inf
+
+
+# The FSDP2 run's weights after its updates may differ from DDP's by at most this many times the noise floor
+# (DDP against one process on the whole batch: the same sums in another order), and by at least PARAM_TOL_MIN.
+FLOOR_TIMES = 4.0
+PARAM_TOL_MIN = 1e-6
+
+
+def exp_fsdp(ctx: Ctx, model: dict, batch: int, warmup: int, repeat: int, updates: int = 3, lr: float = 1e-3,
+             corrupt: bool = False) -> dict:
+    """FSDP2 against DDP on the same model and data. `fully_shard` wraps each block, then the whole model
+    (the head and final LayerNorm form the root's unit); both train with AdamW from the same weights on each
+    rank's slice of the same batches. Checked first: after `updates` steps the FSDP2 weights (gathered from
+    their shards) against DDP's, within FLOOR_TIMES the noise floor measured on rank 0 (DDP against one
+    process on the whole batch). Then each is timed, `reshard_after_forward` True and False, with each
+    rank's memory at rest (after a step, gradients freed) and at peak on GPUs.
+
+    `corrupt=True` scales one rank's batch by 2 in the FSDP2 run's checked steps: the check must then fail."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dev, r, n = ctx.device, ctx.rank, ctx.world
+    ids = [dev.index] if dev.type == "cuda" else None
+    mesh = init_device_mesh(dev.type, (n,))
+    base = build_model(model, dev)
+    start = params_of(base)
+    count = sum(p.numel() for p in base.parameters())
+    unit = max(sum(p.numel() for p in b.parameters()) for b in base.blocks)
+
+    def sharded(reshard: bool) -> nn.Module:
+        net = copy.deepcopy(base)
+        for block in net.blocks:
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(net, mesh=mesh, reshard_after_forward=reshard)
+        return net
+
+    def batches(k: int, scale_mine: float = 1.0):
+        x, y = global_batch(model, batch * n, seed=10 + k)
+        return x.to(dev), y.to(dev), x[r * batch:(r + 1) * batch].to(dev) * scale_mine, y[r * batch:(r + 1) * batch].to(dev)
+
+    def train(net: nn.Module, opt, k: int, whole: bool = False, scale_mine: float = 1.0) -> None:
+        xg, yg, x, y = batches(k, scale_mine)
+        opt.zero_grad(set_to_none=True)
+        _step(net, *((xg, yg) if whole else (x, y)))
+        opt.step()
+
+    checks: dict[str, Any] = {}
+    with float32_matmul("ieee"):
+        ddp = nn.parallel.DistributedDataParallel(copy.deepcopy(base), device_ids=ids)
+        ddp_opt = torch.optim.AdamW(ddp.parameters(), lr=lr)
+        fsdp = sharded(True)
+        fsdp_opt = torch.optim.AdamW(fsdp.parameters(), lr=lr)
+        for k in range(updates):
+            train(ddp, ddp_opt, k)
+            train(fsdp, fsdp_opt, k, scale_mine=2.0 if corrupt and r == n - 1 else 1.0)
+        got, want = params_of(fsdp), params_of(ddp.module)
+        if r == 0:
+            ref = copy.deepcopy(base)
+            ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr)
+            for k in range(updates):
+                train(ref, ref_opt, k, whole=True)
+            floor = moved_apart(want, params_of(ref), start)
+            tol = max(FLOOR_TIMES * floor, PARAM_TOL_MIN)
+            diff = moved_apart(got, want, start)
+            checks = {"updates": updates, "fsdp_vs_ddp": diff, "floor": floor, "tol": tol}
+            if not diff <= tol:
+                raise Mismatch(f"after {updates} AdamW steps FSDP2's weights are {diff:.2e} of the distance trained "
+                               f"away from DDP's, more than {tol:.1e} ({FLOOR_TIMES:g} x the noise floor {floor:.1e}, DDP "
+                               f"against one process on the whole batch): the shards did not train the same model")
+            del ref, ref_opt
+        del fsdp, fsdp_opt, got, want
+
+    out: dict[str, Any] = {"world": n, "batch_per_device": batch, "params": count, "largest_unit": unit,
+                           "checks": checks, "variants": {}}
+    variants = {"DDP": lambda: (ddp, ddp_opt)}
+    for reshard in (True, False):
+        variants[f"FSDP2, reshard_after_forward={reshard}"] = (
+            lambda reshard=reshard: (lambda net: (net, torch.optim.AdamW(net.parameters(), lr=lr)))(sharded(reshard)))
+    xg, yg, x, y = batches(0)
+    with _speed_mode(dev):
+        for name, make in variants.items():
+            net, opt = make()
+
+            def step(net=net, opt=opt):
+                opt.zero_grad(set_to_none=True)
+                _step(net, x, y)
+                opt.step()
+
+            step()                                   # AdamW's moments exist from here on
+            opt.zero_grad(set_to_none=True)
+            row: dict[str, Any] = {}
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+                row["rest_bytes"] = ctx.gather(torch.cuda.memory_allocated(dev))
+                torch.cuda.reset_peak_memory_stats(dev)
+            t = benchmark(step, warmup=warmup, repeat=repeat, device=dev)
+            if dev.type == "cuda":
+                row["peak_bytes"] = ctx.gather(torch.cuda.max_memory_allocated(dev))
+            row["timing"] = _timing_dict(t, batch * n)
+            row["step_ms_by_rank"] = ctx.gather(t.median_ms)
+            out["variants"][name] = row
+            del net, opt, step
+            if name == "DDP":
+                del ddp, ddp_opt
+            gc.collect()
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    return out
+
+
+def exp_suite(ctx: Ctx, ddp: dict, allreduce: dict, pipeline: dict | None = None, dp: dict | None = None,
+              fsdp: dict | None = None) -> dict:
+    """(With `dp` given) `dp` on rank 0 alone, then `ddp`, `allreduce` and (each when given) `pipeline` and
+    `fsdp`, in one set of processes.
 
     Each launch pays seconds of start-up (Python, PyTorch, the process group) before any
     measurement; running the parts in one launch pays it once. Each part's own time is kept.
@@ -916,7 +1070,7 @@ def exp_suite(ctx: Ctx, ddp: dict, allreduce: dict, pipeline: dict | None = None
             out["dp"] = dict(exp_dp(ctx, **dp, process_group=alone), work_s=time.perf_counter() - t0)
         dist.barrier(group=on_host)
     for name, fn, params in (("ddp", exp_ddp, ddp), ("allreduce", exp_allreduce, allreduce),
-                             ("pipeline", exp_pipeline, pipeline)):
+                             ("pipeline", exp_pipeline, pipeline), ("fsdp", exp_fsdp, fsdp)):
         if params is None:
             out[name] = None
             continue
@@ -928,7 +1082,7 @@ def exp_suite(ctx: Ctx, ddp: dict, allreduce: dict, pipeline: dict | None = None
 
 EXPERIMENTS: dict[str, Callable[..., dict]] = {
     "hello": exp_hello, "dp": exp_dp, "ddp": exp_ddp, "buckets": exp_buckets, "allreduce": exp_allreduce,
-    "pipeline": exp_pipeline, "suite": exp_suite,
+    "pipeline": exp_pipeline, "suite": exp_suite, "fsdp": exp_fsdp,
 }
 
 

@@ -295,3 +295,27 @@ def test_suite_with_dataparallel_on_rank_0_over_nccl():
     assert res["dp"]["dp_device_ids"] == [0, 1]
     assert all(d <= res["dp"]["tol"] for d in res["dp"]["checks"].values())
     assert res["ddp"]["checks"]["DDP step"] <= res["ddp"]["tol"] and len(res["pipeline"]["rows"]) == 2
+
+
+def test_state_bytes_per_gpu_under_ddp_and_fsdp2():
+    """fp32 AdamW: 16 bytes a parameter on every GPU under DDP (+ its gradient buckets across GPUs); 1/n of
+    it under FSDP2, plus the unit being gathered (and, kept from forward to backward, every unit)."""
+    p, unit = 1000, 100
+    ddp = D.state_bytes_per_gpu(p, 2, "ddp", unit)
+    assert ddp["total"] == 16 * p + 4 * p and D.state_bytes_per_gpu(p, 1, "ddp")["buckets"] == 0
+    fsdp = D.state_bytes_per_gpu(p, 4, "fsdp", unit)
+    assert fsdp["total"] == 16 * p / 4 + 8 * unit and fsdp["buckets"] == 0
+    keep = D.state_bytes_per_gpu(p, 4, "fsdp-keep", unit)
+    assert keep["transient"] == 4 * p + 4 * unit > fsdp["transient"]
+    with pytest.raises(ValueError, match="strategy"):
+        D.state_bytes_per_gpu(p, 2, "zero")
+    with pytest.raises(ValueError, match="at least one GPU"):
+        D.state_bytes_per_gpu(p, 0, "ddp")
+
+
+def test_fsdp2_check_catches_a_rank_that_trains_on_other_data():
+    """The FSDP2 experiment's weights check can fail: the last rank's batch doubled in the checked steps (one
+    process is enough to show it, and starts faster; notebook 14 runs the check on two)."""
+    with pytest.raises(D.LaunchError, match="did not train the same model"):
+        D.launch("fsdp", 1, "gloo", timeout_s=90, model=TINY["model"], batch=TINY["batch"], warmup=1, repeat=1,
+                 corrupt=True)

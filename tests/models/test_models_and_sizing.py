@@ -164,7 +164,8 @@ def test_conv_step_times_refuses_repeated_sizes():
 def test_conv_benchmark_runs_in_a_fresh_process(on_cpu):
     r = conv_benchmark_in_fresh_process(True, fixed=32, varying=(40, 48), batch=2, precision="fp32",
                                         depths=(1,), width=4, classes=3, repeat=2)
-    assert set(r) == {"start-up", "first step", "steady", "new sizes"}
+    assert set(r) == {"start-up", "first step", "steady", "new sizes", "pace"}
+    assert r["pace"] is None                       # what paces the steady steps: measured on GPUs only
     assert r["steady"].n == 2 and r["new sizes"].n == 2 and r["first step"].n == 1
 
 

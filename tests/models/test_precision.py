@@ -202,7 +202,8 @@ def test_workload_reset_restores_the_starting_weights():
 def test_precision_run_trains_times_and_refuses():
     work = _workload()
     r = L06.precision_run(work, "bf16", 8, steps=6, repeat=3, warmup=1)
-    assert set(r) == {"samples/s", "ms per step", "peak (GiB)", "loss curve"}
+    assert set(r) == {"samples/s", "ms per step", "peak (GiB)", "loss curve", "pace"}
+    assert r["pace"] is None                       # what paces the step: measured on GPUs only
     assert len(r["loss curve"]) == 6 and r["ms per step"].n == 3 and r["samples/s"] > 0
     if not torch.cuda.is_available():
         assert r["peak (GiB)"] == "not measured on the CPU"
