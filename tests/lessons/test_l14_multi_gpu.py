@@ -303,8 +303,10 @@ def test_state_bytes_per_gpu_under_ddp_and_fsdp2():
     p, unit = 1000, 100
     ddp = D.state_bytes_per_gpu(p, 2, "ddp", unit)
     assert ddp["total"] == 16 * p + 4 * p and D.state_bytes_per_gpu(p, 1, "ddp")["buckets"] == 0
+    assert ddp["rest"] == 4 * p + 8 * p + 4 * p                       # weights, AdamW, buckets: no gradients
     fsdp = D.state_bytes_per_gpu(p, 4, "fsdp", unit)
-    assert fsdp["total"] == 16 * p / 4 + 8 * unit and fsdp["buckets"] == 0
+    assert fsdp["total"] == 16 * p / 4 + 12 * unit and fsdp["buckets"] == 0   # two gathered units, one gradient
+    assert fsdp["rest"] == 12 * p / 4
     keep = D.state_bytes_per_gpu(p, 4, "fsdp-keep", unit)
     assert keep["transient"] == 4 * p + 4 * unit > fsdp["transient"]
     with pytest.raises(ValueError, match="strategy"):
@@ -314,8 +316,8 @@ def test_state_bytes_per_gpu_under_ddp_and_fsdp2():
 
 
 def test_fsdp2_check_catches_a_rank_that_trains_on_other_data():
-    """The FSDP2 experiment's weights check can fail: the last rank's batch doubled in the checked steps (one
-    process is enough to show it, and starts faster; notebook 14 runs the check on two)."""
-    with pytest.raises(D.LaunchError, match="did not train the same model"):
+    """The FSDP2 experiment's check can fail: the last rank's batch doubled in the checked steps changes the
+    first step's gradients (one process is enough to show it, and starts faster; notebook 14 runs two)."""
+    with pytest.raises(D.LaunchError, match="Mismatch: FSDP2 over 1 processes, first step: gradients differ from DDP's"):
         D.launch("fsdp", 1, "gloo", timeout_s=90, model=TINY["model"], batch=TINY["batch"], warmup=1, repeat=1,
                  corrupt=True)
