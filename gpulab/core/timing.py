@@ -334,6 +334,8 @@ def merged_ms(intervals) -> float:
 # A step whose kernels fill at least this share of it is paced by the GPU; below it the GPU waits for the host
 # between kernels (launches, Python, synchronizations, data). The same line as gpulab.diagnose's compute_bound.
 GPU_PACED_MIN = 0.90
+# Steps `pace` profiles by default (after the step's own warm-up).
+PACE_STEPS = 10
 
 
 @dataclass(frozen=True)
@@ -345,6 +347,7 @@ class Pace:
     busy_ms: float
     step_ms: float
     steps: int
+    kernels: float = 0.0      # GPU kernels, copies and memsets per step
 
     @property
     def share(self) -> float:
@@ -366,7 +369,7 @@ class Pace:
                    " (the GPU waits between kernels: launches, Python, synchronizations or data)"))
 
 
-def pace(fn: Callable[[], object], steps: int = 10, device: torch.device | None = None) -> Pace | None:
+def pace(fn: Callable[[], object], steps: int = PACE_STEPS, device: torch.device | None = None) -> Pace | None:
     """`fn` run `steps` times back to back under a profiler that records the GPU's activity only (no Python
     stacks, shapes or operator ranges: a few microseconds per launch), timed on the host clock between two
     synchronizations: the GPU's busy share of the step and what paces it. None off a CUDA device. Call it
@@ -384,5 +387,5 @@ def pace(fn: Callable[[], object], steps: int = 10, device: torch.device | None 
             fn()
         sync(device)
         wall_ms = (time.perf_counter() - start) * 1e3
-    busy_ms = merged_ms((a, b) for _, a, b in gpu_kernels(prof) if b > a)
-    return Pace(busy_ms / steps, wall_ms / steps, steps)
+    spans = [(a, b) for _, a, b in gpu_kernels(prof) if b > a]
+    return Pace(merged_ms(spans) / steps, wall_ms / steps, steps, len(spans) / steps)

@@ -118,8 +118,9 @@ FLOOR_MAX = 1.0
 
 
 def parameters(model) -> list[torch.Tensor]:
-    """A copy of a model's parameters, in fp32."""
-    return [p.detach().float().clone() for p in model.parameters()]
+    """A copy of a model's parameters, in fp32; a parameter sharded by FSDP2 (a DTensor) is gathered whole
+    (a collective: every rank must call it)."""
+    return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().float().clone() for p in model.parameters()]
 
 
 def distance(a: list, b: list) -> float:
@@ -134,18 +135,21 @@ def distance(a: list, b: list) -> float:
     return math.sqrt(total)
 
 
-def compare(p0: list, bad: list, fixed: list, floors: list[tuple[list, list]], k: int = K_UPDATES) -> dict:
+def compare(p0: list, bad: list, fixed: list, floors: list[tuple[list, list]], k: int = K_UPDATES,
+            floor_is: str = "its batch rows reordered, its 16-bit rounding", what: str = "the fixed step") -> dict:
     """The verdict of `same_model`'s comparison: `floors` are pairs of runs that differ only by noise (a
-    step and itself reordered, a step and itself in fp32); `ok` when bad and fixed differ by at most
-    SAME_MAX_FLOOR times the largest of them (or by under SAME_ABS), relative to how far bad moved from p0."""
+    step and itself reordered, a step and itself in fp32; `floor_is` says what they are, `what` what `fixed`
+    is); `ok` when bad and
+    fixed differ by at most SAME_MAX_FLOOR times the largest of them (or by under SAME_ABS), relative to how
+    far bad moved from p0."""
     moved = distance(bad, p0)
     rel = lambda a, b: distance(a, b) / moved if moved > 0 else math.inf     # noqa: E731
     diff = rel(fixed, bad)
     floor = max((rel(a, b) for a, b in floors), default=0.0)
     ok = math.isfinite(diff) and (diff <= SAME_MAX_FLOOR * floor or diff <= SAME_ABS) and floor < FLOOR_MAX
     return {"diff": diff, "floor": floor, "ok": ok,
-            "why": f"after {k} updates the fixed step differs by {diff:.2e} of the parameters' movement; noise floor "
-                   f"{floor:.2e} (its batch rows reordered, its 16-bit rounding); "
+            "why": f"after {k} updates {what} differs by {diff:.2e} of the parameters' movement; noise floor "
+                   f"{floor:.2e} ({floor_is}); "
                    + (f"the floor is {floor:.2g} of the movement itself: noise this large cannot tell two models "
                       "apart" if floor >= FLOOR_MAX else
                       f"{'within' if ok else 'MORE than'} {SAME_MAX_FLOOR:g}x the floor")}

@@ -23,7 +23,7 @@ from gpulab.core.device import DeviceFacts, device_facts, pick_device, resolve_s
 from gpulab.core.measured import Measured
 from gpulab.core.memory import GiB, track_peak
 from gpulab.core.predict import Plan, Work
-from gpulab.core.timing import benchmark, pace
+from gpulab.core.timing import PACE_STEPS, benchmark, pace
 from gpulab.models.cnn import RESNET50, ResNetish, image_batches
 from gpulab.models.gpt import GPT, token_batches
 from gpulab.models.precision import (SPECS, LossFn, check, classification_loss, fp32_math, language_model_loss,
@@ -55,7 +55,6 @@ CONFIG = {
 }
 MEMORY_CAP = 64 * GiB   # a batch is halved until an fp32 step fits min(this, half the free GPU memory)
 BATCHES = 4             # distinct batches per workload, cycled
-PACE_STEPS = 10         # steps of the kernel-only profile that says what paces each timed step
 # Largest accepted relative difference of the starting weights' loss in each precision to fp32's
 # (notebook 06, section 6, and the headline): 16-bit products round each input to 8 (bf16) or
 # 11 (fp16) significant bits, TF32 to 11.

@@ -23,7 +23,7 @@ import torch
 from gpulab.core.device import DeviceFacts, device_facts, pick_device, resolve_scale
 from gpulab.core.measured import Measured
 from gpulab.core.predict import Plan, Work
-from gpulab.core.timing import Pace, benchmark, pace, summarize
+from gpulab.core.timing import PACE_STEPS, Pace, benchmark, pace, summarize
 from gpulab.lessons.l06_mixed_precision import gpt_forward_flops_per_token, resnet_forward_flops
 from gpulab.models.cnn import RESNET50, ResNetish, image_batches
 from gpulab.models.precision import GEMM_TOLERANCE, check, classification_loss, fp32_math, make_scaler, refusal
@@ -212,7 +212,6 @@ _FULL = RESNET50["full"]      # the defaults below: ResNet-50 on 224 x 224 image
 # Untimed steps at the fixed size after the first one (where cuDNN chooses, or with benchmark=True searches,
 # its plans for the forward and both backward convolutions) and before the steady steps are timed
 STEADY_WARMUP = 3
-PACE_STEPS = 10          # steady steps of the kernel-only profile that says what paces them (timing.pace)
 
 
 def conv_step_times(benchmark_on: bool, fixed: int = _FULL["image"], varying: Sequence[int] = (160, 192, 256),

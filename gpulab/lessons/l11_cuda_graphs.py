@@ -28,7 +28,7 @@ from gpulab.core.children import at_once
 from gpulab.core.device import require_cuda, resolve_scale
 from gpulab.core.measured import Measured, Skipped
 from gpulab.core.predict import Plan, Work
-from gpulab.core.timing import MIN_CALLS, benchmark, capture_graph, gpu_kernels, gpu_profile, merged_ms
+from gpulab.core.timing import MIN_CALLS, benchmark, capture_graph, pace
 
 
 # -- knobs ------------------------------------------------------------------------------------------
@@ -178,8 +178,8 @@ def step_profile(fn: Callable[[], object], steps: int = 20) -> dict[str, float]:
     - `host ms`: host clock while `steps` calls are issued, before any synchronize (the CPU's own work;
       it includes waiting only if the GPU's launch queue fills);
     - `wall ms`: host clock until the GPU has finished them too;
-    - `GPU busy ms`: time at least one kernel (or copy) ran, from `torch.profiler` device events, over
-      a second run of `steps` calls; `kernels`: how many ran per step.
+    - `GPU busy ms`: time at least one kernel (or copy) ran, over a second run of `steps` calls under a
+      kernel-only profile (`timing.pace`); `kernels`: how many ran per step.
     A step whose host ms is close to its wall ms while the GPU is busy a fraction of it is host-bound:
     the CPU, not the GPU, sets its pace. CUDA only."""
     require_cuda(NO_GRAPHS)
@@ -191,13 +191,9 @@ def step_profile(fn: Callable[[], object], steps: int = 20) -> dict[str, float]:
     host = time.perf_counter() - t0
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    with gpu_profile() as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-    spans = [(a, b) for _, a, b in gpu_kernels(prof)]
+    busy = pace(fn, steps, torch.device("cuda", torch.cuda.current_device()))
     return {"host ms": host * 1e3 / steps, "wall ms": wall * 1e3 / steps,
-            "GPU busy ms": merged_ms(spans) / steps, "kernels": len(spans) / steps}
+            "GPU busy ms": busy.busy_ms, "kernels": busy.kernels}
 
 
 def gpu_memory() -> tuple[int, int]:

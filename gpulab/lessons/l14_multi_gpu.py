@@ -464,7 +464,9 @@ def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, divide: int = 1) -
 
 
 def _grads(params: Sequence[nn.Parameter]) -> list[torch.Tensor]:
-    return [p.grad.detach().clone() for p in params]
+    """A copy of each gradient; one sharded by FSDP2 (a DTensor) gathered whole (a collective: every rank
+    must call it)."""
+    return [(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone() for p in params]
 
 
 def _speed_mode(device: torch.device):
@@ -932,34 +934,14 @@ def exp_pipeline(ctx: Ctx, model: dict, batch: int, micro_batches: Sequence[int]
             "activation_bytes": batch * model["seq"] * model["width"] * 4}
 
 
-def params_of(model: nn.Module) -> list[torch.Tensor]:
-    """Every parameter whole, in order, on the CPU: a DTensor shard of fully_shard is gathered (a collective:
-    call it on every rank)."""
-    return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().float().cpu().clone() for p in model.parameters()]
-
-
-def moved_apart(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], start: Sequence[torch.Tensor]) -> float:
-    """||a - b|| over ||b - start||: how far two trainings from the same start ended apart, in units of how far
-    training moved the weights."""
-    diff = math.sqrt(sum(float((x - y).double().pow(2).sum()) for x, y in zip(a, b)))
-    moved = math.sqrt(sum(float((y - z).double().pow(2).sum()) for y, z in zip(b, start)))
-    return diff / moved if moved > 0 else math.inf
-
-
-# The FSDP2 run's weights after its updates may differ from DDP's by at most this many times the noise floor
-# (DDP against one process on the whole batch: the same sums in another order), and by at least PARAM_TOL_MIN.
-FLOOR_TIMES = 4.0
-PARAM_TOL_MIN = 1e-6
-
-
 def exp_fsdp(ctx: Ctx, model: dict, batch: int, warmup: int, repeat: int, updates: int = 3, lr: float = 1e-3,
              tol: float = GRAD_TOL, corrupt: bool = False) -> dict:
     """FSDP2 against DDP on the same model and data. `fully_shard` wraps each block, then the whole model
     (the head and final LayerNorm form the root's unit); both train with AdamW from the same weights on each
     rank's slice of the same batches. Checked first: the first step's gradients (FSDP2's gathered from their
     shards) against DDP's, within `tol` of the norm (AdamW would hide a gradient off by a constant factor);
-    then, after `updates` steps, the weights, within FLOOR_TIMES the noise floor measured on rank 0 (DDP
-    against one process on the whole batch). Then each is timed, `reshard_after_forward` True and False,
+    then, after `updates` steps, the weights, by the course's one comparison (`cases.compare`: within
+    SAME_MAX_FLOOR times the noise floor measured on rank 0, DDP against one process on the whole batch). Then each is timed, `reshard_after_forward` True and False,
     with each rank's memory at rest (after a step, gradients freed) and at peak, on GPUs. The starting
     weights and the batches stay on the CPU, so the GPU holds only what the variant being timed holds.
 
@@ -967,12 +949,14 @@ def exp_fsdp(ctx: Ctx, model: dict, batch: int, warmup: int, repeat: int, update
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    from gpulab.diagnose.cases import compare, parameters
+
     cpu = torch.device("cpu")
     dev, r, n = ctx.device, ctx.rank, ctx.world
     ids = [dev.index] if dev.type == "cuda" else None
     mesh = init_device_mesh(dev.type, (n,))
     base = build_model(model, cpu)                       # on the CPU: each variant copies it to the device
-    start = params_of(base)
+    start = parameters(base)
     count = sum(p.numel() for p in base.parameters())
     unit = max(sum(p.numel() for p in b.parameters()) for b in base.blocks)
 
@@ -992,10 +976,6 @@ def exp_fsdp(ctx: Ctx, model: dict, batch: int, warmup: int, repeat: int, update
             x, y = x[r * batch:(r + 1) * batch] * scale_mine, y[r * batch:(r + 1) * batch]
         return x.to(dev), y.to(dev)
 
-    def grads_of(net: nn.Module) -> list[torch.Tensor]:
-        return [(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().float().cpu()
-                for p in net.parameters()]
-
     checks: dict[str, Any] = {}
     with float32_matmul("ieee"):
         ddp = nn.parallel.DistributedDataParallel(on_device(), device_ids=ids)
@@ -1007,13 +987,13 @@ def exp_fsdp(ctx: Ctx, model: dict, batch: int, warmup: int, repeat: int, update
                 opt.zero_grad(set_to_none=True)
                 _step(net, *data(k, scale_mine=mine))
             if k == 0:
-                got, want = grads_of(fsdp), grads_of(ddp.module)      # every rank: full_tensor is a collective
+                got, want = _grads(list(fsdp.parameters())), _grads(list(ddp.module.parameters()))   # every rank
                 if r == 0:
                     checks["grads"] = check_grads(got, want, tol, f"FSDP2 over {n} processes, first step", "DDP")
                 del got, want
             ddp_opt.step()
             fsdp_opt.step()
-        got, want = params_of(fsdp), params_of(ddp.module)
+        got, want = ([t.cpu() for t in parameters(m)] for m in (fsdp, ddp.module))   # every rank: a collective
         if r == 0:
             ref = on_device()
             ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr)
@@ -1021,17 +1001,11 @@ def exp_fsdp(ctx: Ctx, model: dict, batch: int, warmup: int, repeat: int, update
                 ref_opt.zero_grad(set_to_none=True)
                 _step(ref, *data(k, whole=True))
                 ref_opt.step()
-            floor = moved_apart(want, params_of(ref), start)
-            bound, why = ((FLOOR_TIMES * floor, f"{FLOOR_TIMES:g} x the noise floor {floor:.1e}, DDP against one "
-                                                 "process on the whole batch")
-                          if FLOOR_TIMES * floor >= PARAM_TOL_MIN else
-                          (PARAM_TOL_MIN, f"the least tolerance, {PARAM_TOL_MIN:.0e}: the noise floor was {floor:.1e}"))
-            diff = moved_apart(got, want, start)
-            checks.update(updates=updates, fsdp_vs_ddp=diff, floor=floor, bound=bound, bound_why=why)
-            if not diff <= bound:
-                raise Mismatch(f"after {updates} AdamW steps FSDP2's weights are {diff:.2e} of the distance trained "
-                               f"away from DDP's, more than {bound:.1e} ({why}): the shards did not train the "
-                               "same model")
+            same = compare(start, want, got, [(want, [t.cpu() for t in parameters(ref)])], k=updates,
+                           floor_is="DDP against one process on the whole batch", what="FSDP2")
+            checks.update(updates=updates, **same)
+            if not same["ok"]:
+                raise Mismatch(f"FSDP2 over {n} processes against DDP: {same['why']}")
             del ref, ref_opt
         del fsdp, fsdp_opt, got, want, ddp, ddp_opt
     gc.collect()
