@@ -372,20 +372,26 @@ class Pace:
 def pace(fn: Callable[[], object], steps: int = PACE_STEPS, device: torch.device | None = None) -> Pace | None:
     """`fn` run `steps` times back to back under a profiler that records the GPU's activity only (no Python
     stacks, shapes or operator ranges: a few microseconds per launch), timed on the host clock between two
-    synchronizations: the GPU's busy share of the step and what paces it. None off a CUDA device. Call it
-    after the step's warm-up (its first steps choose kernels, compile, allocate)."""
+    synchronizations: the GPU's busy share of the step and what paces it. None off a CUDA device, and where
+    the profiler refuses or records no GPU activity (unknown, not idle). Call it after the step's warm-up
+    (its first steps choose kernels, compile, allocate)."""
     device = device or pick_device()
     if device.type != "cuda":
         return None
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     sync(device)
-    with gpu_profile() as prof:
-        sync(device)
-        start = time.perf_counter()
-        for _ in range(steps):
-            fn()
-        sync(device)
-        wall_ms = (time.perf_counter() - start) * 1e3
-    spans = [(a, b) for _, a, b in gpu_kernels(prof) if b > a]
+    try:
+        with gpu_profile() as prof:
+            sync(device)
+            start = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            sync(device)
+            wall_ms = (time.perf_counter() - start) * 1e3
+        spans = [(a, b) for _, a, b in gpu_kernels(prof) if b > a]
+    except RuntimeError:          # the profiler refused (a container without CUPTI access): unknown
+        return None
+    if not spans:                 # nothing recorded is not an idle GPU: the profile saw no activity at all
+        return None
     return Pace(merged_ms(spans) / steps, wall_ms / steps, steps, len(spans) / steps)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import sys
 import time
 from typing import Callable
@@ -192,8 +193,8 @@ def step_profile(fn: Callable[[], object], steps: int = 20) -> dict[str, float]:
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     busy = pace(fn, steps, torch.device("cuda", torch.cuda.current_device()))
-    return {"host ms": host * 1e3 / steps, "wall ms": wall * 1e3 / steps,
-            "GPU busy ms": busy.busy_ms, "kernels": busy.kernels}
+    return {"host ms": host * 1e3 / steps, "wall ms": wall * 1e3 / steps,      # busy unknown: nan, not 0
+            "GPU busy ms": busy.busy_ms if busy else math.nan, "kernels": busy.kernels if busy else math.nan}
 
 
 def gpu_memory() -> tuple[int, int]:

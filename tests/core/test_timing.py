@@ -276,3 +276,26 @@ def test_pace_says_what_sets_a_steps_pace():
     assert at.percent() == "90.0" and Pace(7.0, 10.0, 1).percent() == "70"
     assert Pace(busy_ms=12.0, step_ms=10.0, steps=1).share == 1.0       # overlapping streams counted once, capped
     assert pace(lambda: None, device=torch.device("cpu")) is None
+
+
+def test_pace_is_unknown_where_the_profiler_saw_nothing_or_refused(monkeypatch):
+    """No recorded GPU activity is not an idle GPU: pace says nothing (None) rather than 'paced by the host'."""
+    import contextlib
+
+    import torch
+
+    import gpulab.core.timing as T
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(T, "sync", lambda device: None)
+    monkeypatch.setattr(T, "gpu_profile", lambda: contextlib.nullcontext(None))
+    monkeypatch.setattr(T, "gpu_kernels", lambda prof: [])
+    assert T.pace(lambda: None, steps=2, device=gpu) is None
+    monkeypatch.setattr(T, "gpu_kernels", lambda prof: [("k", 0.0, 400.0), ("k", 300.0, 600.0)])
+    p = T.pace(lambda: None, steps=2, device=gpu)
+    assert p.busy_ms == 0.3 and p.kernels == 1.0 and p.steps == 2
+
+    def refused(prof):
+        raise RuntimeError("CUPTI_ERROR_INSUFFICIENT_PRIVILEGES")
+    monkeypatch.setattr(T, "gpu_kernels", refused)
+    assert T.pace(lambda: None, device=gpu) is None
