@@ -259,6 +259,7 @@ class Facts:
     rnn_host_ms: float = 0.0        # host time inside recurrent layers' ops (Dynamo runs them eagerly)
     compiled_host_ms: float | None = None   # host time inside compiled regions and compiled backwards
     compiled_launch_ms: float | None = None  # of it, from each region's first GPU-queueing call to its last's end
+    compiled_launch_busy_ms: float = 0.0     # GPU time of the kernels queued in that stretch (a graph still runs them)
     compile: dict = field(default_factory=dict)   # dynamo's counters around the timed steps (core.py)
     stalls: StallFacts | None = None
     intervals: dict = field(default_factory=dict, repr=False)   # for the plot: windows, busy, idle, host
@@ -897,7 +898,17 @@ def _patterns(events, gpu, classes, ops, calls, windows, span, step_name) -> dic
             i += 1
         if inside:
             launching.append((inside[0][0], min(max(b for _, b in inside), r.end_us)))
-    out["compiled_launch_ms"] = length_us(intersect(merge_intervals(launching), span))
+    launching = merge_intervals(launching)
+    out["compiled_launch_ms"] = length_us(intersect(launching, span))
+    # the GPU time of the kernels queued in that stretch: a replayed graph still runs them, so the stretch
+    # cannot shrink below it
+    starts = [a for a, _ in launching]
+
+    def in_stretch(t: float) -> bool:
+        i = bisect.bisect_right(starts, t) - 1
+        return i >= 0 and t <= launching[i][1]
+    out["compiled_launch_busy_ms"] = length_us(_union([g for g in gpu if g.corr in calls
+                                                       and in_stretch(calls[g.corr].start_us)], span))
     return out
 
 

@@ -618,8 +618,9 @@ def test_compiled_launch_time_runs_from_a_regions_first_launch_to_its_last():
     own thread) from its first queueing call to its last one's end; guards before and wrappers after stay."""
     events = [step(0, 1000),
               op("Torch-Compiled Region: 0/0", 100, 400),
-              call("cudaLaunchKernel", 150, 160), call("cudaLaunchKernel", 250, 260), call("cudaLaunchKernel", 300, 310),
-              call("cudaLaunchKernel", 450, 460),                                   # outside every region
+              call("cudaLaunchKernel", 150, 160, corr=1), call("cudaLaunchKernel", 250, 260), call("cudaLaunchKernel", 300, 310, corr=2),
+              kernel("triton_a", 170, 200, corr=1), kernel("triton_b", 320, 330, corr=2),   # queued in the stretch
+              call("cudaLaunchKernel", 450, 460, corr=3), kernel("eager", 470, 540, corr=3),  # outside every region
               op("CompiledFunctionBackward", 500, 900, thread=2, corr=11),
               call("cudaLaunchKernel", 600, 610, thread=2), call("cudaLaunchKernel", 700, 720, thread=2),
               call("cudaLaunchKernel", 650, 660, thread=1),                         # another thread's launch
@@ -627,6 +628,7 @@ def test_compiled_launch_time_runs_from_a_regions_first_launch_to_its_last():
     f = analyze(events)
     assert f.compiled_host_ms == pytest.approx((300 + 400 + 70) / 1e3)
     assert f.compiled_launch_ms == pytest.approx((160 + 120) / 1e3)
+    assert f.compiled_launch_busy_ms == pytest.approx((30 + 10) / 1e3)   # the kernels a replayed graph still runs
 
 
 def test_data_parallel_is_found_in_a_real_profile():

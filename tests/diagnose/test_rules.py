@@ -411,6 +411,13 @@ def test_cudagraphs_skipped_edge_and_it_replaces_launch_bound():
                                    compiled_launch_ms=5.0))
     assert v.share == pytest.approx(0.30) and v.expected_share == pytest.approx(0.05)
     assert "5 ms of it between its first launch and its last" in v.evidence
+    # less the GPU time of the kernels queued in that stretch (a graph still runs them); never below nothing
+    v = R.cudagraphs_skipped(facts({"launch": 30.0}, compiled_regions=1.0, compile=skipped, compiled_host_ms=12.0,
+                                   compiled_launch_ms=5.0, compiled_launch_busy_ms=2.0))
+    assert v.expected_share == pytest.approx(0.03) and "2 ms of which its kernels keep the GPU busy" in v.evidence
+    v = R.cudagraphs_skipped(facts({"launch": 30.0}, compiled_regions=1.0, compile=skipped, compiled_host_ms=12.0,
+                                   compiled_launch_ms=5.0, compiled_launch_busy_ms=6.0))
+    assert v.expected_share == 0.0
 
 
 def test_compute_bound_reports_mfu():
