@@ -58,3 +58,19 @@ def test_the_check_can_fail():
     planted = [("notebooks/99_x.ipynb", "sms = torch.cuda.get_device_properties(0).multi_processor_count")]
     found = [w for w, t in planted if DIRECT["SM count"].search(t) and w not in ALLOWED["SM count"]]
     assert found == ["notebooks/99_x.ipynb"]
+
+
+def test_an_emulated_slice_says_its_bandwidth_is_not_a_slices(monkeypatch):
+    """A green context gives the slice's SMs but not its share of the memory: where one limits this process,
+    notebook 04's "best Triton / copy ceiling" check is skipped with that reason (it FAILed at 1.26 under
+    h200-1g on the H200, results/h200-2026-12-02-room-a); with no green context it is judged."""
+    from gpulab.core import device
+    monkeypatch.setenv("GPULAB_PROFILE", "h200-1g")
+    monkeypatch.setattr(device, "SM_LIMIT", {"sms": None, "why": "not on a GPU"})
+    assert device.slice_bandwidth_note() == ""
+    monkeypatch.setattr(device, "SM_LIMIT", {"sms": 16, "why": "a green context of 16 SMs"})
+    note = device.slice_bandwidth_note()
+    assert "h200-1g" in note and "16 SMs" in note and "not the memory system" in note
+    nb = json.loads((ROOT / "notebooks" / "04_occupancy_and_waves.ipynb").read_text(encoding="utf-8"))
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "applies=applies and not slice_note" in code

@@ -292,6 +292,23 @@ def apply_profile_sm_limit(device: torch.device) -> int | None:
     return prof.sm_count
 
 
+def slice_bandwidth_note() -> str:
+    """"" unless a green context limits this process to a MIG slice's SMs (`apply_profile_sm_limit`); then why
+    a bandwidth measured here is not a slice's. A green context limits the SMs, not the memory system: a real
+    1g slice also has its own share of the memory and its bandwidth (one of eight memory slices on an
+    A100/H100/H200: NVIDIA MIG User Guide, "Supported MIG Profiles"), a ceiling every good kernel meets. Here
+    the slice's SMs drive the whole GPU's memory, so the bytes each SM keeps in flight set the bandwidth, and
+    two kernels that both saturate a slice's memory can differ (on the H200 under h200-1g, 2026-12-02: a
+    tuned Triton copy 1.26x torch's copy, results/h200-2026-12-02-room-a)."""
+    sms = SM_LIMIT.get("sms")
+    if not sms:
+        return ""
+    prof = profile()
+    return (f"emulating the {prof.key if prof else 'slice'} profile with a green context of {sms} SMs: it limits "
+            "the SMs, not the memory system, so the bandwidth here is what those SMs keep in flight, not a "
+            "slice's share of the memory")
+
+
 def apply_profile_memory_cap(device: torch.device | None = None) -> float | None:
     """On a GPU under a profile, cap this process's share of GPU memory to the profile's memory
     (`torch.cuda.set_per_process_memory_fraction`); returns the fraction, or None when nothing is capped."""

@@ -186,6 +186,7 @@ ZOO_KIND = "gpulab zoo"
 DIAGNOSIS_KINDS = (ZOO_KIND, "gpulab diagnose suite")
 # A run folder's manifest (gpulab.tools.results_index): what ran, not measurements.
 MANIFEST_KIND = "gpulab results manifest"
+from gpulab.tools.roomrun import KIND as ROOMRUN_KIND   # noqa: E402 - roomrun's own files (timings, exit codes, summary)
 
 
 def read_file(path: str | os.PathLike, registry: Iterable[Experiment] | None = None) -> tuple[str, list[Measurement], int]:
@@ -205,6 +206,8 @@ def read_file(path: str | os.PathLike, registry: Iterable[Experiment] | None = N
         return "zoo", [], 0             # the diagnosis zoo's and suite's verdicts: no lesson's measurements
     if isinstance(data, dict) and data.get("kind") == MANIFEST_KIND:
         return "manifest", [], 0        # a run folder's manifest: what ran, read by results_index
+    if isinstance(data, dict) and str(data.get("kind", "")).startswith(ROOMRUN_KIND):
+        return "roomrun", [], 0         # roomrun's timings, exit codes and summary: its learners' stores hold the records
     if isinstance(data, dict) and data.get("kind") == BENCH_KIND:
         found, skipped = read_bench(data, str(path))
         return "bench", found, skipped

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -32,6 +33,11 @@ def _notebooks(spec: str) -> list[Path]:
             raise ValueError(f"--notebooks {key}: expected one notebook to match, found {len(found)}")
         chosen.append(found[0])
     return chosen
+
+
+# roomrun's own files (what ran, not measurements): `gpulab room` reads a room folder's stores and skips these
+KIND = "gpulab roomrun"
+TIMINGS_KIND, CODES_KIND, SUMMARY_KIND = f"{KIND} timings", f"{KIND} exit codes", f"{KIND} summary"
 
 
 def learner_env(out: Path, name: str, profile: str, scale: str | None) -> dict:
@@ -53,7 +59,21 @@ def start(out: Path, name: str, notebooks: list[Path], profile: str, scale: str 
     return subprocess.Popen([sys.executable, "-m", "gpulab.tools.roomrun", "--child", name, "--out", str(out),
                              *map(str, notebooks)],
                             cwd=ROOT, env=learner_env(out, name, profile, scale), stdout=log,
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait(p: subprocess.Popen, timeout_s: float) -> int | str:
+    """The learner's exit code, or "timeout" after `timeout_s`: then its whole process group is killed (its
+    pytest and the notebook's kernel too, which would otherwise keep the GPU busy for the next learners)."""
+    try:
+        return p.wait(timeout=max(1.0, timeout_s))
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+        return "timeout"
 
 
 def child(out: Path, name: str, notebooks: list[str]) -> int:
@@ -65,7 +85,7 @@ def child(out: Path, name: str, notebooks: list[str]) -> int:
         rc = subprocess.call([sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
                               "-p", "no:cacheprovider", "-q", nb], cwd=ROOT)
         times[Path(nb).stem] = {"seconds": round(time.perf_counter() - t0, 1), "rc": rc}
-        (out / "timings" / f"{name}.json").write_text(json.dumps(times, indent=1))
+        (out / "timings" / f"{name}.json").write_text(json.dumps({"kind": TIMINGS_KIND, "notebooks": times}, indent=1))
     return int(any(t["rc"] for t in times.values()))
 
 
@@ -75,16 +95,12 @@ def run(out: Path, learners: int, notebooks: list[Path], profile: str = "", scal
     codes = {}
     if alone:
         p = start(out, "alone", notebooks, profile, scale)
-        codes["alone"] = p.wait(timeout=timeout_s)
+        codes["alone"] = _wait(p, timeout_s)
     procs = {f"learner{i}": start(out, f"learner{i}", notebooks, profile, scale) for i in range(1, learners + 1)}
     end = time.monotonic() + timeout_s
     for name, p in procs.items():
-        try:
-            codes[name] = p.wait(timeout=max(1.0, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            codes[name] = "timeout"
-    (out / "exit_codes.json").write_text(json.dumps(codes, indent=1))
+        codes[name] = _wait(p, end - time.monotonic())
+    (out / "exit_codes.json").write_text(json.dumps({"kind": CODES_KIND, "codes": codes}, indent=1))
     return codes
 
 
@@ -93,8 +109,8 @@ def _timings(path: Path) -> dict:
     if not path.exists():
         return {}
     try:
-        rows = json.loads(path.read_text())
-    except json.JSONDecodeError:
+        rows = json.loads(path.read_text()).get("notebooks", {})
+    except (json.JSONDecodeError, AttributeError):
         return {}
     return {nb: ("failed" if row["rc"] else float(row["seconds"])) for nb, row in rows.items()}
 
@@ -123,7 +139,7 @@ def _headlines(path: Path) -> dict:
 
 def summarize(out: Path) -> dict:
     names = sorted(p.stem for p in (out / "room").glob("*.json")) if (out / "room").exists() else []
-    codes = json.loads((out / "exit_codes.json").read_text()) if (out / "exit_codes.json").exists() else {}
+    codes = json.loads((out / "exit_codes.json").read_text()).get("codes", {}) if (out / "exit_codes.json").exists() else {}
     learners = [n for n in names if n != "alone"]
     times = {n: _timings(out / "timings" / f"{n}.json") for n in names}
     checks = {n: _checks(out / "checks" / f"{n}.jsonl") for n in names}
@@ -134,7 +150,11 @@ def summarize(out: Path) -> dict:
         secs = [times[n][nb] for n in learners if isinstance(times[n].get(nb), float)]
         per_notebook[nb] = {"alone_s": times.get("alone", {}).get(nb), "learners_s": {n: times[n].get(nb) for n in learners},
                             "median_s": statistics.median(secs) if secs else None,
-                            "failed": [n for n in learners if times[n].get(nb) == "failed"]}
+                            "min_s": min(secs, default=None), "max_s": max(secs, default=None),
+                            "failed": [n for n in learners if times[n].get(nb) == "failed"],
+                            # no time: the learner's run was stopped (exit code "timeout") before it got there
+                            "unfinished": [f"{n} ({codes[n]})" if codes.get(n) == "timeout" else n
+                                           for n in learners if nb not in times[n]]}
     spread = {}
     for key in sorted({k for h in heads.values() for k in h}):
         values = [heads[n][key] for n in learners if key in heads[n]]
@@ -147,7 +167,7 @@ def summarize(out: Path) -> dict:
     outcome = {n: dict(sorted(Counter(c["status"] for c in checks[n]).items())) for n in names}
     not_passed = [{"learner": n, **{k: c.get(k) for k in ("lesson", "name", "status", "measured", "why")}}
                   for n in names for c in checks[n] if c["status"] not in ("pass",)]
-    summary = {"exit_codes": codes, "notebooks": per_notebook, "headline_spread": spread, "checks": outcome,
+    summary = {"kind": SUMMARY_KIND, "exit_codes": codes, "notebooks": per_notebook, "headline_spread": spread, "checks": outcome,
                "checks_not_passed": not_passed}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     (out / "summary.md").write_text(markdown(summary))
@@ -155,10 +175,12 @@ def summarize(out: Path) -> dict:
 
 
 def markdown(s: dict) -> str:
-    lines = ["| notebook | alone (s) | median of learners (s) | failed |", "|---|---|---|---|"]
+    lines = ["| notebook | alone (s) | learners: median [min, max] (s) | failed | not finished |", "|---|---|---|---|---|"]
     for nb, row in s["notebooks"].items():
-        lines.append(f"| {nb} | {row['alone_s'] if row['alone_s'] is not None else '-'} | "
-                     f"{row['median_s'] if row['median_s'] is not None else '-'} | {', '.join(row['failed']) or '-'} |")
+        spread = ("-" if row["median_s"] is None
+                  else f"{row['median_s']} [{row.get('min_s', '-')}, {row.get('max_s', '-')}] (n={sum(isinstance(v, float) for v in row['learners_s'].values())})")
+        lines.append(f"| {nb} | {row['alone_s'] if row['alone_s'] is not None else '-'} | {spread} | "
+                     f"{', '.join(row['failed']) or '-'} | {', '.join(row.get('unfinished', [])) or '-'} |")
     lines += ["", "| headline | alone | learners: median [min, max] | spread |", "|---|---|---|---|"]
     for key, h in s["headline_spread"].items():
         fmt = (lambda v: f"{v:.3g}" if isinstance(v, float) else "-")

@@ -3,6 +3,7 @@ import json
 
 import nbformat
 
+from gpulab.tools import room as R
 from gpulab.tools import roomrun as RR
 
 
@@ -32,6 +33,8 @@ def test_a_room_of_two_is_run_and_summarized(tmp_path):
     assert s["checks"]["learner1"] == {"FAIL": 1, "pass": 1}
     assert {c["name"] for c in s["checks_not_passed"]} == {"impossible"}
     assert (tmp_path / "out" / "summary.md").read_text().startswith("| notebook |")
+    merged = R.merge(tmp_path / "out")      # an instructor's `gpulab room` over it: the stores, nothing bad
+    assert merged.bad == [] and {k for _, k, _ in merged.files} == {"roomrun", "store"}
 
 
 def test_the_spread_of_a_headline_across_learners(tmp_path, monkeypatch):
@@ -50,3 +53,91 @@ def test_bad_arguments_are_one_line(capsys, tmp_path):
     assert RR.main(["--notebooks", "99", "--out", str(tmp_path)]) == 2
     assert RR.main(["--learners", "0", "--out", str(tmp_path)]) == 2
     assert "roomrun:" in capsys.readouterr().err
+
+
+def test_a_learner_stopped_before_a_notebook_is_named_not_finished(tmp_path):
+    """A room whose learners ran out of time (exit code "timeout") before a notebook: the summary says who
+    did not finish it, instead of a blank median."""
+    out = tmp_path / "out"
+    for d in ("room", "timings"):
+        (out / d).mkdir(parents=True)
+    for n in ("alone", "learner1", "learner2"):
+        (out / "room" / f"{n}.json").write_text(json.dumps({"schema": 1, "records": []}))
+    timings = lambda rows: json.dumps({"kind": RR.TIMINGS_KIND, "notebooks": rows})
+    (out / "timings" / "alone.json").write_text(timings({"00_x": {"seconds": 64.0, "rc": 0}, "01_y": {"seconds": 30.0, "rc": 0}}))
+    (out / "timings" / "learner1.json").write_text(timings({"00_x": {"seconds": 400.0, "rc": 0}}))
+    (out / "exit_codes.json").write_text(json.dumps({"kind": RR.CODES_KIND,
+                                                     "codes": {"alone": 0, "learner1": "timeout", "learner2": "timeout"}}))
+    s = RR.summarize(out)
+    assert s["notebooks"]["00_x"]["unfinished"] == ["learner2 (timeout)"]
+    assert s["notebooks"]["01_y"]["unfinished"] == ["learner1 (timeout)", "learner2 (timeout)"]
+    md = (out / "summary.md").read_text()
+    assert "| 00_x | 64.0 | 400.0 [400.0, 400.0] (n=1) | - | learner2 (timeout) |" in md
+    assert "| 01_y | 30.0 | - | - | learner1 (timeout), learner2 (timeout) |" in md
+
+
+def test_a_learner_past_its_time_is_stopped_with_everything_it_started(tmp_path):
+    """On timeout the learner's whole process group goes (its pytest and kernel too), not only the learner."""
+    import subprocess
+    import sys
+    import time
+    marker = tmp_path / "grandchild.pid"
+    p = subprocess.Popen([sys.executable, "-c",
+                          "import subprocess, sys, time; "
+                          f"c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                          f"open({str(marker)!r}, 'w').write(str(c.pid)); time.sleep(60)"], start_new_session=True)
+    for _ in range(100):
+        if marker.exists() and marker.read_text():
+            break
+        time.sleep(0.05)
+    assert RR._wait(p, 1.0) == "timeout"
+    grandchild = int(marker.read_text())
+    for _ in range(50):
+        try:
+            with open(f"/proc/{grandchild}/stat") as f:
+                state = f.read().split()[2]
+        except FileNotFoundError:
+            break
+        if state == "Z":            # killed, not yet reaped by init
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the learner's child {grandchild} still runs after the learner timed out")
+
+
+def test_the_readmes_room_figures_are_the_committed_room_runs():
+    """README's "A room of seven on one H200" quotes results/h200-2026-12-02-room-{a,b,c,d}: each notebook's
+    time alone and across the seven, the headlines' spread, and one learner's fp32 matmul alone and in the room."""
+    import statistics
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    runs = [root / "results" / f"h200-2026-12-02-room-{k}" for k in "abcd"]
+    alone, learners, heads = {}, {}, {}
+    for run in runs:
+        s = json.loads((run / "summary.json").read_text())
+        for nb, row in s["notebooks"].items():
+            if row["alone_s"] is not None:
+                alone[nb] = row["alone_s"]
+            if row["median_s"] is not None:
+                learners[nb] = f"{row['median_s']} [{row['min_s']}, {row['max_s']}]"
+            elif len(row["unfinished"]) == 7:
+                learners.setdefault(nb, "none of the seven finished it in the time the run had left")
+        for key, h in s["headline_spread"].items():
+            heads.setdefault(key, {}).update({k: v for k, v in h.items() if v is not None})
+    assert len(alone) == 7 and len(learners) == 7
+    for nb in alone:
+        assert f"| {nb} | {alone[nb]} | {learners[nb]} |" in readme, nb
+    g = lambda v: f"{v:.3g}"
+    h = heads["03 step time, 0 workers / best worker count"]
+    assert f"from {g(h['alone'])} to {g(h['median'])} [{g(h['min'])}, {g(h['max'])}]" in readme
+    h = heads["05 pinned / pageable host->device GB/s"]
+    assert f"{g(h['median'])} [{g(h['min'])}, {g(h['max'])}] against {g(h['alone'])} alone" in readme
+    h = heads["08 copy + matmul, overlapped / serial ms"]
+    assert f"{g(h['median'])} [{g(h['min'])}, {g(h['max'])}] against {g(h['alone'])}" in readme
+    h = heads["04 one program past a full wave / a full wave, ms"]
+    assert f"{g(h['alone'])} alone, {g(h['median'])} [{g(h['min'])}, {g(h['max'])}] with" in readme
+    stores = runs[0] / "room"
+    value = lambda p: next(r["value"] for r in json.loads(p.read_text())["records"] if r["name"] == "matmul_fp32_n8192")
+    room = statistics.median(value(p) for p in sorted(stores.glob("learner*.json")))
+    assert f"{g(value(stores / 'alone.json'))} TFLOP/s alone and at {g(room)} (median) with seven" in readme
