@@ -6,7 +6,10 @@ that class's code paths on whatever it runs on: `device_facts()` reports the pro
 capability and what it implies (no TF32 or bf16 before Ampere, no FP8 before Ada), so a precision
 the class lacks is refused the way a real one refuses it; on a GPU, memory is capped to the
 profile's (`torch.cuda.set_per_process_memory_fraction`). It is honest: every notebook's first line
-says a profile is emulated, and that timings and the SM count are still this GPU's.
+says a profile is emulated, and that timings and the SM count are still this GPU's. A MIG-slice
+profile's green context (gpulab.core.device) gives the process the slice's SMs, but not the slice's share
+of the memory bandwidth, and processes under it still take turns on the GPU as on any time-sliced one:
+seven learners under h200-1g on one H200 ran at about a seventh of one alone (README, "A room of seven").
 
 On the CPU a profile gives the profile's control flow with CPU tensors: that is what CI's
 portability matrix runs (tests/test_portability.py), so a crash only a T4 would hit fails CI.
