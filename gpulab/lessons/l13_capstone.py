@@ -17,6 +17,8 @@ timing budgets (`CONFIG`, `config(scale)`, `job_config(job, scale)`), the runs, 
 - `waterfall`, `attribute`: toggles added one at a time; each one's share of the total speed-up (in log
   space, so the shares add to 100%) and of the memory saved.
 - `bf16_peak`, `mfu`: model FLOPs utilization against notebook 00's measured peak.
+- `fp8_crossover`, `crossover`: FP8 products (e4m3, one scale per tensor) against bf16 by size, where the
+  GPU has FP8 (Ada, Hopper and newer).
 - `SEED_V100`, `SEED_4090`, `seed_v100_rows`, `seed_4090_rows`: the seed articles' tables redone here.
 - `headline_numbers(job, scale, runs)`: a job's fp32 baseline against everything this device accepts
   (`all_on`), with its loss check and MFU; `headline(scale, runs)`: the GPT's, as the `Measured` that
@@ -53,7 +55,7 @@ from gpulab.models.step import train_step
 from gpulab.core.ceilings import Ceiling, ceilings
 from gpulab.core.device import DeviceFacts, device_facts, pick_device, resolve_scale
 from gpulab.core.memory import memory_guard, track_peak
-from gpulab.core.timing import Timing, benchmark, stopwatch
+from gpulab.core.timing import Timing, benchmark, interleaved, stopwatch
 from gpulab.models.gpt import GPT, padded_copy, token_batches
 from gpulab.models.cnn import ResNetish, image_batches
 from gpulab.models.transformer import TransformerStack
@@ -74,6 +76,7 @@ CONFIG: dict[str, dict[str, Any]] = {
         monitor_budget_s=0.05,      # the same, while GPU busy % is sampled
         max_repeat=5,               # at most this many timed steps per run
         seed_4090_batch=4,          # seed 004's first batch, doubled row by row
+        fp8_sizes=(32, 64),         # n of the n x n x n products FP8 and bf16 are compared at (`fp8_crossover`)
         step_s=None,                # no time cap on the CPU (no ceilings to predict a step with)
     ),
     "full": dict(
@@ -89,6 +92,8 @@ CONFIG: dict[str, dict[str, Any]] = {
         monitor_budget_s=0.6,       # NVML averages busy % over windows of up to a second
         max_repeat=15,
         seed_4090_batch=32,         # the seed's own first batch (SEED_4090)
+        # from launch-bound products to ones that fill any GPU with FP8 (1.1 TFLOP at 8192, 8.8 at 16384)
+        fp8_sizes=(256, 512, 1024, 2048, 4096, 8192, 16384),
         # the most an fp32 baseline step may take, predicted from this GPU's fp32 matmul ceiling
         # (`Runs.fit_batches`): on the course's H200 a GPT step of batch 8 takes about 1 s, so an H200
         # keeps every batch, and a T4 (fp32 about 8 TFLOP/s on its datasheet) lowers the GPT's to fit
@@ -936,6 +941,85 @@ def all_on(job: str, batch: int | None = None, facts: DeviceFacts | None = None,
 
 
 # -- model FLOPs utilization -------------------------------------------------------------------------
+# -- FP8: from which size it beats bf16 --------------------------------------------------------------
+FP8_ROUNDS = 4          # interleaved rounds (bf16, FP8, FP8 with scaling, in turns) per size
+
+
+@dataclass
+class Fp8Row:
+    """One n x n x n product in bf16 and in FP8 (e4m3, one scale per tensor): TFLOP/s of each, the FP8
+    product's error and bf16's against fp32."""
+
+    n: int
+    bf16_tflops: float
+    fp8_tflops: float           # the FP8 product alone, its inputs already in e4m3 (the Tensor Cores' rate)
+    fp8_scaled_tflops: float    # with both inputs scaled and cast first (`to_fp8`), as dynamic scaling does each step
+    fp8_error: float
+    bf16_error: float
+
+    @property
+    def speedup(self) -> float:
+        return self.fp8_tflops / self.bf16_tflops
+
+    @property
+    def scaled_speedup(self) -> float:
+        return self.fp8_scaled_tflops / self.bf16_tflops
+
+
+def fp8_crossover(sizes: Sequence[int] | None = None, rounds: int = FP8_ROUNDS) -> list[Fp8Row]:
+    """bf16 against FP8 products (`precision.fp8_matmul`) at each n of `sizes` (default: the scale's
+    `fp8_sizes`, multiples of 16): A (n x n) @ W.T (n x n), the layout of a linear layer. Each FP8 product
+    is first checked against fp32 (error at most `precision.FP8_TOLERANCE`; AssertionError if not), then
+    the three variants are timed in turns (`timing.interleaved`). ValueError where this device has no FP8
+    (`precision.fp8_refusal`)."""
+    why = P.fp8_refusal()
+    if why:
+        raise ValueError(why)
+    sizes = tuple(config()["fp8_sizes"] if sizes is None else sizes)
+    if not sizes or any(n < 16 or n % 16 for n in sizes):
+        raise ValueError(f"sizes must be multiples of 16, at least 16 (got {sizes})")
+    device = pick_device()
+    rows = []
+    for n in sizes:
+        with memory_guard(f"FP8 and bf16 products of {n} x {n}"):
+            g = torch.Generator(device=device).manual_seed(n)
+            a = torch.randn(n, n, device=device, generator=g, dtype=torch.bfloat16)
+            w = torch.randn(n, n, device=device, generator=g, dtype=torch.bfloat16)
+            a8, sa = P.to_fp8(a)
+            w8, sw = P.to_fp8(w)
+            with P.fp32_math("ieee"):
+                ref = a.float() @ w.float().t()
+            norm = torch.linalg.norm(ref)
+            fp8_err = float(torch.linalg.norm(P.fp8_matmul(a8, sa, w8, sw).float() - ref) / norm)
+            bf16_err = float(torch.linalg.norm((a @ w.t()).float() - ref) / norm)
+            del ref
+            if not fp8_err <= P.FP8_TOLERANCE:
+                raise AssertionError(f"the FP8 product of {n} x {n} is wrong: relative error {fp8_err:.2e} against fp32, "
+                                     f"more than {P.FP8_TOLERANCE} (e4m3's rounding alone gives about 4e-2)")
+            c = torch.empty(n, n, device=device, dtype=torch.bfloat16)
+            t = interleaved({"bf16": lambda: torch.mm(a, w.t(), out=c),
+                             "fp8": lambda: P.fp8_matmul(a8, sa, w8, sw),
+                             "fp8 scaled": lambda: P.fp8_matmul(*P.to_fp8(a), *P.to_fp8(w))},
+                            rounds=rounds, repeat=3, warmup=2)
+            flops = 2 * n ** 3
+            rows.append(Fp8Row(n, t["bf16"].per_second(flops) / 1e12, t["fp8"].per_second(flops) / 1e12,
+                               t["fp8 scaled"].per_second(flops) / 1e12, fp8_err, bf16_err))
+            del a, w, a8, w8, c
+    return rows
+
+
+def crossover(rows: Sequence[Fp8Row], scaled: bool = True) -> int | None:
+    """The smallest n from which FP8 (with its scaling, or the product alone) is faster than bf16 at every
+    larger size measured; None if it never is at the largest."""
+    found = None
+    for r in sorted(rows, key=lambda r: -r.n):
+        if (r.scaled_speedup if scaled else r.speedup) > 1.0:
+            found = r.n
+        else:
+            break
+    return found
+
+
 def bf16_peak(store=None) -> Ceiling | None:
     """The 16-bit matrix-product peak to measure MFU against: notebook 00's bf16 (measured if it ran, else
     the datasheet's, as `ceilings()` labels it), fp16 on a GPU without bf16; None if neither is known."""

@@ -6,6 +6,8 @@
   Tensor Cores ("tf32"); both switches are restored afterwards.
 - `make_scaler`, `classification_loss`, `language_model_loss`: what `models.step.train_step` takes.
 - FP16 / BF16 / FP32: the limits of each format, from `torch.finfo`.
+- `fp8_refusal`, `to_fp8`, `fp8_matmul`: e4m3 products with one scale per tensor (Ada, Hopper and newer;
+  notebook 13's FP8 section).
 
 PyTorch's defaults differ between the two switches: since PyTorch 1.12, fp32 matrix products
 do not use TF32 unless asked, while cuDNN convolutions do. `fp32_math("ieee")` turns both off.
@@ -120,6 +122,45 @@ def half_dtype(facts: DeviceFacts | None = None) -> torch.dtype:
     return SPECS[best_half(facts)].dtype
 
 
+# -- FP8 (Ada, Hopper and newer): e4m3 inputs with one scale per tensor ---------------------------------
+FP8_DTYPE = getattr(torch, "float8_e4m3fn", None)
+FP8_MAX = torch.finfo(FP8_DTYPE).max if FP8_DTYPE is not None else None      # 448
+# Largest accepted ||C - C_ref|| / ||C_ref|| of a product of two e4m3 tensors against fp32: e4m3 keeps 3
+# mantissa bits, so each input element is rounded by up to 2^-4 (6 %, RMS about 3.6 %); on normal inputs
+# the product's error measured 3.6 % (64 x 128 x 96, torch 2.13 on the CPU). A scale off by a factor of 2
+# or an input not scaled back makes it 50 % or more.
+FP8_TOLERANCE = 0.1
+
+
+def fp8_refusal(facts: DeviceFacts | None = None) -> str | None:
+    """Why this device cannot run FP8 matrix products (`fp8_matmul`), or None if it can. On the CPU,
+    PyTorch runs them (slowly, for the code path): the CPU is not refused, its timings are not a GPU's."""
+    if FP8_DTYPE is None or not hasattr(torch, "_scaled_mm"):
+        return f"this PyTorch ({torch.__version__}) has no float8_e4m3fn or torch._scaled_mm"
+    facts = facts or device_facts()
+    if facts.kind == "cuda" and not facts.fp8:
+        cc = facts.compute_capability or (0, 0)
+        return (f"this {facts.architecture} GPU (compute capability {cc[0]}.{cc[1]}) has no FP8 Tensor Cores: "
+                "they arrived with Ada (8.9) and Hopper (9.0)")
+    return None
+
+
+def to_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` in e4m3 with one scale for the whole tensor (dynamic scaling, as FP8 training recipes do each
+    step): scale = amax / 448, so the largest element lands on e4m3's largest; returns (x8, scale), x ~ x8 * scale.
+    It reads x twice (its amax, then the cast) and writes a byte per element: work that no Tensor Core does."""
+    scale = (x.detach().abs().amax().float() / FP8_MAX).clamp(min=1e-12)
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+def fp8_matmul(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch.Tensor,
+               out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """(a8 * sa) @ (b8 * sb).T on FP8 Tensor Cores (`torch._scaled_mm`): a8 (M x K) and b8 (N x K), both
+    row-major e4m3 from `to_fp8`; K and N multiples of 16. The product is computed in e4m3 with fp32
+    accumulation and written in `out_dtype`."""
+    return torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+
+
 def _cudnn_conv_switch():
     """torch.backends.cudnn.conv (torch >= 2.9, has fp32_precision), or None for the older allow_tf32 flag."""
     conv = getattr(torch.backends.cudnn, "conv", None)
@@ -212,5 +253,6 @@ def what_to_expect(facts: DeviceFacts | None = None) -> list[str]:
                      "without changing the model; bf16 has fp32's exponent range, so it needs no scaler.")
     if facts.fp8:
         lines.append("This GPU also has FP8 Tensor Cores (Ada, Hopper, Blackwell); training in FP8 needs "
-                     "per-tensor scaling (e.g. NVIDIA Transformer Engine) and is not covered here.")
+                     "per-tensor scaling (torchao's float8 training, NVIDIA Transformer Engine): notebook 13 "
+                     "measures from which product sizes it beats bf16 here.")
     return lines

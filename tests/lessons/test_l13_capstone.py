@@ -319,3 +319,39 @@ def test_losses_after_a_skipped_gradscaler_update_are_not_compared():
     assert comparable(fp16, (1, 2)) == (2.301, 2.30)
     assert not loss_matches(fp32, fp16, 3e-2)[0]
     assert loss_matches(fp32, comparable(fp16, (0,)), 3e-2)[0]
+
+
+# -- FP8 against bf16 ----------------------------------------------------------------------------------
+def test_fp8_crossover_checks_then_times_each_size_on_the_cpu():
+    from gpulab.models import precision as P
+    rows = C.fp8_crossover((32, 64), rounds=1)
+    assert [r.n for r in rows] == [32, 64]
+    for r in rows:
+        assert 0 < r.fp8_error <= P.FP8_TOLERANCE and r.bf16_error < r.fp8_error     # e4m3 rounds more than bf16
+        assert min(r.bf16_tflops, r.fp8_tflops, r.fp8_scaled_tflops) > 0
+        assert r.speedup == pytest.approx(r.fp8_tflops / r.bf16_tflops)
+
+
+def test_a_wrong_fp8_scale_fails_the_check_before_any_timing(monkeypatch):
+    from gpulab.models import precision as P
+    right = P.to_fp8
+    monkeypatch.setattr(P, "to_fp8", lambda x: (lambda x8, s: (x8, s * 2))(*right(x)))   # scale off by 2
+    with pytest.raises(AssertionError, match="relative error"):
+        C.fp8_crossover((32,), rounds=1)
+
+
+def test_fp8_is_refused_without_fp8_tensor_cores_and_sizes_are_checked():
+    from gpulab.models import precision as P
+    t4 = facts_for_capability("Tesla T4", 7, 5)
+    assert "no FP8 Tensor Cores" in P.fp8_refusal(t4) and "7.5" in P.fp8_refusal(t4)
+    assert P.fp8_refusal(facts_for_capability("NVIDIA GeForce RTX 4090", 8, 9)) is None
+    assert P.fp8_refusal(facts_for_capability("NVIDIA H200", 9, 0)) is None
+    with pytest.raises(ValueError, match="multiples of 16"):
+        C.fp8_crossover((40,))
+
+
+def test_the_crossover_is_where_fp8_stays_faster_up_to_the_largest_size():
+    row = lambda n, alone, scaled: C.Fp8Row(n, 100.0, 100.0 * alone, 100.0 * scaled, 0.04, 0.002)
+    rows = [row(512, 0.5, 0.3), row(1024, 1.1, 0.9), row(2048, 1.5, 1.2), row(4096, 1.8, 1.5)]
+    assert C.crossover(rows) == 2048 and C.crossover(rows, scaled=False) == 1024
+    assert C.crossover([row(512, 1.2, 1.1), row(1024, 0.9, 0.8)]) is None     # slower at the largest: no crossover
