@@ -179,6 +179,25 @@ def sweep_plot(x: Sequence[float], series: Mapping[str, Sequence[float | None]],
     return styled(fig)
 
 
+def curves_plot(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], xlabel: str, ylabel: str,
+                title: str = "", hlines: Mapping[str, float] | None = None, logy: bool = False) -> Figure:
+    """One line per curve, each with its own x values ({label: (xs, ys)}); optional labelled horizontal lines."""
+    fig, (ax,) = figure()
+    with plt.rc_context(STYLE):
+        for i, (label, (xs, ys)) in enumerate(curves.items()):
+            ax.plot(xs, ys, ms=4, label=label, **series_style(i))
+        for j, (label, y) in enumerate((hlines or {}).items()):
+            ax.axhline(y, ls="--", lw=1, color=COLORS[(j + len(curves)) % len(COLORS)], label=label)
+        if logy:
+            ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    return styled(fig)
+
+
 TIMELINE_LABELS = {
     "busy_pct": "GPU busy %", "mem_used_gib": "memory used (GiB)", "sm_clock_mhz": "SM clock (MHz)",
     "pcie_rx_gbps": "PCIe rx (GB/s)", "pcie_tx_gbps": "PCIe tx (GB/s)", "power_w": "power (W)",

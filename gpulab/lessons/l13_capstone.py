@@ -17,6 +17,8 @@ timing budgets (`CONFIG`, `config(scale)`, `job_config(job, scale)`), the runs, 
 - `waterfall`, `attribute`: toggles added one at a time; each one's share of the total speed-up (in log
   space, so the shares add to 100%) and of the memory saved.
 - `bf16_peak`, `mfu`: model FLOPs utilization against notebook 00's measured peak.
+- `time_to_loss`, `LossCurve`: speed tied to quality: a byte-level GPT trained on the stdlib's source to the
+  validation loss the fp32 baseline reaches in a fixed time (`gpulab.models.text`).
 - `fp8_crossover`, `crossover`: FP8 products (e4m3, one scale per tensor) against bf16 by size, where the
   GPU has FP8 (Ada, Hopper and newer).
 - `SEED_V100`, `SEED_4090`, `seed_v100_rows`, `seed_4090_rows`: the seed articles' tables redone here.
@@ -56,6 +58,7 @@ from gpulab.core.ceilings import Ceiling, ceilings
 from gpulab.core.device import DeviceFacts, device_facts, pick_device, resolve_scale
 from gpulab.core.memory import memory_guard, track_peak
 from gpulab.core.timing import Timing, benchmark, interleaved, stopwatch
+from gpulab.models import text
 from gpulab.models.gpt import GPT, padded_copy, token_batches
 from gpulab.models.cnn import ResNetish, image_batches
 from gpulab.models.transformer import TransformerStack
@@ -77,6 +80,10 @@ CONFIG: dict[str, dict[str, Any]] = {
         max_repeat=5,               # at most this many timed steps per run
         seed_4090_batch=4,          # seed 004's first batch, doubled row by row
         fp8_sizes=(32, 64),         # n of the n x n x n products FP8 and bf16 are compared at (`fp8_crossover`)
+        # time to a loss (`time_to_loss`): a byte-level GPT on the stdlib's source; the fp32 baseline trains for
+        # budget_s seconds, its last validation loss is the target, a variant gets cap x that long to reach it
+        ttl=dict(gpt=dict(vocab=256, n_blocks=2, width=64, heads=4, seq=64, batch=16), budget_s=1.0, cap=1.5,
+                 eval_every=5, eval_batches=4, text_bytes=2**20),
         step_s=None,                # no time cap on the CPU (no ceilings to predict a step with)
     ),
     "full": dict(
@@ -94,6 +101,10 @@ CONFIG: dict[str, dict[str, Any]] = {
         seed_4090_batch=32,         # the seed's own first batch (SEED_4090)
         # from launch-bound products to ones that fill any GPU with FP8 (1.1 TFLOP at 8192, 8.8 at 16384)
         fp8_sizes=(256, 512, 1024, 2048, 4096, 8192, 16384),
+        # 6 blocks of 512 (19 M weights), 32 x 512 bytes a step: about 1.8 TFLOP, so a GPU's fp32 baseline
+        # takes thousands of steps' worth of budget only where fp32 is fast; 16 MiB of text (train + held out)
+        ttl=dict(gpt=dict(vocab=256, n_blocks=6, width=512, heads=8, seq=512, batch=32), budget_s=30.0, cap=1.5,
+                 eval_every=20, eval_batches=16, text_bytes=16 * 2**20),
         # the most an fp32 baseline step may take, predicted from this GPU's fp32 matmul ceiling
         # (`Runs.fit_batches`): on the course's H200 a GPT step of batch 8 takes about 1 s, so an H200
         # keeps every batch, and a T4 (fp32 about 8 TFLOP/s on its datasheet) lowers the GPT's to fit
@@ -545,6 +556,33 @@ def run_job(job: str, options: Options = Options(), batch: int | None = None, *,
                      device=str(device), **out)
 
 
+def _trainer(job: str, options: Options, model: nn.Module, device: torch.device):
+    """`model` as `options` change it (the padded vocabulary, checkpointed blocks, channels_last), its
+    GradScaler (fp16) and `train(x, y)`: one `train_step` with AdamW (fused or not), autocast, the compiled
+    loss (torch.compile, with CUDA graphs under reduce-overhead) and accumulation. Returns (model, scaler, train)."""
+    spec = JOBS[job]
+    if options.aligned:
+        model = padded_copy(model, ALIGN)            # same weights, zero rows for the padding tokens
+    if options.checkpointing:
+        model.blocks = CheckpointedBlocks(model.blocks)
+    if options.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True if options.fused else None)
+    scaler = P.make_scaler("fp16", device) if options.amp == "fp16" else None
+
+    def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return spec.loss_fn(model, x, y)
+
+    if options.compile:
+        loss_of = torch.compile(loss_of, mode=options.compile_mode)
+
+    def train(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return train_step(model, x, y, loss=lambda _, xs, ys: loss_of(xs, ys), optimizer=optimizer,
+                          precision=AMP_DTYPES[options.amp], scaler=scaler,
+                          accumulation=options.accumulation, graphs=options.cuda_graphs)
+    return model, scaler, train
+
+
 def _train(job: str, options: Options, batch: int, cfg: dict, loss_steps: int, timed: bool, warmup: int,
            budget_s: float, max_repeat: int, monitor: bool, expect: tuple | None, device: torch.device,
            seed: int) -> dict:
@@ -556,26 +594,10 @@ def _train(job: str, options: Options, batch: int, cfg: dict, loss_steps: int, t
         torch.manual_seed(seed)
         model = spec.build(cfg, device)
         pool = [(x.cpu(), y.cpu()) for x, y in spec.batches(model, batch, POOL)]    # host memory
-        if options.aligned:
-            model = padded_copy(model, ALIGN)            # same weights, zero rows for the padding tokens
-        if options.checkpointing:
-            model.blocks = CheckpointedBlocks(model.blocks)
-        if options.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True if options.fused else None)
-        scaler = P.make_scaler("fp16", device) if options.amp == "fp16" else None
-
-        def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return spec.loss_fn(model, x, y)
-
-        if options.compile:
-            loss_of = torch.compile(loss_of, mode=options.compile_mode)
+        model, scaler, train = _trainer(job, options, model, device)
 
         def step(inputs: Inputs) -> torch.Tensor:
-            x, y = inputs.next()
-            return train_step(model, x, y, loss=lambda _, xs, ys: loss_of(xs, ys), optimizer=optimizer,
-                              precision=AMP_DTYPES[options.amp], scaler=scaler,
-                              accumulation=options.accumulation, graphs=options.cuda_graphs)
+            return train(*inputs.next())
 
         monitor_status, busy = "", None
         with Inputs(pool, device, options.loader, options.channels_last) as inputs:
@@ -940,7 +962,6 @@ def all_on(job: str, batch: int | None = None, facts: DeviceFacts | None = None,
     return options
 
 
-# -- model FLOPs utilization -------------------------------------------------------------------------
 # -- FP8: from which size it beats bf16 --------------------------------------------------------------
 FP8_ROUNDS = 4          # interleaved rounds (bf16, FP8, FP8 with scaling, in turns) per size
 
@@ -1020,6 +1041,98 @@ def crossover(rows: Sequence[Fp8Row], scaled: bool = True) -> int | None:
     return found
 
 
+# -- speed tied to quality: time to a validation loss ------------------------------------------------
+@dataclass
+class LossCurve:
+    """A byte-level GPT trained on the stdlib's source (`gpulab.models.text`) with `options`: its validation
+    loss after each `eval_every` steps, against the seconds of training so far (host clock, synchronized;
+    validation not counted; the first step, which compiles when compile is on, counted apart)."""
+
+    options: Options
+    points: list[tuple[int, float, float]]      # (steps, training seconds, validation loss)
+    first_step_s: float
+    tokens_per_step: int
+    target: float | None = None
+    reached: tuple[int, float] | None = None    # (steps, seconds) of the first evaluation at or below the target
+    notes: tuple[str, ...] = ()
+
+    @property
+    def final_loss(self) -> float:
+        return self.points[-1][2]
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        steps, seconds = self.points[-1][0] - 1, self.points[-1][1]      # the first step is not in the seconds
+        return steps * self.tokens_per_step / seconds if seconds > 0 else None
+
+
+def validation_loss(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], options: Options,
+                    device: torch.device) -> float:
+    """Mean next-byte loss over the held-out `batches`, in eval mode without gradients, in the run's precision."""
+    was = model.training
+    model.eval()
+    dtype = AMP_DTYPES[options.amp]
+    try:
+        with torch.no_grad(), torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            return sum(float(P.language_model_loss(model, x.to(device), y.to(device))) for x, y in batches) / len(batches)
+    finally:
+        model.train(was)
+
+
+def time_to_loss(options: Options = Options(), target: float | None = None, *, budget_s: float | None = None,
+                 scale: str | None = None, seed: int = 0, device: torch.device | None = None) -> LossCurve:
+    """Train the byte-level GPT of `config(scale)["ttl"]` from the weights seed `seed` gives, on random
+    windows of the stdlib's source (the same windows in the same order for every `options`), and evaluate
+    it on held-out files every `eval_every` steps. Without `target`: for `budget_s` seconds of training (the
+    baseline, whose last loss is then the target). With it: until an evaluation is at or below it, or
+    `cap` x `budget_s` seconds. The loader toggle is left out (the windows are cut in this loop); a
+    combination this device cannot run raises ValueError with the reason."""
+    device = device or pick_device()
+    knobs = config(scale)["ttl"]
+    cfg = dict(knobs["gpt"])
+    notes = []
+    if options.loader:
+        options = options.without("loader")
+        notes.append("loader left out: the windows are cut from the text in the training loop")
+    check("gpt", options, cfg["batch"])
+    why = refusal(options, device_facts(device))
+    if why:
+        raise ValueError(why)
+    budget_s = knobs["budget_s"] if budget_s is None else budget_s
+    limit_s = budget_s * (knobs["cap"] if target is not None else 1.0)
+    train_text, val_text = text.stdlib_source(knobs["text_bytes"])
+    val = [text.windows(val_text, cfg["batch"], cfg["seq"], torch.Generator().manual_seed(10_000 + i))
+           for i in range(knobs["eval_batches"])]
+    g = torch.Generator().manual_seed(seed)
+
+    def batch() -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = text.windows(train_text, cfg["batch"], cfg["seq"], g)
+        return x.to(device), y.to(device)
+
+    with memory_guard(quiet=True, device=device), P.fp32_math("tf32" if options.tf32 else "ieee"):
+        try:
+            torch.manual_seed(seed)
+            model, _, train = _trainer("gpt", options, JOBS["gpt"].build(cfg, device), device)
+            with stopwatch(device=device) as first:
+                train(*batch())
+            steps, seconds, reached = 1, 0.0, None
+            points = [(steps, seconds, validation_loss(model, val, options, device))]
+            while seconds < limit_s:
+                with stopwatch(device=device) as segment:
+                    for _ in range(knobs["eval_every"]):
+                        train(*batch())
+                steps, seconds = steps + knobs["eval_every"], seconds + segment.ms / 1e3
+                points.append((steps, seconds, validation_loss(model, val, options, device)))
+                if target is not None and points[-1][2] <= target:
+                    reached = (steps, seconds)
+                    break
+        finally:
+            if options.compile:
+                torch.compiler.reset()
+    return LossCurve(options, points, first.ms / 1e3, cfg["batch"] * cfg["seq"], target, reached, tuple(notes))
+
+
+# -- model FLOPs utilization -------------------------------------------------------------------------
 def bf16_peak(store=None) -> Ceiling | None:
     """The 16-bit matrix-product peak to measure MFU against: notebook 00's bf16 (measured if it ran, else
     the datasheet's, as `ceilings()` labels it), fp16 on a GPU without bf16; None if neither is known."""

@@ -89,6 +89,15 @@ def test_sweep_plot_lines_and_reference_lines():
 
 
 @pytest.mark.filterwarnings("ignore:No artists with labels found")
+def test_curves_plot_each_curve_on_its_own_x():
+    fig = plots.curves_plot({"fp32": ([0, 1, 2], [5, 4, 3]), "bf16": ([0, 0.5], [5, 3.5])}, xlabel="s", ylabel="loss",
+                            hlines={"target": 3.0})
+    (ax,) = fig.axes
+    assert len(ax.lines) == 3
+    assert list(ax.lines[1].get_xdata()) == [0, 0.5] and list(ax.lines[0].get_ydata()) == [5, 4, 3]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["fp32", "bf16", "target"]
+
+
 def test_sweep_plot_series_without_values_draws_nothing():
     fig = plots.sweep_plot([1, 2], {"empty": [None, None]}, xlabel="x", ylabel="y", logy=True)
     (ax,) = fig.axes

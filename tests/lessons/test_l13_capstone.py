@@ -355,3 +355,36 @@ def test_the_crossover_is_where_fp8_stays_faster_up_to_the_largest_size():
     rows = [row(512, 0.5, 0.3), row(1024, 1.1, 0.9), row(2048, 1.5, 1.2), row(4096, 1.8, 1.5)]
     assert C.crossover(rows) == 2048 and C.crossover(rows, scaled=False) == 1024
     assert C.crossover([row(512, 1.2, 1.1), row(1024, 0.9, 0.8)]) is None     # slower at the largest: no crossover
+
+
+# -- time to a validation loss -------------------------------------------------------------------------
+def test_time_to_loss_reaches_the_baselines_loss_with_the_same_options_at_the_same_step():
+    """The same options from the same seed train on the same windows: the run given the baseline's last loss
+    as its target reaches it at the baseline's last evaluation, not before (deterministic on the CPU)."""
+    base = C.time_to_loss(C.Options(), budget_s=0.3, scale="tiny")
+    assert base.target is None and base.reached is None and len(base.points) >= 2
+    assert base.points[-1][2] < base.points[0][2]                # it learns: the loss falls
+    again = C.time_to_loss(C.Options(), target=base.final_loss, budget_s=60, scale="tiny")
+    assert again.reached is not None and again.reached[0] == base.points[-1][0]
+    assert [p[2] for p in again.points] == [p[2] for p in base.points]
+    assert base.tokens_per_s > 0 and base.first_step_s > 0
+
+
+def test_time_to_loss_leaves_the_loader_out_and_refuses_what_cannot_run():
+    c = C.time_to_loss(C.Options(loader=True), budget_s=0.05, scale="tiny")
+    assert not c.options.loader and "loader left out" in c.notes[0]
+    with pytest.raises(ValueError):
+        C.time_to_loss(C.Options(cuda_graphs=True), budget_s=0.05, scale="tiny")     # graphs need compile
+
+
+def test_the_stdlib_text_holds_out_whole_files_and_cuts_windows():
+    from gpulab.models import text
+    train, val = text.stdlib_source(2**20)
+    assert train.dtype == torch.uint8 and 0 < val.numel() < train.numel()
+    x, y = text.windows(train, 3, 16, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (3, 16) and x.dtype == torch.long and torch.equal(x[:, 1:], y[:, :-1])
+    assert int(x.max()) < text.VOCAB
+    with pytest.raises(ValueError, match="at least 64 KiB"):
+        text.stdlib_source(100)
+    with pytest.raises(ValueError, match="cannot give windows"):
+        text.windows(train[:10], 1, 16, torch.Generator())
