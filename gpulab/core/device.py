@@ -296,10 +296,10 @@ def slice_bandwidth_note() -> str:
     """"" unless a green context limits this process to a MIG slice's SMs (`apply_profile_sm_limit`); then why
     a bandwidth measured here is not a slice's. A green context limits the SMs, not the memory system: a real
     1g slice also has its own share of the memory and its bandwidth (one of eight memory slices on an
-    A100/H100/H200: NVIDIA MIG User Guide, "Supported MIG Profiles"), a ceiling every good kernel meets. Here
-    the slice's SMs drive the whole GPU's memory, so the bytes each SM keeps in flight set the bandwidth, and
-    two kernels that both saturate a slice's memory can differ (on the H200 under h200-1g, 2026-12-02: a
-    tuned Triton copy 1.26x torch's copy, results/h200-2026-12-02-room-a)."""
+    A100/H100/H200 1g slice: NVIDIA MIG User Guide, "Supported MIG Profiles"), a ceiling every good kernel
+    meets. Here the slice's SMs drive the whole GPU's memory: no kernel is bound by a slice's memory, and the
+    bytes each keeps in flight on those SMs decide its bandwidth (on the H200 under h200-1g, 2026-12-02: a
+    tuned Triton copy ran at 1.26x torch's copy, results/h200-2026-12-02-room-a)."""
     sms = SM_LIMIT.get("sms")
     if not sms:
         return ""

@@ -68,12 +68,17 @@ def _wait(p: subprocess.Popen, timeout_s: float) -> int | str:
     try:
         return p.wait(timeout=max(1.0, timeout_s))
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait()
+        _stop(p)
         return "timeout"
+
+
+def _stop(p: subprocess.Popen) -> None:
+    """Kill the learner's whole process group and reap the learner."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
 
 
 def child(out: Path, name: str, notebooks: list[str]) -> int:
@@ -92,14 +97,20 @@ def child(out: Path, name: str, notebooks: list[str]) -> int:
 def run(out: Path, learners: int, notebooks: list[Path], profile: str = "", scale: str | None = None,
         timeout_s: float = 3600, alone: bool = True) -> dict:
     """The learner alone (if `alone`), then `learners` at once; {name: pytest's exit code}."""
-    codes = {}
-    if alone:
-        p = start(out, "alone", notebooks, profile, scale)
-        codes["alone"] = _wait(p, timeout_s)
-    procs = {f"learner{i}": start(out, f"learner{i}", notebooks, profile, scale) for i in range(1, learners + 1)}
-    end = time.monotonic() + timeout_s
-    for name, p in procs.items():
-        codes[name] = _wait(p, end - time.monotonic())
+    codes, procs = {}, {}
+    try:       # each learner runs in a session of its own: an interrupt here must stop them (and their kernels) too
+        if alone:
+            procs["alone"] = start(out, "alone", notebooks, profile, scale)
+            codes["alone"] = _wait(procs["alone"], timeout_s)
+        procs.update({f"learner{i}": start(out, f"learner{i}", notebooks, profile, scale) for i in range(1, learners + 1)})
+        end = time.monotonic() + timeout_s
+        for name, p in procs.items():
+            if name != "alone":
+                codes[name] = _wait(p, end - time.monotonic())
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                _stop(p)
     (out / "exit_codes.json").write_text(json.dumps({"kind": CODES_KIND, "codes": codes}, indent=1))
     return codes
 

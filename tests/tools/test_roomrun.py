@@ -111,7 +111,7 @@ def test_the_readmes_room_figures_are_the_committed_room_runs():
     import statistics
     from pathlib import Path
     root = Path(__file__).resolve().parents[2]
-    readme = (root / "README.md").read_text()
+    readme = " ".join((root / "README.md").read_text().split())     # line breaks as spaces
     runs = [root / "results" / f"h200-2026-12-02-room-{k}" for k in "abcd"]
     alone, learners, heads = {}, {}, {}
     for run in runs:
@@ -141,3 +141,10 @@ def test_the_readmes_room_figures_are_the_committed_room_runs():
     value = lambda p: next(r["value"] for r in json.loads(p.read_text())["records"] if r["name"] == "matmul_fp32_n8192")
     room = statistics.median(value(p) for p in sorted(stores.glob("learner*.json")))
     assert f"{g(value(stores / 'alone.json'))} TFLOP/s alone and at {g(room)} (median) with seven" in readme
+    fail = [json.loads(line) for line in (runs[0] / "checks" / "alone.jsonl").read_text().splitlines()]
+    fail = next(c for c in fail if c["status"] == "FAIL")
+    assert fail["lesson"] == "04" and f"check ({g(fail['measured'])}, above {g(fail['high'])})" in readme
+    compute = {p.stem: next(r["value"] for r in json.loads(p.read_text())["records"] if r["name"] == "compute_ms")
+               for p in sorted((runs[3] / "room").glob("*.json"))}
+    seven = [v for k, v in compute.items() if k != "alone"]
+    assert f"({compute['alone']:.3g} ms alone, {min(seven):.3g} to {max(seven):.3g} ms with seven)" in readme
