@@ -125,16 +125,21 @@ def half_dtype(facts: DeviceFacts | None = None) -> torch.dtype:
 # -- FP8 (Ada, Hopper and newer): e4m3 inputs with one scale per tensor ---------------------------------
 FP8_DTYPE = getattr(torch, "float8_e4m3fn", None)
 FP8_MAX = torch.finfo(FP8_DTYPE).max if FP8_DTYPE is not None else None      # 448
-# Largest accepted ||C - C_ref|| / ||C_ref|| of a product of two e4m3 tensors against fp32: e4m3 keeps 3
-# mantissa bits, so each input element is rounded by up to 2^-4 (6 %, RMS about 3.6 %); on normal inputs
-# the product's error measured 3.6 % (64 x 128 x 96, torch 2.13 on the CPU). A scale off by a factor of 2
-# or an input not scaled back makes it 50 % or more.
-FP8_TOLERANCE = 0.1
+# The FP8 product against the product of its own dequantized inputs ((a8 sa) @ (b8 sb).T in fp32): what
+# the kernel adds, its bf16 output's rounding and its accumulation: 1.7e-3 measured (n = 64 to 512, torch
+# 2.13 on the CPU). A wrong scale, a transposed operand or a kernel bug gives far more.
+FP8_KERNEL_TOLERANCE = 1e-2
+# The FP8 product against fp32 on the original inputs: e4m3 keeps 3 mantissa bits, and per-tensor scaling
+# of normal inputs rounded each input by 2.7 % (RMS) and the product by 3.7 % (about sqrt(2) x 2.7 %), same
+# measurement. More than 6 % means the inputs were not scaled as `to_fp8` scales them.
+FP8_TOLERANCE = 0.06
 
 
-def fp8_refusal(facts: DeviceFacts | None = None) -> str | None:
-    """Why this device cannot run FP8 matrix products (`fp8_matmul`), or None if it can. On the CPU,
-    PyTorch runs them (slowly, for the code path): the CPU is not refused, its timings are not a GPU's."""
+def fp8_refusal(facts: DeviceFacts | None = None, device: torch.device | None = None) -> str | None:
+    """Why this device cannot run FP8 matrix products (`fp8_matmul`), or None if it can: no FP8 Tensor
+    Cores before Ada (8.9), and a 16 x 16 probe product must run (PyTorch builds without FP8 kernels, for
+    Windows or ROCm's other FP8 format, refuse it). On the CPU, PyTorch runs them slowly, for the code path:
+    the CPU is not refused, its timings are not a GPU's."""
     if FP8_DTYPE is None or not hasattr(torch, "_scaled_mm"):
         return f"this PyTorch ({torch.__version__}) has no float8_e4m3fn or torch._scaled_mm"
     facts = facts or device_facts()
@@ -142,23 +147,36 @@ def fp8_refusal(facts: DeviceFacts | None = None) -> str | None:
         cc = facts.compute_capability or (0, 0)
         return (f"this {facts.architecture} GPU (compute capability {cc[0]}.{cc[1]}) has no FP8 Tensor Cores: "
                 "they arrived with Ada (8.9) and Hopper (9.0)")
+    device = device or pick_device()
+    try:
+        x8, s = to_fp8(torch.ones(16, 16, device=device))
+        fp8_matmul(x8, s, x8, s)
+    except (RuntimeError, NotImplementedError) as err:
+        return f"this PyTorch cannot run an FP8 product here ({type(err).__name__}: {str(err).splitlines()[0]})"
     return None
 
 
 def to_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`x` in e4m3 with one scale for the whole tensor (dynamic scaling, as FP8 training recipes do each
-    step): scale = amax / 448, so the largest element lands on e4m3's largest; returns (x8, scale), x ~ x8 * scale.
-    It reads x twice (its amax, then the cast) and writes a byte per element: work that no Tensor Core does."""
+    """`x` in e4m3 with one scale for the whole tensor, recomputed at every call ("dynamic" scaling, as
+    torchao's float8 training does by default): scale = amax / 448, so the largest element lands on e4m3's
+    largest; returns (x8, scale), x ~ x8 * scale. Eager, it is several kernels (abs, max, divide, clamp,
+    cast), each a pass over x; compiled, two: the amax, then one pass that scales and casts."""
     scale = (x.detach().abs().amax().float() / FP8_MAX).clamp(min=1e-12)
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 
 
 def fp8_matmul(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch.Tensor,
-               out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+               out_dtype: torch.dtype = torch.bfloat16, fast_accum: bool = True) -> torch.Tensor:
     """(a8 * sa) @ (b8 * sb).T on FP8 Tensor Cores (`torch._scaled_mm`): a8 (M x K) and b8 (N x K), both
-    row-major e4m3 from `to_fp8`; K and N multiples of 16. The product is computed in e4m3 with fp32
-    accumulation and written in `out_dtype`."""
-    return torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+    row-major e4m3 from `to_fp8` (so b8.T is the column-major operand the kernel needs); K and N multiples of
+    16; fp32 accumulation, the result in `out_dtype`. `fast_accum`: Hopper's faster accumulation, which
+    torchao's float8 training uses for the forward product (not for the two gradient products)."""
+    if not (a8.is_contiguous() and b8.is_contiguous()):
+        raise ValueError("fp8_matmul takes row-major (contiguous) a8 and b8")
+    if a8.shape[1] != b8.shape[1] or a8.shape[1] % 16 or b8.shape[0] % 16:
+        raise ValueError(f"fp8_matmul needs a8 (M x K), b8 (N x K) with K and N multiples of 16 "
+                         f"(got {tuple(a8.shape)} and {tuple(b8.shape)})")
+    return torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype, use_fast_accum=fast_accum)
 
 
 def _cudnn_conv_switch():
@@ -253,6 +271,6 @@ def what_to_expect(facts: DeviceFacts | None = None) -> list[str]:
                      "without changing the model; bf16 has fp32's exponent range, so it needs no scaler.")
     if facts.fp8:
         lines.append("This GPU also has FP8 Tensor Cores (Ada, Hopper, Blackwell); training in FP8 needs "
-                     "per-tensor scaling (torchao's float8 training, NVIDIA Transformer Engine): notebook 13 "
+                     "scaling (per tensor or per row: torchao's float8 training, NVIDIA Transformer Engine): notebook 13 "
                      "measures from which product sizes it beats bf16 here.")
     return lines

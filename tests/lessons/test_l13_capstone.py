@@ -327,34 +327,51 @@ def test_fp8_crossover_checks_then_times_each_size_on_the_cpu():
     rows = C.fp8_crossover((32, 64), rounds=1)
     assert [r.n for r in rows] == [32, 64]
     for r in rows:
-        assert 0 < r.fp8_error <= P.FP8_TOLERANCE and r.bf16_error < r.fp8_error     # e4m3 rounds more than bf16
-        assert min(r.bf16_tflops, r.fp8_tflops, r.fp8_scaled_tflops) > 0
+        assert 0.02 < r.fp8_error <= P.FP8_TOLERANCE and r.bf16_error < r.fp8_error     # e4m3 rounds more than bf16
+        assert min(r.bf16_tflops, r.fp8_tflops, r.fp8_eager_tflops) > 0 and r.fp8_compiled_tflops is None  # CPU: eager
         assert r.speedup == pytest.approx(r.fp8_tflops / r.bf16_tflops)
+        assert r.scaled_speedup == pytest.approx(r.fp8_eager_tflops / r.bf16_tflops)
 
 
-def test_a_wrong_fp8_scale_fails_the_check_before_any_timing(monkeypatch):
+def test_a_wrong_fp8_scale_or_kernel_fails_the_checks_before_any_timing(monkeypatch):
     from gpulab.models import precision as P
-    right = P.to_fp8
-    monkeypatch.setattr(P, "to_fp8", lambda x: (lambda x8, s: (x8, s * 2))(*right(x)))   # scale off by 2
-    with pytest.raises(AssertionError, match="relative error"):
+    right_cast, right_mm = P.to_fp8, P.fp8_matmul
+    monkeypatch.setattr(P, "to_fp8", lambda x: (lambda x8, s: (x8, s * 2))(*right_cast(x)))   # scale off by 2
+    with pytest.raises(AssertionError, match="against fp32"):
         C.fp8_crossover((32,), rounds=1)
+    monkeypatch.setattr(P, "to_fp8", right_cast)
+    monkeypatch.setattr(P, "fp8_matmul", lambda *a, **k: right_mm(*a, **k) * 1.1)            # a kernel 10 % off
+    with pytest.raises(AssertionError, match="dequantized"):
+        C.fp8_crossover((32,), rounds=1)
+
+
+def test_fp8_matmul_refuses_layouts_the_kernel_cannot_take():
+    from gpulab.models import precision as P
+    a8, sa = P.to_fp8(torch.randn(32, 32))
+    with pytest.raises(ValueError, match="row-major"):
+        P.fp8_matmul(a8.t(), sa, a8, sa)
+    b8, sb = P.to_fp8(torch.randn(24, 32))
+    with pytest.raises(ValueError, match="multiples of 16"):
+        P.fp8_matmul(a8, sa, b8, sb)
 
 
 def test_fp8_is_refused_without_fp8_tensor_cores_and_sizes_are_checked():
     from gpulab.models import precision as P
     t4 = facts_for_capability("Tesla T4", 7, 5)
     assert "no FP8 Tensor Cores" in P.fp8_refusal(t4) and "7.5" in P.fp8_refusal(t4)
-    assert P.fp8_refusal(facts_for_capability("NVIDIA GeForce RTX 4090", 8, 9)) is None
-    assert P.fp8_refusal(facts_for_capability("NVIDIA H200", 9, 0)) is None
+    assert P.fp8_refusal(facts_for_capability("NVIDIA H200", 9, 0), device=torch.device("cpu")) is None
     with pytest.raises(ValueError, match="multiples of 16"):
         C.fp8_crossover((40,))
 
 
 def test_the_crossover_is_where_fp8_stays_faster_up_to_the_largest_size():
-    row = lambda n, alone, scaled: C.Fp8Row(n, 100.0, 100.0 * alone, 100.0 * scaled, 0.04, 0.002)
+    row = lambda n, alone, scaled: C.Fp8Row(n, 100.0, 100.0 * alone, 100.0 * scaled, None, 0.04, 0.002)
     rows = [row(512, 0.5, 0.3), row(1024, 1.1, 0.9), row(2048, 1.5, 1.2), row(4096, 1.8, 1.5)]
     assert C.crossover(rows) == 2048 and C.crossover(rows, scaled=False) == 1024
     assert C.crossover([row(512, 1.2, 1.1), row(1024, 0.9, 0.8)]) is None     # slower at the largest: no crossover
+    assert C.crossover([row(1024, 1.02, 1.02)]) is None                         # within the noise margin: not faster
+    compiled = C.Fp8Row(1024, 100.0, 180.0, 60.0, 150.0, 0.04, 0.002)
+    assert compiled.scaled_speedup == pytest.approx(1.5)                        # the compiled scaling where it ran
 
 
 # -- time to a validation loss -------------------------------------------------------------------------
