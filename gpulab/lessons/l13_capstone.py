@@ -17,6 +17,8 @@ timing budgets (`CONFIG`, `config(scale)`, `job_config(job, scale)`), the runs, 
 - `waterfall`, `attribute`: toggles added one at a time; each one's share of the total speed-up (in log
   space, so the shares add to 100%) and of the memory saved.
 - `bf16_peak`, `mfu`: model FLOPs utilization against notebook 00's measured peak.
+- `training_step`: a job's step with given toggles as a callable, for `gpulab.diagnose` (what keeps the
+  fastest GPT step from the peak).
 - `time_to_loss`, `LossCurve`: speed tied to quality: a byte-level GPT trained on the stdlib's source to the
   validation loss the fp32 baseline reaches in a fixed time (`gpulab.models.text`).
 - `fp8_crossover`, `crossover`: FP8 products (e4m3, one scale per tensor) against bf16 by size, where the
@@ -960,6 +962,34 @@ def all_on(job: str, batch: int | None = None, facts: DeviceFacts | None = None,
         if problem(job, candidate, batch, facts, backend) is None:
             options = candidate
     return options
+
+
+# -- what keeps a step from the peak -----------------------------------------------------------------
+@contextlib.contextmanager
+def training_step(job: str, options: Options, batch: int | None = None, *, scale: str | None = None,
+                  seed: int = 0, device: torch.device | None = None):
+    """`job`'s training step with `options`, as a callable with no arguments (fetch a batch, forward,
+    backward, update), the step `run_job` times: for `gpulab.diagnose`, which says where its time goes.
+    Inside `memory_guard`; compiled code is forgotten on the way out. ValueError where it cannot run."""
+    device = device or pick_device()
+    cfg = job_config(job, scale)
+    batch = batch or cfg["batch"]
+    check(job, options, batch)
+    why = refusal(options, device_facts(device))
+    if why:
+        raise ValueError(why)
+    spec = JOBS[job]
+    with memory_guard(quiet=True, device=device), P.fp32_math("tf32" if options.tf32 else "ieee"):
+        try:
+            torch.manual_seed(seed)
+            model = spec.build(cfg, device)
+            pool = [(x.cpu(), y.cpu()) for x, y in spec.batches(model, batch, POOL)]
+            model, _, train = _trainer(job, options, model, device)
+            with Inputs(pool, device, options.loader, options.channels_last) as inputs:
+                yield lambda: train(*inputs.next())
+        finally:
+            if options.compile:
+                torch.compiler.reset()
 
 
 # -- FP8: from which size it beats bf16 --------------------------------------------------------------

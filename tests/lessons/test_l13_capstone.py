@@ -405,3 +405,12 @@ def test_the_stdlib_text_holds_out_whole_files_and_cuts_windows():
         text.stdlib_source(100)
     with pytest.raises(ValueError, match="cannot give windows"):
         text.windows(train[:10], 1, 16, torch.Generator())
+
+
+def test_training_step_is_the_jobs_step_as_a_callable_for_diagnose():
+    with C.training_step("gpt", C.Options(fused=True), scale="tiny") as step:
+        losses = [float(step()) for _ in range(3)]
+    assert all(math.isfinite(v) for v in losses)
+    with pytest.raises(ValueError):
+        with C.training_step("gpt", C.Options(cuda_graphs=True), scale="tiny"):
+            pass
