@@ -126,7 +126,13 @@ def dp_bytes_gpu0(param_bytes: float, n: int) -> float:
 WEIGHT_B, GRAD_B, ADAM_B = 4, 4, 8
 
 
-def state_bytes_per_gpu(params: int, n: int, strategy: str, largest_unit: int = 0) -> dict[str, float]:
+# Explicit prefetching in exp_fsdp's fourth variant: each unit's forward issues the all-gathers of this many
+# next units (its backward, of the previous ones). One is FSDP2's own default overlap, issued earlier; two
+# overlap more and hold one more gathered unit (FSDPModule.set_modules_to_forward_prefetch's documentation).
+FSDP_PREFETCH = 2
+
+
+def state_bytes_per_gpu(params: int, n: int, strategy: str, largest_unit: int = 0, prefetch: int = 1) -> dict[str, float]:
     """Bytes of fp32 AdamW training state one GPU holds, by part, under each strategy (activations apart):
 
     - "ddp": every GPU holds every weight, gradient and moment (16 bytes a parameter), and DDP's gradient
@@ -134,7 +140,8 @@ def state_bytes_per_gpu(params: int, n: int, strategy: str, largest_unit: int = 
     - "fsdp": `fully_shard` keeps 1/n of the weights, of the gradients and of AdamW's moments on each GPU;
       while a unit (here: a block) runs, its weights are all-gathered whole, and the next unit's may be
       gathered already (prefetch), and in backward a unit's whole gradient exists until its reduce-scatter:
-      at least two units' weights and one unit's gradient (`largest_unit` parameters each), the transient;
+      at least two units' weights and one unit's gradient (`largest_unit` parameters each), the transient
+      (with explicit prefetching of `prefetch` units, 1 + `prefetch` units' weights);
     - "fsdp-keep": `reshard_after_forward=False`: the gathered weights of every unit stay from its forward
       to its backward, so at the end of the forward all of them are whole (params x 4 bytes) at once.
     At rest (after a step, gradients freed) only weights, optimizer and buckets remain.
@@ -145,7 +152,9 @@ def state_bytes_per_gpu(params: int, n: int, strategy: str, largest_unit: int = 
         parts = dict(weights=WEIGHT_B * params, gradients=GRAD_B * params, optimizer=ADAM_B * params,
                      buckets=GRAD_B * params if n > 1 else 0.0, transient=0.0)
     elif strategy in ("fsdp", "fsdp-keep"):
-        gathered = WEIGHT_B * (params if strategy == "fsdp-keep" else 2 * largest_unit)
+        if prefetch < 1:
+            raise ValueError(f"prefetch counts the units gathered ahead, at least 1 (got {prefetch})")
+        gathered = WEIGHT_B * (params if strategy == "fsdp-keep" else (1 + prefetch) * largest_unit)
         parts = dict(weights=WEIGHT_B * params / n, gradients=GRAD_B * params / n, optimizer=ADAM_B * params / n,
                      buckets=0.0, transient=gathered + GRAD_B * largest_unit)
     else:
@@ -938,7 +947,7 @@ def exp_fsdp(ctx: Ctx, model: dict, batch: int, warmup: int, repeat: int, update
              tol: float = GRAD_TOL, corrupt: bool = False) -> dict:
     """FSDP2 against DDP on the same model and data. `fully_shard` wraps each block, then the whole model
     (the head and final LayerNorm form the root's unit); both train with AdamW from the same weights on each
-    rank's slice of the same batches. Checked first: the first step's gradients (FSDP2's gathered from their
+    rank's slice of the same batches (a fourth variant prefetches FSDP_PREFETCH units explicitly). Checked first: the first step's gradients (FSDP2's gathered from their
     shards) against DDP's, within `tol` of the norm (AdamW would hide a gradient off by a constant factor);
     then, after `updates` steps, the weights, by the course's one comparison (`cases.compare`: within
     SAME_MAX_FLOOR times the noise floor measured on rank 0, DDP against one process on the whole batch). Then each is timed, `reshard_after_forward` True and False,
@@ -963,11 +972,16 @@ def exp_fsdp(ctx: Ctx, model: dict, batch: int, warmup: int, repeat: int, update
     def on_device() -> nn.Module:
         return copy.deepcopy(base).to(dev)
 
-    def sharded(reshard: bool) -> nn.Module:
+    def sharded(reshard: bool, prefetch: int = 0) -> nn.Module:
         net = on_device()
         for block in net.blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
         fully_shard(net, mesh=mesh, reshard_after_forward=reshard)
+        if prefetch:       # explicit: each block issues the all-gathers of the next `prefetch` blocks (backward: the previous)
+            blocks = list(net.blocks)
+            for i, block in enumerate(blocks):
+                block.set_modules_to_forward_prefetch(blocks[i + 1:i + 1 + prefetch])
+                block.set_modules_to_backward_prefetch(blocks[max(0, i - prefetch):i][::-1])
         return net
 
     def data(k: int, whole: bool = False, scale_mine: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1016,7 +1030,8 @@ def exp_fsdp(ctx: Ctx, model: dict, batch: int, warmup: int, repeat: int, update
                            "checks": checks, "tol": tol, "variants": {}}
     makers = {"DDP": lambda: nn.parallel.DistributedDataParallel(on_device(), device_ids=ids),
               "FSDP2, reshard_after_forward=True": lambda: sharded(True),
-              "FSDP2, reshard_after_forward=False": lambda: sharded(False)}
+              "FSDP2, reshard_after_forward=False": lambda: sharded(False),
+              f"FSDP2, reshard_after_forward=True, prefetch {FSDP_PREFETCH} units": lambda: sharded(True, FSDP_PREFETCH)}
     x, y = data(0)
     with _speed_mode(dev):
         for name, make in makers.items():

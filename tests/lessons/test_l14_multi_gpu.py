@@ -309,6 +309,10 @@ def test_state_bytes_per_gpu_under_ddp_and_fsdp2():
     assert fsdp["rest"] == 12 * p / 4
     keep = D.state_bytes_per_gpu(p, 4, "fsdp-keep", unit)
     assert keep["transient"] == 4 * p + 4 * unit > fsdp["transient"]
+    ahead = D.state_bytes_per_gpu(p, 4, "fsdp", unit, prefetch=2)         # one more unit gathered ahead
+    assert ahead["transient"] == fsdp["transient"] + 4 * unit and ahead["rest"] == fsdp["rest"]
+    with pytest.raises(ValueError, match="prefetch"):
+        D.state_bytes_per_gpu(p, 4, "fsdp", unit, prefetch=0)
     with pytest.raises(ValueError, match="strategy"):
         D.state_bytes_per_gpu(p, 2, "zero")
     with pytest.raises(ValueError, match="at least one GPU"):
