@@ -156,38 +156,29 @@ def sweep_plot(x: Sequence[float], series: Mapping[str, Sequence[float | None]],
                ylabel: str, title: str = "", logx: bool = False, logy: bool = False,
                hlines: Mapping[str, float] | None = None,
                vlines: Mapping[str, float] | None = None) -> Figure:
-    """One line per series against x; optional labelled horizontal/vertical reference lines."""
+    """One line per series against x (a None value leaves its point out); optional labelled horizontal/vertical
+    reference lines."""
+    curves = {label: tuple(zip(*[(a, b) for a, b in zip(x, ys) if b is not None])) or ((), ())
+              for label, ys in series.items()}
+    return curves_plot(curves, xlabel, ylabel, title, hlines=hlines, vlines=vlines, logx=logx, logy=logy)
+
+
+def curves_plot(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], xlabel: str, ylabel: str,
+                title: str = "", hlines: Mapping[str, float] | None = None,
+                vlines: Mapping[str, float] | None = None, logx: bool = False, logy: bool = False) -> Figure:
+    """One line per curve, each with its own x values ({label: (xs, ys)}; an empty curve draws nothing);
+    optional labelled horizontal/vertical reference lines."""
     fig, (ax,) = figure()
     with plt.rc_context(STYLE):
-        for i, (label, ys) in enumerate(series.items()):
-            pts = [(a, b) for a, b in zip(x, ys) if b is not None]
-            if pts:
-                ax.plot(*zip(*pts), ms=4, label=label, **series_style(i))
+        for i, (label, (xs, ys)) in enumerate(curves.items()):
+            if len(xs):
+                ax.plot(xs, ys, ms=4, label=label, **series_style(i))
         for j, (label, y) in enumerate((hlines or {}).items()):
-            ax.axhline(y, ls="--", lw=1, color=COLORS[(j + len(series)) % len(COLORS)], label=label)
+            ax.axhline(y, ls="--", lw=1, color=COLORS[(j + len(curves)) % len(COLORS)], label=label)
         for label, xv in (vlines or {}).items():
             ax.axvline(xv, ls=":", lw=1, color="#555555", label=label)
         if logx:
             ax.set_xscale("log")
-        if logy:
-            ax.set_yscale("log")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    return styled(fig)
-
-
-def curves_plot(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], xlabel: str, ylabel: str,
-                title: str = "", hlines: Mapping[str, float] | None = None, logy: bool = False) -> Figure:
-    """One line per curve, each with its own x values ({label: (xs, ys)}); optional labelled horizontal lines."""
-    fig, (ax,) = figure()
-    with plt.rc_context(STYLE):
-        for i, (label, (xs, ys)) in enumerate(curves.items()):
-            ax.plot(xs, ys, ms=4, label=label, **series_style(i))
-        for j, (label, y) in enumerate((hlines or {}).items()):
-            ax.axhline(y, ls="--", lw=1, color=COLORS[(j + len(curves)) % len(COLORS)], label=label)
         if logy:
             ax.set_yscale("log")
         ax.set_xlabel(xlabel)
