@@ -547,6 +547,18 @@ def _outermost(events: Sequence[Event]) -> list[Event]:
     return out
 
 
+def queued_in(gpu: Sequence[Event], calls: dict, spans: Sequence[tuple[float, float]]) -> list[Event]:
+    """The GPU events whose launch call (`calls`: correlation id -> the call) started inside one of `spans`
+    (host intervals): the work a range of host code queued."""
+    merged = merge_intervals(spans)
+    starts = [a for a, _ in merged]
+
+    def inside(t: float) -> bool:
+        i = bisect.bisect_right(starts, t) - 1
+        return i >= 0 and t <= merged[i][1]
+    return [g for g in gpu if g.corr in calls and inside(calls[g.corr].start_us)]
+
+
 def _spans(events: Iterable[Event]) -> list[tuple[float, float]]:
     return merge_intervals((e.start_us, e.end_us) for e in events if e.end_us > e.start_us)
 
@@ -828,7 +840,7 @@ def _patterns(events, gpu, classes, ops, calls, windows, span, step_name) -> dic
     # the optimizer: its range on the host and the kernels queued inside it
     ranges = [e for e in annotations if e.name.startswith(OPTIMIZER_RANGE)]
     spans = _spans(ranges)
-    queued = [g for g in gpu if g.corr in calls and any(a <= calls[g.corr].start_us <= b for a, b in spans)]
+    queued = queued_in(gpu, calls, spans)
     out["optimizer_host_ms"] = length_us(spans)
     out["optimizer_gpu_ms"] = length_us(_union(queued, span))
     out["optimizer_kernels"] = len(queued) / steps
@@ -840,8 +852,7 @@ def _patterns(events, gpu, classes, ops, calls, windows, span, step_name) -> dic
                              and "grad_scaler" in (op.via[0] if op.via else "")])
     scaler_spans = _spans(scaler_ops)
     out["scaler_host_ms"] = length_us(scaler_spans)
-    out["scaler_gpu_ms"] = length_us(_union([g for g in gpu if g.corr in calls
-                                             and any(a <= calls[g.corr].start_us <= b for a, b in scaler_spans)], span))
+    out["scaler_gpu_ms"] = length_us(_union(queued_in(gpu, calls, scaler_spans), span))
     # copies that no kernel runs beside (not pageable: that is its own rule)
     big = [g for g in gpu if classes[g] == "copy" and g.name.lower().startswith("memcpy") and not is_pageable(g)
            and (g.nbytes == 0 or g.nbytes >= OVERLAP_COPY_MIN_BYTES) and ("htod" in g.name.lower() or "dtoh" in g.name.lower())]
@@ -898,17 +909,10 @@ def _patterns(events, gpu, classes, ops, calls, windows, span, step_name) -> dic
             i += 1
         if inside:
             launching.append((inside[0][0], min(max(b for _, b in inside), r.end_us)))
-    launching = merge_intervals(launching)
-    out["compiled_launch_ms"] = length_us(intersect(launching, span))
+    out["compiled_launch_ms"] = length_us(intersect(merge_intervals(launching), span))
     # the GPU time of the kernels queued in that stretch: a replayed graph still runs them, so the stretch
     # cannot shrink below it
-    starts = [a for a, _ in launching]
-
-    def in_stretch(t: float) -> bool:
-        i = bisect.bisect_right(starts, t) - 1
-        return i >= 0 and t <= launching[i][1]
-    out["compiled_launch_busy_ms"] = length_us(_union([g for g in gpu if g.corr in calls
-                                                       and in_stretch(calls[g.corr].start_us)], span))
+    out["compiled_launch_busy_ms"] = length_us(_union(queued_in(gpu, calls, launching), span))
     return out
 
 

@@ -532,30 +532,48 @@ def run_job(job: str, options: Options = Options(), batch: int | None = None, *,
     knobs = CONFIG[size]                          # not `config(scale)`: the argument `config` hides it here
     cfg = dict(config or job_config(job, size))
     batch = batch or cfg["batch"]
-    check(job, options, batch)
-    why = refusal(options, device_facts(device))
-    if why:
-        raise ValueError(why)
     if loss_steps < 1:
         raise ValueError(f"loss_steps must be >= 1 (got {loss_steps}).")
     warmup = 1 if warmup is None else warmup
     budget_s = knobs["monitor_budget_s" if monitor else "budget_s"] if budget_s is None else budget_s
     max_repeat = knobs["max_repeat"] if max_repeat is None else max_repeat
     flops = model_flops(job, cfg, batch, device)
-    with memory_guard(quiet=True, device=device) as guard:
-        try:
-            expect = None if expected_losses is None else (list(expected_losses), tolerance)
-            out = _train(job, options, batch, cfg, loss_steps, timed, warmup, budget_s, max_repeat, monitor,
-                         expect, device, seed)
-        finally:
-            if options.compile:
-                torch.compiler.reset()    # forget this run's compiled code and CUDA graphs (and their memory)
+    with _run(job, options, batch, device) as guard:
+        expect = None if expected_losses is None else (list(expected_losses), tolerance)
+        out = _train(job, options, batch, cfg, loss_steps, timed, warmup, budget_s, max_repeat, monitor,
+                     expect, device, seed)
     notes = out.pop("notes")
     if not guard.ok:
         notes.append(guard.message())
     return JobResult(job=job, options=options, batch=batch, unit=JOBS[job].unit,
                      items_per_step=batch * JOBS[job].items(cfg), flops_per_step=flops, notes=tuple(notes),
                      device=str(device), **out)
+
+
+@contextlib.contextmanager
+def _run(job: str, options: Options, batch: int, device: torch.device):
+    """What every run of a job shares (`run_job`, `training_step`, `time_to_loss`): refused with `problem`'s
+    reason where it cannot run here; inside, the run's fp32 math mode and `memory_guard` (yielded: GPU memory
+    goes back to where it was); on the way out, the run's compiled code and CUDA graphs forgotten (and
+    their memory)."""
+    why = problem(job, options, batch, device_facts(device))
+    if why:
+        raise ValueError(why)
+    with memory_guard(quiet=True, device=device) as guard, P.fp32_math("tf32" if options.tf32 else "ieee"):
+        try:
+            yield guard
+        finally:
+            if options.compile:
+                torch.compiler.reset()
+
+
+def _built(job: str, options: Options, cfg: dict, batch: int, device: torch.device, seed: int):
+    """`job`'s model from the weights seed `seed` gives, its POOL batches (made on the device from the model
+    as built, kept in host memory), then `_trainer`'s changes: (model, scaler, train, pool)."""
+    torch.manual_seed(seed)
+    model = JOBS[job].build(cfg, device)
+    pool = [(x.cpu(), y.cpu()) for x, y in JOBS[job].batches(model, batch, POOL)]
+    return (*_trainer(job, options, model, device), pool)
 
 
 def _trainer(job: str, options: Options, model: nn.Module, device: torch.device):
@@ -588,15 +606,11 @@ def _trainer(job: str, options: Options, model: nn.Module, device: torch.device)
 def _train(job: str, options: Options, batch: int, cfg: dict, loss_steps: int, timed: bool, warmup: int,
            budget_s: float, max_repeat: int, monitor: bool, expect: tuple | None, device: torch.device,
            seed: int) -> dict:
-    spec = JOBS[job]
     notes: list[str] = []
     skips = cudagraph_skips()
     allocated = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
-    with P.fp32_math("tf32" if options.tf32 else "ieee"), track_peak(device) as mem:
-        torch.manual_seed(seed)
-        model = spec.build(cfg, device)
-        pool = [(x.cpu(), y.cpu()) for x, y in spec.batches(model, batch, POOL)]    # host memory
-        model, scaler, train = _trainer(job, options, model, device)
+    with track_peak(device) as mem:
+        model, scaler, train, pool = _built(job, options, cfg, batch, device, seed)
 
         def step(inputs: Inputs) -> torch.Tensor:
             return train(*inputs.next())
@@ -974,22 +988,10 @@ def training_step(job: str, options: Options, batch: int | None = None, *, scale
     device = device or pick_device()
     cfg = job_config(job, scale)
     batch = batch or cfg["batch"]
-    check(job, options, batch)
-    why = refusal(options, device_facts(device))
-    if why:
-        raise ValueError(why)
-    spec = JOBS[job]
-    with memory_guard(quiet=True, device=device), P.fp32_math("tf32" if options.tf32 else "ieee"):
-        try:
-            torch.manual_seed(seed)
-            model = spec.build(cfg, device)
-            pool = [(x.cpu(), y.cpu()) for x, y in spec.batches(model, batch, POOL)]
-            model, _, train = _trainer(job, options, model, device)
-            with Inputs(pool, device, options.loader, options.channels_last) as inputs:
-                yield lambda: train(*inputs.next())
-        finally:
-            if options.compile:
-                torch.compiler.reset()
+    with _run(job, options, batch, device):
+        _, _, train, pool = _built(job, options, cfg, batch, device, seed)
+        with Inputs(pool, device, options.loader, options.channels_last) as inputs:
+            yield lambda: train(*inputs.next())
 
 
 # -- FP8: from which size it beats bf16 --------------------------------------------------------------
@@ -1164,10 +1166,6 @@ def time_to_loss(options: Options = Options(), target: float | None = None, *, b
     if options.loader:
         options = options.without("loader")
         notes.append("loader left out: the windows are cut from the text in the training loop")
-    check("gpt", options, cfg["batch"])
-    why = refusal(options, device_facts(device))
-    if why:
-        raise ValueError(why)
     budget_s = knobs["budget_s"] if budget_s is None else budget_s
     limit_s = budget_s * (knobs["cap"] if target is not None else 1.0)
     train_text, val_text = text.stdlib_source(knobs["text_bytes"])
@@ -1179,26 +1177,22 @@ def time_to_loss(options: Options = Options(), target: float | None = None, *, b
         x, y = text.windows(train_text, cfg["batch"], cfg["seq"], g)
         return x.to(device), y.to(device)
 
-    with memory_guard(quiet=True, device=device), P.fp32_math("tf32" if options.tf32 else "ieee"):
-        try:
-            torch.manual_seed(seed)
-            model, _, train = _trainer("gpt", options, JOBS["gpt"].build(cfg, device), device)
-            with stopwatch(device=device) as first:
-                train(*batch())
-            steps, seconds, reached = 1, 0.0, None
-            points = [(steps, seconds, validation_loss(model, val, options, device))]
-            while seconds < limit_s:
-                with stopwatch(device=device) as segment:
-                    for _ in range(knobs["eval_every"]):
-                        train(*batch())
-                steps, seconds = steps + knobs["eval_every"], seconds + segment.ms / 1e3
-                points.append((steps, seconds, validation_loss(model, val, options, device)))
-                if target is not None and points[-1][2] <= target:
-                    reached = (steps, seconds)
-                    break
-        finally:
-            if options.compile:
-                torch.compiler.reset()
+    with _run("gpt", options, cfg["batch"], device):
+        torch.manual_seed(seed)
+        model, _, train = _trainer("gpt", options, JOBS["gpt"].build(cfg, device), device)
+        with stopwatch(device=device) as first:
+            train(*batch())
+        steps, seconds, reached = 1, 0.0, None
+        points = [(steps, seconds, validation_loss(model, val, options, device))]
+        while seconds < limit_s:
+            with stopwatch(device=device) as segment:
+                for _ in range(knobs["eval_every"]):
+                    train(*batch())
+            steps, seconds = steps + knobs["eval_every"], seconds + segment.ms / 1e3
+            points.append((steps, seconds, validation_loss(model, val, options, device)))
+            if target is not None and points[-1][2] <= target:
+                reached = (steps, seconds)
+                break
     return LossCurve(options, points, first.ms / 1e3, cfg["batch"] * cfg["seq"], target, reached, tuple(notes))
 
 
