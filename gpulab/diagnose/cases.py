@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -693,6 +694,11 @@ def build_ddp(scale: str, device: torch.device, reorder: bool = False) -> Pair:
 
     def cleanup():
         if own_group:
+            # gloo's worker threads destroy each finished work item themselves, and that needs the GIL (the
+            # item keeps the Python state its thread had). When the last DDP reducer goes, the group's
+            # destructor joins those threads while its caller holds the GIL: a worker still finishing an
+            # item then waits forever (hung CI twice, every thread in a futex wait). Give them the GIL first.
+            time.sleep(0.2)
             dist.destroy_process_group()
 
     params = cfg["depth"] * (w * w + w)
