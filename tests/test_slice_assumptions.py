@@ -74,3 +74,22 @@ def test_an_emulated_slice_says_its_bandwidth_is_not_a_slices(monkeypatch):
     nb = json.loads((ROOT / "notebooks" / "04_occupancy_and_waves.ipynb").read_text(encoding="utf-8"))
     code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     assert "applies=applies and not slice_note" in code
+
+
+BANDWIDTH_CEILING = re.compile(r"\bbw\.value\b|\bfloor_ms\b")      # a check against 00's memory bandwidth
+
+
+def test_every_check_against_a_memory_ceiling_knows_an_emulated_slice():
+    """A check that holds a kernel to the memory bandwidth (00's streams, a memory floor) cannot be judged
+    under a green context, which gives the slice's SMs and the whole GPU's memory: each such notebook cell
+    reads slice_bandwidth_note. Notebook 12's floor check FAILed at 0.599 under h200-1g on the H200 without
+    it (results/h200-2026-12-02-1g-09-15), notebook 04's Triton check at 1.26 (room-a)."""
+    found = []
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            src = "".join(cell["source"])
+            if cell["cell_type"] == "code" and re.search(r"lesson\.expect\(", src) and BANDWIDTH_CEILING.search(src):
+                found.append((path.name, "slice_bandwidth_note()" in src))
+    assert {name for name, _ in found} >= {"04_occupancy_and_waves.ipynb", "12_kernel_fusion.ipynb"}, found
+    blind = [name for name, knows in found if not knows]
+    assert not blind, f"{', '.join(blind)}: a bandwidth check that does not ask slice_bandwidth_note() whether an emulated slice runs"

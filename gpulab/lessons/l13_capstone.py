@@ -123,9 +123,11 @@ def config(scale: str | None = None) -> dict[str, Any]:
 
 # -- how long notebook 13 takes (gpulab.core.predict) -------------------------------------------------
 RESNET50_FLOPS_PER_IMAGE = 3 * 8.2e9   # forward 4.1 G multiply-adds at 224 x 224 (He et al. 2016, table 1), x 3
-HOST_S = 90.2           # the reference run below, less its GPU work (compiling the GPT, loaders, budgets)
-HOST_SOURCE = ("wall time of notebook 13 in results/h200-2026-11-30-course-2/h200-2026-11-30-course-2-timings.tsv (one H200, torch 2.11, "
-               "2026-11-30) minus its GPU work at the ceilings in results/h200-2026-11-30-course/h200-2026-11-30-course.json")
+HOST_S = 162.5          # the reference run below, less its GPU work (compiling, loaders, budgets, time to loss)
+HOST_SOURCE = ("wall time of notebook 13 (182.5 s, its cells summed; sections 12b, 13 and 14 included) in "
+               "results/h200-2026-12-02-00-13/h200-2026-12-02-00-13-timings.tsv (one H200, torch 2.11, 2026-12-02) "
+               "minus its GPU work (20.0 s) at the ceilings in results/h200-2026-12-02-00-13/h200-2026-12-02-00-13.json; "
+               "section 14's time-to-loss runs are budgeted in seconds, so they count as host time")
 
 
 def plan(scale: str | None = None) -> Plan:

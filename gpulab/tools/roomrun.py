@@ -111,7 +111,8 @@ def run(out: Path, learners: int, notebooks: list[Path], profile: str = "", scal
         for p in procs.values():
             if p.poll() is None:
                 _stop(p)
-    (out / "exit_codes.json").write_text(json.dumps({"kind": CODES_KIND, "codes": codes}, indent=1))
+    (out / "exit_codes.json").write_text(json.dumps({"kind": CODES_KIND, "codes": codes,
+                                                     "notebooks": [nb.stem for nb in notebooks]}, indent=1))
     return codes
 
 
@@ -149,13 +150,15 @@ def _headlines(path: Path) -> dict:
 
 
 def summarize(out: Path) -> dict:
-    names = sorted(p.stem for p in (out / "room").glob("*.json")) if (out / "room").exists() else []
-    codes = json.loads((out / "exit_codes.json").read_text()).get("codes", {}) if (out / "exit_codes.json").exists() else {}
+    ran = json.loads((out / "exit_codes.json").read_text()) if (out / "exit_codes.json").exists() else {}
+    codes = ran.get("codes", {})
+    # a learner stopped before its first notebook ended wrote no store: it is still one of the room
+    names = sorted({p.stem for p in (out / "room").glob("*.json")} | set(codes)) if (out / "room").exists() else sorted(codes)
     learners = [n for n in names if n != "alone"]
     times = {n: _timings(out / "timings" / f"{n}.json") for n in names}
     checks = {n: _checks(out / "checks" / f"{n}.jsonl") for n in names}
     heads = {n: _headlines(out / "room" / f"{n}.json") for n in names}
-    notebooks = sorted({nb for t in times.values() for nb in t})
+    notebooks = sorted({nb for t in times.values() for nb in t} | set(ran.get("notebooks", [])))
     per_notebook = {}
     for nb in notebooks:
         secs = [times[n][nb] for n in learners if isinstance(times[n].get(nb), float)]

@@ -76,6 +76,18 @@ def test_a_learner_stopped_before_a_notebook_is_named_not_finished(tmp_path):
     assert "| 01_y | 30.0 | - | - | learner1 (timeout), learner2 (timeout) |" in md
 
 
+def test_learners_stopped_inside_their_first_notebook_are_still_the_room(tmp_path):
+    """Seven learners stopped inside notebook 06 (run 2026-12-02, room-f) wrote no store and no timings: the
+    summary still has the notebook's row, every learner named as not finished, not an empty room."""
+    out = tmp_path / "out"
+    (out / "room").mkdir(parents=True)
+    (out / "exit_codes.json").write_text(json.dumps({"kind": RR.CODES_KIND, "notebooks": ["06_x"],
+                                                     "codes": {"learner1": "timeout", "learner2": "timeout"}}))
+    s = RR.summarize(out)
+    assert s["notebooks"]["06_x"]["unfinished"] == ["learner1 (timeout)", "learner2 (timeout)"]
+    assert "| 06_x | - | - | - | learner1 (timeout), learner2 (timeout) |" in (out / "summary.md").read_text()
+
+
 def test_a_learner_past_its_time_is_stopped_with_everything_it_started(tmp_path):
     """On timeout the learner's whole process group goes (its pytest and kernel too), not only the learner."""
     import subprocess
