@@ -69,6 +69,9 @@ PREDICTOR_RUNS = [
     ("h200-2026-12-01-n15e-timings.tsv", "h200-2026-12-01-n15e.json", ("15",)),
     # notebook 00 then 15, 15 sized from 00's ceilings (2026-12-02): the newest for both
     ("h200-2026-12-02-00-15-timings.tsv", "h200-2026-12-02-00-15.json", ("00", "15")),
+    # notebook 00 then 13 with its sections 12b-14 (2026-12-02, 79501ed): the newest for both; 13's host time
+    # was taken from this run, so for 13 it is a calibration, not a test of the predictor
+    ("h200-2026-12-02-00-13-timings.tsv", "h200-2026-12-02-00-13.json", ("00", "13")),
 ]
 
 
