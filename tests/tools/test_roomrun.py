@@ -118,13 +118,14 @@ def test_a_learner_past_its_time_is_stopped_with_everything_it_started(tmp_path)
 
 
 def test_the_readmes_room_figures_are_the_committed_room_runs():
-    """README's "A room of seven on one H200" quotes results/h200-2026-12-02-room-{a,b,c,d}: each notebook's
-    time alone and across the seven, the headlines' spread, and one learner's fp32 matmul alone and in the room."""
+    """README's "A room of seven on one H200" quotes results/h200-2026-12-02-room-{a..f}: each notebook's
+    time alone and across the seven, the headlines' spread, one learner's fp32 matmul alone and in the room,
+    and notebook 00's 16-bit sweep and sustained run with seven (run e) against alone (run a)."""
     import statistics
     from pathlib import Path
     root = Path(__file__).resolve().parents[2]
     readme = " ".join((root / "README.md").read_text().split())     # line breaks as spaces
-    runs = [root / "results" / f"h200-2026-12-02-room-{k}" for k in "abcd"]
+    runs = [root / "results" / f"h200-2026-12-02-room-{k}" for k in "abcdef"]
     alone, learners, heads = {}, {}, {}
     for run in runs:
         s = json.loads((run / "summary.json").read_text())
@@ -137,7 +138,7 @@ def test_the_readmes_room_figures_are_the_committed_room_runs():
                 learners.setdefault(nb, "none of the seven finished it in the time the run had left")
         for key, h in s["headline_spread"].items():
             heads.setdefault(key, {}).update({k: v for k, v in h.items() if v is not None})
-    assert len(alone) == 7 and len(learners) == 7
+    assert len(alone) == 8 and len(learners) == 8
     for nb in alone:
         assert f"| {nb} | {alone[nb]} | {learners[nb]} |" in readme, nb
     g = lambda v: f"{v:.3g}"
@@ -160,3 +161,18 @@ def test_the_readmes_room_figures_are_the_committed_room_runs():
                for p in sorted((runs[3] / "room").glob("*.json"))}
     seven = [v for k, v in compute.items() if k != "alone"]
     assert f"({compute['alone']:.3g} ms alone, {min(seven):.3g} to {max(seven):.3g} ms with seven)" in readme
+    rec = lambda p, name: next(r for r in json.loads(p.read_text())["records"] if r["name"] == name)
+    alone00, seven00 = runs[0] / "room" / "alone.json", sorted((runs[4] / "room").glob("learner*.json"))
+    best = [rec(p, "matmul_bf16") for p in seven00]
+    assert {tuple(r["extra"]["shape"]) for r in best} == {(3072, 3072, 3072)}
+    assert rec(alone00, "matmul_bf16")["extra"]["shape"] == [12288] * 3
+    sustained = [rec(p, "matmul_bf16_sustained") for p in seven00]
+    assert (f"(12288 cubed, {g(rec(alone00, 'matmul_bf16')['value'])} TFLOP/s)" in readme
+            and f"(3072 cubed, {g(statistics.median(r['value'] for r in best))} TFLOP/s median)" in readme)
+    assert (f"{rec(alone00, 'matmul_bf16_sustained')['extra']['seconds']:.3g} s alone) read "
+            f"{g(statistics.median(r['value'] for r in sustained))} (median, over "
+            f"{statistics.median(r['extra']['seconds'] for r in sustained):.3g} s)") in readme
+    ratio = json.loads((runs[4] / "summary.json").read_text())["headline_spread"]["00 16-bit / fp32 matmul TFLOP/s"]
+    assert f"their ratio read {g(ratio['median'])} against {g(heads['00 16-bit / fp32 matmul TFLOP/s']['alone'])} alone" in readme
+    stopped = json.loads((runs[5] / "exit_codes.json").read_text())["codes"]
+    assert sum(v == "timeout" for v in stopped.values()) == 7 and "stopped at its time limit (about 275 s) after 9 of 06's 23 cells" in readme
