@@ -1,0 +1,34 @@
+"""zoo/README.md's sixth run and results/zoo/matrix-h200-2026-12-02-n.txt come from run N's committed files:
+the held-out step's label and diagnosis, reduce_overhead_skipped's diagnosis, and labels d."""
+import json
+import math
+from pathlib import Path
+
+from gpulab.diagnose import zoo as Z
+
+ROOT = Path(__file__).resolve().parents[2]
+RES = ROOT / "results" / "zoo"
+
+
+def _steps(name):
+    return json.loads((RES / name).read_text())["steps"]
+
+
+def test_run_ns_matrix_and_the_readmes_figures():
+    held = _steps("labels-h200-2026-12-02-n.json")
+    labels = [s for s in _steps("labels-h200-2026-12-02-d.json") if s["name"] == "reduce_overhead_skipped"] + held
+    diagnoses = _steps("diagnoses-h200-2026-12-02-n.json")
+    result = Z.judge(labels, diagnoses)
+    assert Z.matrix_text(result) == (RES / "matrix-h200-2026-12-02-n.txt").read_text().rstrip("\n")
+    kept = {m[0]: m for m in result["measured"]}
+    promise = {d["name"]: next(v for v in d["verdicts"] if v["rule"] == "cudagraphs_skipped")["expected_gain"]
+               for d in diagnoses}
+    readme = " ".join((ROOT / "zoo" / "README.md").read_text().split())
+    h = "gpt_masked_targets_reduce_overhead"
+    assert (f"promised {promise[h]:.3g}x and the fix measured {kept[h][2]:.3g}x ({100 * kept[h][5]:.0f} %" in readme
+            and kept[h][4] and not math.isnan(kept[h][5]))
+    r = "reduce_overhead_skipped"
+    assert f"promised {promise[r]:.3g}x against its label's {kept[r][2]:.3g}x: {100 * kept[r][5]:.0f} % kept" in readme
+    written_d = next(s for s in labels if s["name"] == r)["as_written"]["ms"]
+    written_n = next(d for d in diagnoses if d["name"] == r)["step_ms"]
+    assert f"it took {written_d:.3g} ms there and {written_n:.3g} ms here" in readme
