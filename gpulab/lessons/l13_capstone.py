@@ -1040,12 +1040,18 @@ def fp8_crossover(sizes: Sequence[int] | None = None, rounds: int = FP8_ROUNDS, 
         raise ValueError(f"sizes must be multiples of 16, at least 16 (got {sizes})")
     device = pick_device()
     compiled = device.type == "cuda" if compiled is None else compiled
-    to_fp8_compiled = torch.compile(P.to_fp8) if compiled else None
+    # static shapes, compiled afresh for each n: a compile reused across sizes turns dynamic at the second
+    # size and keeps the amax's split (its parallelism) chosen for the size it was compiled at, too few blocks
+    # for a larger n (pytorch/pytorch#155941). On the H200 (2026-12-02, results/h200-2026-12-02-00-13) the
+    # compiled scaling ran slower than the eager one from n = 4096 up (588 against 741 TFLOP/s at 16384)
+    to_fp8_compiled = torch.compile(P.to_fp8, dynamic=False) if compiled else None
     rows = []
     with memory_guard(device=device):
         try:
             for n in sizes:
                 rows.append(_fp8_row(n, device, rounds, to_fp8_compiled))
+                if compiled:
+                    torch.compiler.reset()
         finally:
             if compiled:
                 torch.compiler.reset()
