@@ -3,6 +3,7 @@ DistributedDataParallel, bf16 autocast and fused AdamW, accumulating gradients o
 256 rows per optimizer step. Every micro-batch's backward runs DDP's all-reduce of all the gradients,
 though only the last one's result is used."""
 from contextlib import nullcontext
+import time
 
 import torch
 import torch.distributed as dist
@@ -64,7 +65,8 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
 
     def close():
         if own_group and dist.is_initialized():
-            dist.destroy_process_group()
+            time.sleep(0.2)      # gloo's workers finish their work items (they need the GIL) before the group
+            dist.destroy_process_group()   # goes: gpulab.diagnose.cases' DDP case hung CI without this
 
     step.model = net
     step.close = close
