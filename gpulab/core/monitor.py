@@ -345,7 +345,8 @@ def gpu_sharing(device: torch.device | None = None) -> Sharing | None:
                      "whole GPU's, so ceilings and timings are the slice's, not the card's datasheet")
     if others:
         notes.append(f"{len(others)} other process(es) compute on this GPU ({other_bytes / 2**30:.1f} GiB): "
-                     "while they run they take SMs and memory bandwidth, so timings vary and ceilings read low")
+                     "while they run they take SMs and memory bandwidth, so timings vary and ceilings read low "
+                     "(time-sliced, a kernel short enough to run between two switches can read near its rate alone)")
     return Sharing(mig, len(others), other_bytes / 2**30, "; ".join(notes) or "this GPU is not shared")
 
 

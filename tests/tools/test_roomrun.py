@@ -121,6 +121,7 @@ def test_the_readmes_room_figures_are_the_committed_room_runs():
     """README's "A room of seven on one H200" quotes results/h200-2026-12-02-room-{a..f}: each notebook's
     time alone and across the seven, the headlines' spread, one learner's fp32 matmul alone and in the room,
     and notebook 00's 16-bit sweep and sustained run with seven (run e) against alone (run a)."""
+    import re
     import statistics
     from pathlib import Path
     root = Path(__file__).resolve().parents[2]
@@ -168,11 +169,30 @@ def test_the_readmes_room_figures_are_the_committed_room_runs():
     assert rec(alone00, "matmul_bf16")["extra"]["shape"] == [12288] * 3
     sustained = [rec(p, "matmul_bf16_sustained") for p in seven00]
     assert (f"(12288 cubed, {g(rec(alone00, 'matmul_bf16')['value'])} TFLOP/s)" in readme
-            and f"(3072 cubed, {g(statistics.median(r['value'] for r in best))} TFLOP/s median)" in readme)
-    assert (f"{rec(alone00, 'matmul_bf16_sustained')['extra']['seconds']:.3g} s alone) read "
-            f"{g(statistics.median(r['value'] for r in sustained))} (median, over "
-            f"{statistics.median(r['extra']['seconds'] for r in sustained):.3g} s)") in readme
+            and f"(3072 cubed, {g(statistics.median(r['value'] for r in best))} TFLOP/s median, about half a millisecond" in readme)
+    assert 0.4 < 2 * 3072 ** 3 / (statistics.median(r["value"] for r in best) * 1e12) * 1e3 < 0.6      # ms a call
+    assert (f"read {g(statistics.median(r['value'] for r in sustained))} (median, over "
+            f"{statistics.median(r['extra']['seconds'] for r in sustained):.3g} s) against "
+            f"{g(rec(alone00, 'matmul_bf16_sustained')['value'])} alone "
+            f"({rec(alone00, 'matmul_bf16_sustained')['extra']['seconds']:.3g} s)") in readme
+    first_path = min(seven00, key=lambda p: rec(p, "matmul_bf16_sustained")["time"])   # the one that came first
+    first = rec(first_path, "matmul_bf16_sustained")
+    others_copying = [rec(p, "d2h_pinned")["time"] for p in seven00 if p != first_path]
+    assert all(t >= first["time"] for t in others_copying)  # the six were still in their copy cells
+    assert f"sustained run came first, while the other six were timing host-device copies (copy engines, not SMs), read {g(first['value'])}" in readme
+    fp32 = statistics.median(rec(p, "matmul_fp32")["value"] for p in seven00)
+    assert f"sweep's best read {g(fp32)} against {g(rec(alone00, 'matmul_fp32')['value'])} alone" in readme
     ratio = json.loads((runs[4] / "summary.json").read_text())["headline_spread"]["00 16-bit / fp32 matmul TFLOP/s"]
-    assert f"their ratio read {g(ratio['median'])} against {g(heads['00 16-bit / fp32 matmul TFLOP/s']['alone'])} alone" in readme
+    assert f"headline read {g(ratio['median'])} against {g(heads['00 16-bit / fp32 matmul TFLOP/s']['alone'])} alone" in readme
+    words = {4: "four", 5: "five", 6: "six"}
+    learners_00 = json.loads((runs[4] / "summary.json").read_text())["notebooks"]["00_gpu_ceilings"]["median_s"]
+    assert f"Notebook 00 took {words[round(learners_00 / alone['00_gpu_ceilings'])]} times as long" in readme
     stopped = json.loads((runs[5] / "exit_codes.json").read_text())["codes"]
-    assert sum(v == "timeout" for v in stopped.values()) == 7 and "stopped at its time limit (about 275 s) after 9 of 06's 23 cells" in readme
+    cells = {(run / "logs" / f"{n}.txt").read_text().splitlines()[0].count(".") for n in stopped if n != "alone" for run in runs[5:]}
+    code06 = sum(c["cell_type"] == "code" for c in json.loads(next((root / "notebooks").glob("06_*.ipynb")).read_text())["cells"])
+    assert sum(v == "timeout" for v in stopped.values()) == 7 and len(cells) == 1
+    assert f"stopped at its time limit after {cells.pop()} of 06's {code06} cells" in readme
+    log = (root / "results" / "h200-2026-12-02-1g-09-15" / "h200-2026-12-02-1g-09-15-log.txt").read_text()
+    rc = dict(re.findall(r"== h200-1g (\d\d) [^\n]*\nrc=(\d+)", log))
+    assert rc == {"09": "0", "10": "0", "11": "0", "12": "0", "13": "124", "14": "0", "15": "124"}, rc
+    assert "09, 10, 11, 12 and 14 ran every cell" in readme and "13 and 15 ran out of the call's time" in readme
