@@ -31,4 +31,19 @@ def test_run_ns_matrix_and_the_readmes_figures():
     assert f"promised {promise[r]:.3g}x against its label's {kept[r][2]:.3g}x: {100 * kept[r][5]:.0f} % kept" in readme
     written_d = next(s for s in labels if s["name"] == r)["as_written"]["ms"]
     written_n = next(d for d in diagnoses if d["name"] == r)["step_ms"]
-    assert f"it took {written_d:.3g} ms there and {written_n:.3g} ms here" in readme
+    earlier = {run: next(d for d in _steps(f"diagnoses-h200-2026-12-02-{run}-by-ae6056d.json") if d["name"] == r)
+               for run in ("h", "g")}
+    kept_earlier = {run: Z.judge([labels[0]], [d])["measured"][0][5] for run, d in earlier.items()}
+    assert (f"kept {100 * kept_earlier['h']:.0f} % and {100 * kept_earlier['g']:.0f} % on runs H's and G's records, "
+            f"where the step as written took {earlier['h']['step_ms']:.3g} and {earlier['g']['step_ms']:.3g} ms, "
+            f"as fast as when labels d timed it ({written_d:.3g} ms); here it took {written_n:.3g} ms") in readme
+    written_h = next(s for s in held if s["name"] == h)
+    cut = lambda gain: 100 * (1 - 1 / gain)
+    assert (f"it removed {cut(written_h['best_gain']):.0f} % of the step where {cut(promise[h]):.0f} % was promised"
+            in readme)
+    # results/README.md's row for run N says the same
+    row = next(line for line in (ROOT / "results" / "README.md").read_text().splitlines() if "run N)" in line)
+    assert (f"as written {written_h['as_written']['ms']:.3g} ms, its fix {written_h['fixes']['cudagraphs_skipped']['ms']:.3g} ms, "
+            f"{kept[h][2]:.3g}x" in row and f"promised {promise[h]:.3g}x, {100 * kept[h][5]:.0f} % kept" in row
+            and f"promised {promise[r]:.3g}x against labels d's {kept[r][2]:.3g}x, {100 * kept[r][5]:.0f} % kept" in row
+            and f"took {written_n:.3g} ms as written here, {written_d:.3g} ms when labels d timed it" in row)
