@@ -79,17 +79,39 @@ def test_an_emulated_slice_says_its_bandwidth_is_not_a_slices(monkeypatch):
 BANDWIDTH_CEILING = re.compile(r"\bbw\.value\b|\bfloor_ms\b")      # a check against 00's memory bandwidth
 
 
+def bandwidth_checks(code: str) -> list[tuple[str, str]]:
+    """(the check's value, its `applies`) of every `lesson.expect(...)` in `code` whose value is measured
+    against a memory-bandwidth ceiling (00's streams as `bw.value`, a memory floor as `floor_ms`)."""
+    import ast
+    found = []
+    code = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in code.splitlines())   # magics
+    for node in ast.walk(ast.parse(code)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "expect"
+                and len(node.args) >= 2 and BANDWIDTH_CEILING.search(ast.unparse(node.args[1]))):
+            applies = next((ast.unparse(k.value) for k in node.keywords if k.arg == "applies"), "")
+            found.append((ast.unparse(node.args[1]), applies))
+    return found
+
+
 def test_every_check_against_a_memory_ceiling_knows_an_emulated_slice():
     """A check that holds a kernel to the memory bandwidth (00's streams, a memory floor) cannot be judged
-    under a green context, which gives the slice's SMs and the whole GPU's memory: each such notebook cell
-    reads slice_bandwidth_note. Notebook 12's floor check FAILed at 0.599 under h200-1g on the H200 without
-    it (results/h200-2026-12-02-1g-09-15), notebook 04's Triton check at 1.26 (room-a)."""
-    found = []
+    under a green context, which gives the slice's SMs and the whole GPU's memory: each such check does not
+    apply where `slice_bandwidth_note()` says one limits this process. Notebook 12's floor check FAILed at
+    0.599 under h200-1g on the H200 without it (results/h200-2026-12-02-1g-09-15), notebook 04's Triton
+    check at 1.26 (room-a)."""
+    found = {}
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
-            src = "".join(cell["source"])
-            if cell["cell_type"] == "code" and re.search(r"lesson\.expect\(", src) and BANDWIDTH_CEILING.search(src):
-                found.append((path.name, "slice_bandwidth_note()" in src))
+            if cell["cell_type"] == "code":
+                for value, applies in bandwidth_checks("".join(cell["source"])):
+                    found[(path.name, value)] = applies
     assert {name for name, _ in found} >= {"04_occupancy_and_waves.ipynb", "12_kernel_fusion.ipynb"}, found
-    blind = [name for name, knows in found if not knows]
-    assert not blind, f"{', '.join(blind)}: a bandwidth check that does not ask slice_bandwidth_note() whether an emulated slice runs"
+    blind = [f"{name}: {value}" for (name, value), applies in found.items() if "not slice_note" not in applies]
+    assert not blind, ("a check against a bandwidth ceiling that still applies under an emulated slice "
+                       f"(add `and not slice_note`, slice_note = slice_bandwidth_note()): {blind}")
+
+
+def test_the_bandwidth_check_finder_can_fail():
+    planted = 'lesson.expect("x", fused_ms / floor_ms, low=0.9, applies=on_gpu)'
+    assert bandwidth_checks(planted) == [("fused_ms / floor_ms", "on_gpu")]
+    assert bandwidth_checks('lesson.expect("y", eager_ms / predicted_ms, applies=on_gpu)') == []
