@@ -114,6 +114,19 @@ def test_without_activity_types_names_decide():
                      (RUNTIME, "cuLaunchKernel"), (RUNTIME, "cudaLaunchKernel")]
 
 
+def test_without_activity_types_a_kernel_named_like_a_host_range_is_still_work():
+    """inductor wraps each Triton launch in a host range named after its kernel: the kernel, launched by a
+    call with its correlation id, is work; a device copy of a range (no launch call has its id) is not."""
+    name = "triton_poi_fused_gelu_8"
+    records = [rec(STEP_RANGE, "", 0, 100, thread=1, correlation_id=1),
+               rec(name, "", 10, 40, thread=1, correlation_id=10),                     # inductor's range
+               rec("cuLaunchKernel", "", 20, 30, thread=1, correlation_id=5, linked_correlation_id=10),
+               rec(name, "", 40, 60, device="cuda", resource=7, correlation_id=5),    # the kernel
+               rec(name, "", 40, 60, device="cuda", resource=7, correlation_id=11)]   # a range's device copy
+    gpu = by_kind(parse(records), GPU)
+    assert [(e.name, e.corr) for e in gpu] == [(name, 5)]
+
+
 @pytest.mark.parametrize("value, name", [(5, "kernel"), (0, "cpu_op"), (7, "cuda_runtime"), ("kernel", "kernel"),
                                          ("ActivityType.CONCURRENT_KERNEL", "kernel"), (None, ""), (99, "")])
 def test_activity_names(value, name):

@@ -413,11 +413,18 @@ def test_cudagraphs_skipped_edge_and_it_replaces_launch_bound():
     assert "5 ms of it between its first launch and its last" in v.evidence
     # less the GPU time of the kernels queued in that stretch (a graph still runs them); never below nothing
     v = R.cudagraphs_skipped(facts({"launch": 30.0}, compiled_regions=1.0, compile=skipped, compiled_host_ms=12.0,
-                                   compiled_launch_ms=5.0, compiled_launch_busy_ms=2.0))
-    assert v.expected_share == pytest.approx(0.03) and "2 ms of which its kernels keep the GPU busy" in v.evidence
-    v = R.cudagraphs_skipped(facts({"launch": 30.0}, compiled_regions=1.0, compile=skipped, compiled_host_ms=12.0,
-                                   compiled_launch_ms=5.0, compiled_launch_busy_ms=6.0))
-    assert v.expected_share == 0.0
+                                   compiled_launch_ms=9.0, compiled_launch_busy_ms=2.0))
+    assert v.expected_share == pytest.approx(0.07) and "2 ms of which its kernels keep the GPU busy" in v.evidence
+    # a compiled stretch its kernels keep busy, or one below the threshold: the graphs would buy nothing
+    for launch_ms, busy_ms in ((5.0, 6.0), (R.CUDAGRAPH_SKIP_SHARE_MIN * WINDOW - BELOW, 0.0)):
+        assert R.cudagraphs_skipped(facts({"launch": 30.0}, compiled_regions=1.0, compile=skipped, compiled_host_ms=12.0,
+                                          compiled_launch_ms=launch_ms, compiled_launch_busy_ms=busy_ms)) is None
+    # a forward launched one by one while the backward replays a graph: fewer launch calls than kernels, and
+    # the compiled stretch says the forward is launched one by one (launch_bound stays silent there)
+    partly = facts({"launch": 30.0}, compiled_regions=1.0, compile=skipped, kernels_per_step=100, launches_per_step=40,
+                   compiled_host_ms=12.0, compiled_launch_ms=R.CUDAGRAPH_SKIP_SHARE_MIN * WINDOW)
+    assert R.cudagraphs_skipped(partly).expected_share == pytest.approx(R.CUDAGRAPH_SKIP_SHARE_MIN)
+    assert R.launch_bound(partly) is None
 
 
 def test_compute_bound_reports_mfu():
