@@ -135,7 +135,8 @@ def plan(scale: str | None = None) -> Plan:
     bound: `Runs.fit_batches` may lower them). A timed run is at least 8 steps (3 loss steps, 1 warm-up,
     `benchmark`'s probe and 3 timed); its time budget beyond them is host time. Runs by precision, from
     the notebook's default waterfalls (`ORDERS`), seed tables and memory toggles: per job one fp32 run, one
-    TF32 run, the rest 16-bit; `fit_batches` adds two small untimed fp32 steps (batches 4 and 8)."""
+    TF32 run, the rest 16-bit; `fit_batches` adds two small untimed fp32 steps (batches 4 and 8); the batch
+    ladder (section 12c) one 16-bit run at each of its larger batches."""
     cfg = config(scale)
     gpt, cnn = cfg["gpt"], cfg["cnn"]
     gpt_step = gpt_flops_per_token(**gpt)["total"] * gpt["seq"] * gpt["batch"]
@@ -147,6 +148,7 @@ def plan(scale: str | None = None) -> Plan:
         work += [Work("matmul_fp32", steps * flops + probes, share, f"{name}: fp32 baseline and probes"),
                  Work("matmul_tf32", steps * flops, share, f"{name}: TF32 run"),
                  Work("matmul_bf16", half_runs * steps * flops, share, f"{name}: {half_runs} 16-bit runs")]
+    work.append(Work("matmul_bf16", steps * gpt_step * sum(LADDER), share, "GPT: the batch ladder (section 12c)"))
     return Plan(host_s=HOST_S, work=work, host_source=HOST_SOURCE)
 
 
@@ -978,6 +980,105 @@ def all_on(job: str, batch: int | None = None, facts: DeviceFacts | None = None,
         if problem(job, candidate, batch, facts, backend) is None:
             options = candidate
     return options
+
+
+# -- a bigger batch: the per-step part amortized -------------------------------------------------------
+LADDER = (4, 8)          # the batches `batch_ladder` adds: these multiples of the waterfall's batch
+LADDER_TOLERANCE = 0.15  # a predicted row's measured time within this share of the line's prediction
+
+
+@dataclass
+class LadderRow:
+    """One batch of `batch_ladder`: its run (None where it did not run, with `why`), the time the line through
+    the rows before it predicted (None for the rows that draw the line), and the memory it was expected to take."""
+
+    batch: int
+    result: JobResult | None
+    predicted_ms: float | None = None
+    predicted_bytes: float | None = None
+    why: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        """Measured over predicted step time (None without both)."""
+        if self.result is None or self.result.step_ms is None or not self.predicted_ms:
+            return None
+        return self.result.step_ms / self.predicted_ms
+
+
+def step_line(rows: Sequence[LadderRow]) -> tuple[float, float] | None:
+    """(ms per step, ms per sample) of the line t(B) = per_step + B x per_sample through the first two rows
+    that ran: a step's time is a part that does not grow with the batch (AdamW reading and writing every
+    weight, its gradient and both moments; autocast's casts of the weights; the host's launches where
+    they are not hidden) and a part that does (every product, norm and activation). None with fewer than two."""
+    ran = [r for r in rows if r.result is not None and r.result.step_ms is not None][:2]
+    if len(ran) < 2 or ran[0].batch == ran[1].batch:
+        return None
+    (b0, t0), (b1, t1) = ((r.batch, r.result.step_ms) for r in ran)
+    per_sample = (t1 - t0) / (b1 - b0)
+    return t0 - b0 * per_sample, per_sample
+
+
+def batch_ladder(runs: "Runs", options: Options, job: str = "gpt", factors: Sequence[int] = LADDER,
+                 budget: int | None = None, step_s: float | None = None) -> list[LadderRow]:
+    """The step of `options` at the runs' batch B and at B x each of `factors`: the same code, so the loss
+    check of B stands for all (the batch changes how many samples a step averages, not the arithmetic per
+    sample). A batch runs only where it is expected to fit `budget` bytes (peak memory extrapolated along a
+    line through the rows before it; from one row, the fp32 training state (`state_bytes`) fixed and the rest
+    in proportion) and, with `step_s`, where its step is expected to take at most that long. From the third row on,
+    the time `step_line` predicts from the first two is kept beside the measured one."""
+    base = runs.batch(job)
+    rows = [LadderRow(base, runs(job, options))]
+    for f in factors:
+        b = base * f
+        done = [r for r in rows if r.result is not None and r.result.step_ms is not None]
+        line = step_line(rows)
+        predicted = None if line is None else line[0] + b * line[1]
+        mem = [(r.batch, r.result.peak_bytes) for r in done if r.result.peak_bytes]
+        if len(mem) >= 2:
+            (m0b, m0), (m1b, m1) = mem[-2:]
+            need = m1 + (b - m1b) * (m1 - m0) / (m1b - m0b)
+        elif mem:           # from one row: the training state stays, the rest grows with the batch
+            fixed = min(state_bytes(job, runs.configs[job]), mem[-1][1])
+            need = fixed + (mem[-1][1] - fixed) * b / mem[-1][0]
+        else:
+            need = None
+        guess = predicted if predicted is not None else (done[-1].result.step_ms * b / done[-1].batch if done else None)
+        if budget is not None and need is not None and need > budget:
+            rows.append(LadderRow(b, None, predicted, need, f"expected to need {need / 2**30:.1f} GiB, over the "
+                                                          f"memory budget of {budget / 2**30:.1f} GiB"))
+            continue
+        if step_s is not None and guess is not None and guess > 1e3 * step_s:
+            rows.append(LadderRow(b, None, predicted, need, f"a step expected to take {guess / 1e3:.2g} s, over "
+                                                          f"{step_s} s"))
+            continue
+        try:
+            rows.append(LadderRow(b, runs(job, options, b), predicted, need))
+        except torch.OutOfMemoryError as err:
+            rows.append(LadderRow(b, None, predicted, need, "out of memory: " + str(err).splitlines()[0]))
+            del err
+    return rows
+
+
+def ladder_rows(rows: Sequence[LadderRow], peak: Ceiling | None, sheet_peak: float | None = None) -> list[tuple]:
+    """The ladder as table rows: batch, step ms, predicted ms, tokens (or images) per second, model TFLOP/s,
+    its share of the measured peak and of the datasheet's."""
+    out = []
+    for r in rows:
+        res = r.result
+        if res is None or res.time is None:
+            out.append((r.batch, "-", "-" if r.predicted_ms is None else f"{r.predicted_ms:.4g}", "-", "-", "-", "-",
+                        r.why or "not timed"))
+            continue
+        share = mfu(res, peak)
+        out.append((r.batch, f"{res.step_ms:.4g}", "-" if r.predicted_ms is None else f"{r.predicted_ms:.4g}",
+                    f"{res.items_per_s:,.0f}", f"{res.tflops:,.4g}", _pct(None if share is None else 100 * share),
+                    _pct(100 * res.tflops / sheet_peak if sheet_peak else None), _gib(res.peak_bytes)))
+    return out
+
+
+LADDER_HEADER = ("batch", "step ms", "predicted ms", "per s", "model TFLOP/s", "of measured peak", "of datasheet",
+                 "peak memory / why not")
 
 
 # -- what keeps a step from the peak -----------------------------------------------------------------

@@ -419,3 +419,54 @@ def test_training_step_is_the_jobs_step_as_a_callable_for_diagnose():
     with pytest.raises(ValueError):
         with C.training_step("gpt", C.Options(cuda_graphs=True), scale="tiny"):
             pass
+
+
+# -- the batch ladder (section 12c) -------------------------------------------------------------------
+def ladder_runner(per_step_ms, per_sample_ms, bytes_fixed, bytes_per_sample, bend=1.0):
+    """Steps on the line t(B) = per_step + B x per_sample (the largest batch `bend` times off it), memory
+    bytes_fixed + B x bytes_per_sample."""
+    calls = []
+
+    def run(job, options, batch, config=None, timed=True, monitor=False, **kw):
+        calls.append(batch)
+        ms = (per_step_ms + batch * per_sample_ms) * (bend if batch >= 64 else 1.0)
+        t = summarize([ms] * 3, "cpu", "perf_counter")
+        return C.JobResult(job=job, options=options, batch=batch, losses=(5.0, 4.0, 3.0), time=t, unit="tok/s",
+                           items_per_step=batch, flops_per_step=1e12 * batch, peak_bytes=bytes_fixed + batch * bytes_per_sample,
+                           first_step_ms=1.0)
+    run.calls = calls
+    return run
+
+
+def test_the_ladder_predicts_the_third_batch_from_the_first_two():
+    run = ladder_runner(5.0, 2.0, 10 * 2**30, 2**28)
+    rows = C.batch_ladder(C.Runs(runner=run, scale="full"), C.Options(amp="bf16"))
+    assert [r.batch for r in rows] == [8, 32, 64] and run.calls == [8, 32, 64]
+    assert C.step_line(rows) == pytest.approx((5.0, 2.0))
+    assert rows[0].predicted_ms is None and rows[1].predicted_ms is None       # they draw the line
+    assert rows[2].predicted_ms == pytest.approx(5.0 + 64 * 2.0) and rows[2].ratio == pytest.approx(1.0)
+    # off the line by 20 %: the ratio says so (the notebook's check, LADDER_TOLERANCE, would fail it)
+    off = C.batch_ladder(C.Runs(runner=ladder_runner(5.0, 2.0, 0, 1, bend=1.2), scale="full"), C.Options(amp="bf16"))
+    assert off[2].ratio == pytest.approx(1.2) and abs(off[2].ratio - 1) > C.LADDER_TOLERANCE
+    # the per-step part grows the tokens per second with the batch
+    assert rows[2].result.items_per_s > rows[1].result.items_per_s > rows[0].result.items_per_s
+
+
+def test_the_ladder_skips_a_batch_that_would_not_fit_and_says_why():
+    run = ladder_runner(5.0, 2.0, 10 * 2**30, 2**30)          # 18, 42 and 74 GiB at 8, 32 and 64
+    rows = C.batch_ladder(C.Runs(runner=run, scale="full"), C.Options(amp="bf16"), budget=50 * 2**30)
+    assert run.calls == [8, 32] and rows[2].result is None
+    assert rows[2].predicted_bytes == pytest.approx(74 * 2**30)           # along the line through 8 and 32
+    assert "74.0 GiB, over the memory budget of 50.0 GiB" in rows[2].why
+    # from one row: the training state fixed, the rest in proportion
+    runs = C.Runs(runner=ladder_runner(5.0, 2.0, 10 * 2**30, 2**30), scale="full")
+    state = C.state_bytes("gpt", runs.configs["gpt"])
+    rows = C.batch_ladder(runs, C.Options(amp="bf16"), budget=50 * 2**30, factors=(8,))
+    assert rows[1].predicted_bytes == pytest.approx(state + (18 * 2**30 - state) * 8)
+    assert rows[1].result is None and "over the memory budget" in rows[1].why
+    # and one whose step would be too slow
+    rows = C.batch_ladder(C.Runs(runner=ladder_runner(5.0, 2.0, 0, 1), scale="full"), C.Options(amp="bf16"),
+                          step_s=0.1)
+    assert [r.result is not None for r in rows] == [True, True, False] and "over 0.1 s" in rows[2].why
+    table = C.ladder_rows(rows, None)
+    assert table[2][-1] == rows[2].why and table[0][5] == "-"               # no peak: no MFU
