@@ -49,6 +49,7 @@ class Work:
     amount: float           # FLOPs (matmul_*) or bytes (the bandwidths)
     share: float = 1.0      # of the ceiling the work reaches
     what: str = ""
+    job: str = ""           # the job whose batch it runs at, where the notebook caps that job's step (`StepCap`)
 
     def __post_init__(self):
         if not 0 < self.share <= 1:
@@ -58,12 +59,30 @@ class Work:
 
 
 @dataclass(frozen=True)
+class StepCap:
+    """A notebook that lowers a job's batch until one reference step of it (`amount` FLOPs at `share` of
+    `ceiling`) takes at most `seconds` on this GPU (lesson 13's `Runs.fit_batches`): every Work of that job
+    shrinks by the same factor, min(1, seconds / the step's time). The notebook halves the batch, so this
+    continuous factor is an upper bound of what it keeps."""
+
+    ceiling: str
+    amount: float
+    share: float
+    seconds: float
+
+    def factor(self, rate: float) -> float:
+        step = self.amount / (self.share * units_per_second(self.ceiling, rate))
+        return min(1.0, self.seconds / step) if step > 0 else 1.0
+
+
+@dataclass(frozen=True)
 class Plan:
     """What one notebook's run costs at one scale."""
 
     host_s: float
     work: Sequence[Work] = field(default_factory=tuple)
     host_source: str = ""
+    caps: Mapping[str, StepCap] = field(default_factory=dict)    # job -> its step's time cap
 
 
 @dataclass(frozen=True)
@@ -90,12 +109,19 @@ def units_per_second(ceiling_name: str, value: float) -> float:
 
 
 def predict(plan: Plan, rates: Mapping[str, float] | None = None) -> Prediction:
-    """Seconds `plan` takes: host_s + each Work's amount / (share x its ceiling). `rates` maps ceiling
-    names to values in their units (TFLOP/s, GB/s); default: this GPU's (`ceilings()`)."""
+    """Seconds `plan` takes: host_s + each Work's amount / (share x its ceiling), times its job's
+    `StepCap` factor where the plan caps that job's step. `rates` maps ceiling names to values in their
+    units (TFLOP/s, GB/s); default: this GPU's (`ceilings()`)."""
     if rates is None:
         from gpulab.core.ceilings import ceilings
         rates = {name: c.value for name, c in ceilings().items()}
     gpu, missing = 0.0, []
+    factors = {}
+    for job, cap in plan.caps.items():
+        if rates.get(cap.ceiling):
+            factors[job] = cap.factor(rates[cap.ceiling])
+        elif cap.ceiling not in missing:
+            missing.append(cap.ceiling)
     for w in plan.work:
         rate = rates.get(w.ceiling)
         if rate is None and w.ceiling in FALLBACK:
@@ -106,7 +132,7 @@ def predict(plan: Plan, rates: Mapping[str, float] | None = None) -> Prediction:
             if w.ceiling not in missing:
                 missing.append(w.ceiling)
             continue
-        gpu += w.amount / (w.share * units_per_second(w.ceiling, rate))
+        gpu += factors.get(w.job, 1.0) * w.amount / (w.share * units_per_second(w.ceiling, rate))
     if missing:
         return Prediction(None, plan.host_s, None, tuple(missing))
     return Prediction(plan.host_s + gpu, plan.host_s, gpu, ())

@@ -66,7 +66,7 @@ from gpulab.models.cnn import ResNetish, image_batches
 from gpulab.models.transformer import TransformerStack
 from gpulab.models.sizing import count_flops, fit_batch, memory_budget
 from gpulab.core.measured import Measured
-from gpulab.core.predict import Plan, Work
+from gpulab.core.predict import Plan, StepCap, Work
 from gpulab.lessons.l11_cuda_graphs import cudagraph_skips
 
 
@@ -123,33 +123,38 @@ def config(scale: str | None = None) -> dict[str, Any]:
 
 # -- how long notebook 13 takes (gpulab.core.predict) -------------------------------------------------
 RESNET50_FLOPS_PER_IMAGE = 3 * 8.2e9   # forward 4.1 G multiply-adds at 224 x 224 (He et al. 2016, table 1), x 3
-HOST_S = 164.4          # the reference run below, less its GPU work (compiling, loaders, budgets, time to loss)
+HOST_S = 167.8          # the reference run below, less its GPU work (compiling, loaders, budgets, time to loss)
 HOST_SOURCE = ("wall time of notebook 13 (184.4 s as gpulab.tools.coursetime reads it; sections 12b, 13 and 14 included) in "
                "results/h200-2026-12-02-00-13/h200-2026-12-02-00-13-timings.tsv (one H200, torch 2.11, 2026-12-02) "
-               "minus its GPU work (20.0 s) at the ceilings in results/h200-2026-12-02-00-13/h200-2026-12-02-00-13.json; "
+               "minus its GPU work as this plan counts it without the batch ladder, which that run did not have (16.6 s), at the ceilings in results/h200-2026-12-02-00-13/h200-2026-12-02-00-13.json; "
                "section 14's time-to-loss runs are budgeted in seconds, so they count as host time")
 
 
 def plan(scale: str | None = None) -> Plan:
-    """What notebook 13 asks of the GPU at `scale` (gpulab.core.predict), at the config's batches (an upper
-    bound: `Runs.fit_batches` may lower them). A timed run is at least 8 steps (3 loss steps, 1 warm-up,
+    """What notebook 13 asks of the GPU at `scale` (gpulab.core.predict), at the config's batches, lowered as
+    `Runs.fit_batches` lowers them where a GPU's fp32 step would take over `step_s` (a `StepCap` per job; the
+    memory budget may lower them further). A timed run is at least 8 steps (3 loss steps, 1 warm-up,
     `benchmark`'s probe and 3 timed); its time budget beyond them is host time. Runs by precision, from
     the notebook's default waterfalls (`ORDERS`), seed tables and memory toggles: per job one fp32 run, one
-    TF32 run, the rest 16-bit; `fit_batches` adds two small untimed fp32 steps (batches 4 and 8); the batch
-    ladder (section 12c) one 16-bit run at each of its larger batches."""
+    TF32 run, the rest 16-bit; `fit_batches` adds two small untimed fp32 runs (at 1/8 and 1/4 of the
+    config's batch, before any cap); the batch ladder (section 12c) one 16-bit run at each of its larger batches."""
     cfg = config(scale)
     gpt, cnn = cfg["gpt"], cfg["cnn"]
     gpt_step = gpt_flops_per_token(**gpt)["total"] * gpt["seq"] * gpt["batch"]
     cnn_step = RESNET50_FLOPS_PER_IMAGE * (cnn["image"] / 224) ** 2 * cnn["batch"]
     steps, share = 8, 0.5
-    work = []
+    work, caps = [], {}
     for name, flops, half_runs in (("GPT", gpt_step, 8), ("CNN", cnn_step, 8)):
-        probes = 3 * flops * (4 + 8) / (gpt["batch"] if name == "GPT" else cnn["batch"])
-        work += [Work("matmul_fp32", steps * flops + probes, share, f"{name}: fp32 baseline and probes"),
-                 Work("matmul_tf32", steps * flops, share, f"{name}: TF32 run"),
-                 Work("matmul_bf16", half_runs * steps * flops, share, f"{name}: {half_runs} 16-bit runs")]
-    work.append(Work("matmul_bf16", steps * gpt_step * sum(LADDER), share, "GPT: the batch ladder (section 12c)"))
-    return Plan(host_s=HOST_S, work=work, host_source=HOST_SOURCE)
+        probes = LOSS_STEPS * flops * (1 / 8 + 1 / 4)        # two untimed runs of LOSS_STEPS steps each
+        work += [Work("matmul_fp32", probes, share, f"{name}: two untimed probe runs (fit_batches)"),
+                 Work("matmul_fp32", steps * flops, share, f"{name}: fp32 baseline", job=name),
+                 Work("matmul_tf32", steps * flops, share, f"{name}: TF32 run", job=name),
+                 Work("matmul_bf16", half_runs * steps * flops, share, f"{name}: {half_runs} 16-bit runs", job=name)]
+        if cfg.get("step_s"):
+            caps[name] = StepCap("matmul_fp32", flops, STEP_SHARE, cfg["step_s"])
+    work.append(Work("matmul_bf16", steps * gpt_step * sum(LADDER), share, "GPT: the batch ladder (section 12c)",
+                     job="GPT"))
+    return Plan(host_s=HOST_S, work=work, host_source=HOST_SOURCE, caps=caps)
 
 
 MEMORY_CAP = 64 * 2**30   # the most memory a job's step is sized to take, below half the free GPU memory

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulab.core.predict import (BUDGET_S, DATASHEET_SHARE, Plan, Prediction, Work, datasheet_ceilings,
+from gpulab.core.predict import (BUDGET_S, DATASHEET_SHARE, Plan, Prediction, StepCap, Work, datasheet_ceilings,
                                  predict)
 from gpulab.core.profiles import PROFILES
 from gpulab.notebook.lesson import lesson_module, predicted_time
@@ -33,6 +33,31 @@ def test_a_class_without_bf16_runs_it_in_fp16_and_without_tf32_skips_it():
     got = predict(Plan(0.0, [Work("matmul_bf16", 1e12), Work("matmul_tf32", 1e12)]),
                   {"matmul_fp16": 1.0, "matmul_fp32": 0.5})
     assert got.seconds == pytest.approx(1.0)
+
+
+def test_a_step_cap_shrinks_its_jobs_work_and_nothing_else():
+    """Lesson 13 halves a job's batch until its fp32 step takes at most step_s: every Work of that job
+    shrinks by the same factor; other work does not; a GPU fast enough keeps the whole batch."""
+    cap = StepCap("matmul_fp32", amount=4e12, share=0.5, seconds=1.0)      # 4 TFLOP a step
+    plan = Plan(0.0, [Work("matmul_fp32", 8e12, 1.0, "steps", job="GPT"), Work("matmul_fp32", 8e12, 1.0, "other")],
+                caps={"GPT": cap})
+    slow = predict(plan, {"matmul_fp32": 2.0})        # a step would take 4 s: the job keeps a quarter
+    assert cap.factor(2.0) == pytest.approx(0.25)
+    assert slow.gpu_s == pytest.approx(0.25 * 4.0 + 4.0)
+    fast = predict(plan, {"matmul_fp32": 100.0})      # 0.08 s a step: nothing lowered
+    assert cap.factor(100.0) == 1.0 and fast.gpu_s == pytest.approx(2 * 8e12 / 100e12)
+    missing = predict(Plan(0.0, [], caps={"GPT": StepCap("matmul_tf32", 1.0, 1.0, 1.0)}), {"matmul_fp32": 1.0})
+    assert missing.seconds is None and missing.missing == ("matmul_tf32",)
+
+
+def test_lesson_13s_cap_is_its_fit_batches_rule():
+    """The plan caps each job's step as `Runs.fit_batches` does: the full config's step_s, at STEP_SHARE of fp32."""
+    from gpulab.lessons import l13_capstone as C
+    plan = C.plan("full")
+    assert set(plan.caps) == {"GPT", "CNN"}
+    for cap in plan.caps.values():
+        assert (cap.ceiling, cap.share, cap.seconds) == ("matmul_fp32", C.STEP_SHARE, C.CONFIG["full"]["step_s"])
+    assert not C.plan("tiny").caps                         # no cap on the CPU, as fit_batches has none
 
 
 def test_over_budget_is_said():
