@@ -24,6 +24,33 @@ def _timing_line(seconds, nodeid, outcome):
         f.write(f"{seconds:.3f}\t{nodeid}\t{outcome}\t{time.time():.3f}\n")
 
 
+# GPULAB_OUTPUTS=path: append one JSON line per notebook cell nbval ran: its test id and its text outputs
+# (streams, text/plain and errors; images and HTML left out), so a GPU run's printed tables come back
+# with its records (nbval itself keeps no outputs).
+_OUTPUTS = os.environ.get("GPULAB_OUTPUTS")
+
+
+def _text_outputs(outputs) -> list[str]:
+    texts = []
+    for out in outputs or ():
+        kind = out.get("output_type")
+        if kind == "stream":
+            texts.append(out.get("text", ""))
+        elif kind in ("execute_result", "display_data") and "text/plain" in out.get("data", {}):
+            if not any(k.startswith("image/") for k in out["data"]):
+                texts.append(out["data"]["text/plain"])
+        elif kind == "error":
+            texts.append(f"{out.get('ename')}: {out.get('evalue')}")
+    return texts
+
+
+def pytest_runtest_teardown(item):
+    if _OUTPUTS and getattr(item, "test_outputs", None) is not None:
+        import json
+        with open(_OUTPUTS, "a") as f:
+            f.write(json.dumps({"test": item.nodeid, "outputs": _text_outputs(item.test_outputs)}) + "\n")
+
+
 def pytest_sessionstart(session):
     if _TIMINGS:
         _timing_line(0.0, "(session)", "start")

@@ -106,3 +106,26 @@ def test_the_readmes_course_times_are_the_committed_runs():
     walls = [round(sum(t.wall for t in per_file(read(in_results(f))).values()))
              for f in ("h200-2026-11-30-s5-course-timings.tsv", "h200-2026-11-30-s5-course-2-timings.tsv")]
     assert f"00-09 took {walls[0]} s and 10-14 {walls[1]} s" in (root / "README.md").read_text()
+
+
+def test_the_root_conftest_keeps_each_cells_text_outputs(tmp_path, monkeypatch):
+    """GPULAB_OUTPUTS: one JSON line per nbval cell with its printed text (a GPU run's tables come back);
+    images are left out, an error keeps its name and message."""
+    import importlib.util
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+    spec = importlib.util.spec_from_file_location("root_conftest", Path(__file__).resolve().parents[2] / "conftest.py")
+    root = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(root)
+    out = tmp_path / "outputs.jsonl"
+    monkeypatch.setattr(root, "_OUTPUTS", str(out))
+    cell = SimpleNamespace(nodeid="notebooks/13_capstone.ipynb::Cell 41", test_outputs=[
+        {"output_type": "stream", "name": "stdout", "text": "batch 64: 512 TFLOP/s\n"},
+        {"output_type": "display_data", "data": {"text/plain": "<Figure>", "image/png": "iVBOR"}},
+        {"output_type": "execute_result", "data": {"text/plain": "0.71"}},
+        {"output_type": "error", "ename": "ValueError", "evalue": "no", "traceback": []}])
+    root.pytest_runtest_teardown(cell)
+    root.pytest_runtest_teardown(SimpleNamespace(nodeid="tests/x.py::test_y"))    # not a notebook cell: nothing
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines == [{"test": cell.nodeid, "outputs": ["batch 64: 512 TFLOP/s\n", "0.71", "ValueError: no"]}]
