@@ -28,7 +28,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 LEARNERS = 8
 NOTEBOOK = REPO / "notebooks" / "01_measuring_time.ipynb"
-START_S = 90          # the hub up, and then each learner's server ready
+START_S = 90          # the hub up
+SPAWN_S = 240         # every learner's server ready, all spawned at once on two cores (the hub's own limit is
+                      # its start_timeout, set below to this: a spawn it gives up on fails the test at once)
 RUN_S = 300           # notebook 01 in every learner's kernel, all at once, on two cores
 
 
@@ -74,6 +76,27 @@ def _wait(what: str, ok, seconds: float, every: float = 0.5):
             last = err
         time.sleep(every)
     raise AssertionError(f"{what} not within {seconds:g} s" + (f" (last error: {last})" if last else ""))
+
+
+def _servers_ready(hub: Hub, users: list[str]) -> bool:
+    """Whether every learner's server is ready; AssertionError at once where the hub has dropped one (its
+    spawn failed or timed out: the hub log printed at the end says why)."""
+    waiting = []
+    for user in users:
+        model = hub.call("GET", f"/hub/api/users/{user}")[1]
+        server = model["servers"].get("")
+        if server is None:
+            raise AssertionError(f"{user}'s server is gone from the hub: its spawn failed (the hub's log below)")
+        if not server["ready"]:
+            waiting.append(user)
+    return not waiting
+
+
+def _log_tail(path: Path, lines: int = 60) -> str:
+    """The hub log's last `lines` lines, less the test's own polling (200 GET .../hub/api/users/...)."""
+    kept = [line for line in path.read_text(errors="replace").splitlines(True)
+            if not ("200 GET /hub/api/users/" in line and "room-test" in line)]
+    return "".join(kept[-lines:])
 
 
 def _code_cells(path: Path) -> list[str]:
@@ -167,6 +190,7 @@ c.Spawner.default_url = "/tree"
 c.SimpleRoomSpawner.room_env = {{"GPULAB_SCALE": "tiny", "GPULAB_DEVICE": "cpu", "MPLBACKEND": "Agg",
                                  "OMP_NUM_THREADS": "1"}}
 c.JupyterHub.concurrent_spawn_limit = {LEARNERS}
+c.Spawner.start_timeout = {SPAWN_S}
 c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}   # POST .../server returns at once: spawns overlap
 ''')
     env = {**os.environ, "GPULAB_ROOM": str(room), "GPULAB_HUB_HOMES": str(homes),
@@ -188,9 +212,7 @@ c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}   # POST .../server 
             assert hub.call("POST", f"/hub/api/users/{user}")[0] == 201
         for user in users:
             assert hub.call("POST", f"/hub/api/users/{user}/server")[0] in (201, 202)
-        for user in users:
-            _wait(f"{user}'s server", lambda u=user: hub.call("GET", f"/hub/api/users/{u}")[1]["servers"][""]["ready"],
-                  START_S)
+        _wait(f"the {LEARNERS} learners' servers", lambda: _servers_ready(hub, users), SPAWN_S)
         print(f"{LEARNERS} servers ready after {time.monotonic() - t0:.1f} s")
         # each learner has the course's working copy in their own folder
         for user in users:
@@ -229,4 +251,4 @@ c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}   # POST .../server 
                 os.kill(pid, signal.SIGKILL)
         log.close()
         if sys.exc_info()[0] is not None:          # the hub's own account of what went wrong
-            print("".join((tmp_path / "hub.log").read_text(errors="replace").splitlines(True)[-60:]))
+            print(_log_tail(tmp_path / "hub.log"))
