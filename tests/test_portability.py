@@ -12,8 +12,9 @@ How the matrix was chosen, to stay well inside CI's time on 2 cores:
 - notebooks: those whose code, or the code of the lesson module they import, reads the device's
   facts (`BRANCHES`); the others cannot take another path under a profile. The selection is computed,
   so a lesson that starts branching on the device joins the matrix by itself.
-- where the browser test runs (CI), it runs every lesson in JupyterLab under one representative
-  (`tests/browser/test_jupyterlab.py`'s PROFILE): the matrix leaves that one out (`MATRIX`).
+- where the browser test runs (CI), it runs its lessons (`BROWSER_LESSONS`) in JupyterLab under one
+  representative (its PROFILE): the matrix leaves those pairs out (`MATRIX`), and runs every other
+  branching lesson under every representative.
 """
 import json
 import os
@@ -83,7 +84,7 @@ def run_notebook(path: Path, profile: str, timeout: int = 600) -> None:
 
 
 def browser_profile() -> str | None:
-    """The profile tests/browser runs every lesson under in JupyterLab, where that test will run (CI demands
+    """The profile tests/browser runs its lessons under in JupyterLab, where that test will run (CI demands
     it: GPULAB_REQUIRE_BROWSER=1; elsewhere, where Chromium is installed): those runs cover its control flow."""
     text = (ROOT / "tests" / "browser" / "test_jupyterlab.py").read_text()
     found = re.search(r'^PROFILE = "(\w+)"', text, re.M)
@@ -92,15 +93,28 @@ def browser_profile() -> str | None:
     return found.group(1) if found and runs else None
 
 
-MATRIX = tuple(p for p in REPRESENTATIVES if p != browser_profile())
+def browser_lessons() -> set[str]:
+    """The lessons (two-digit numbers) tests/browser runs in JupyterLab: its BROWSER_LESSONS line."""
+    text = (ROOT / "tests" / "browser" / "test_jupyterlab.py").read_text()
+    found = re.search(r"^BROWSER_LESSONS = \(([^)]*)\)", text, re.M)
+    return set(re.findall(r'"(\d\d)"', found.group(1))) if found else set()
 
 
-def test_the_browser_pass_and_the_matrix_cover_every_representative():
-    assert set(MATRIX) | ({browser_profile()} - {None}) == set(REPRESENTATIVES)
+# (notebook, profile) pairs: every branching lesson under every representative, less what the browser runs
+MATRIX = [(nb, p) for p in REPRESENTATIVES for nb in branching_notebooks()
+          if not (p == browser_profile() and nb.name[:2] in browser_lessons())]
 
 
-@pytest.mark.parametrize("profile", MATRIX)
-@pytest.mark.parametrize("notebook", branching_notebooks(), ids=lambda p: p.stem[:2])
+def test_the_browser_pass_and_the_matrix_cover_every_branching_lesson_under_every_representative():
+    browser = browser_profile()
+    covered = set(MATRIX) | {(nb, browser) for nb in branching_notebooks()
+                             if browser is not None and nb.name[:2] in browser_lessons()}
+    wanted = {(nb, p) for nb in branching_notebooks() for p in REPRESENTATIVES}
+    assert covered == wanted, sorted((nb.name, p) for nb, p in wanted - covered)
+    assert browser_lessons() >= {"00", "01"}, "the browser test's lesson list was not found"
+
+
+@pytest.mark.parametrize("notebook,profile", MATRIX, ids=lambda v: v if isinstance(v, str) else v.stem[:2])
 def test_notebook_runs_under_profile(notebook, profile):
     run_notebook(notebook, profile)
 
