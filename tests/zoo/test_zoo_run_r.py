@@ -52,3 +52,19 @@ def test_the_fixed_steps_replay_cost():
             f"{launching:.3g} ms of it launching; with its graphs replayed, {replayed:.3g} ms. The "
             f"{inside - launching:.2g} ms outside the launching stretch stayed, and the replay added only "
             f"{replayed - (inside - launching):.2g} ms") in README
+
+
+def test_run_h_under_the_current_rules_against_labels_d_with_rs_medians():
+    """zoo/README.md's eighth section: labels dr are labels d with labels r's steps taken from labels r, nothing
+    else changed; run H's records by 8ec9b2d's rules (unchanged since) against them pass all three checks."""
+    d, r, dr = (_steps(f"labels-h200-2026-12-02-{k}.json") for k in ("d", "r", "dr"))
+    from_r = {s["name"]: s for s in r}
+    assert dr == [from_r.get(s["name"], s) for s in d] + [s for s in r if s["name"] not in {x["name"] for x in d}]
+    result = Z.judge(dr, _steps("diagnoses-h200-2026-12-02-h-by-8ec9b2d.json"))
+    assert Z.matrix_text(result) == (RES / "matrix-h200-2026-12-02-h-by-8ec9b2d-labels-dr.txt").read_text().rstrip("\n")
+    assert all(ok for _, ok, _ in result["checks"])
+    kept = sorted((m[5], m[0], m[1]) for m in result["measured"] if m[2] is not None)
+    lowest = [k for k in kept if k[0] >= 0.5][:2]
+    demoted = [k for k in kept if k[0] < 0.5]
+    for share, step, rule in lowest + demoted:
+        assert f"`{step}` / {rule} {100 * share:.0f} %" in README
