@@ -134,3 +134,16 @@ def test_the_root_conftest_keeps_each_cells_text_outputs(tmp_path, monkeypatch):
     root.pytest_runtest_teardown(SimpleNamespace(nodeid="tests/x.py::test_y"))    # not a notebook cell: nothing
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert lines == [{"test": cell.nodeid, "outputs": ["batch 64: 512 TFLOP/s\n", "0.71", "ValueError: no"]}]
+
+
+def test_the_readmes_chain_times_for_15_are_the_committed_runs():
+    """README: 15's plan gives its longest chain (the 00-15 run: five rounds) and a shorter one takes less
+    (the 00-13-15 run: three rounds); both wall times as coursetime reads them."""
+    from pathlib import Path
+    from gpulab.tools.coursetime import per_file, read
+    root = Path(__file__).resolve().parents[2]
+    wall = {f: round(per_file(read(in_results(f)))["notebooks/15_your_training_step.ipynb"].wall)
+            for f in ("h200-2026-12-02-00-15-timings.tsv", "h200-2026-12-03-00-13-15-timings.tsv")}
+    readme = " ".join((root / "README.md").read_text().split())
+    assert (f"five rounds in {wall['h200-2026-12-02-00-15-timings.tsv']} s, and a chain that stops sooner takes "
+            f"less: three rounds in {wall['h200-2026-12-03-00-13-15-timings.tsv']} s") in readme
