@@ -128,7 +128,9 @@ HOST_SOURCE = ("wall time of notebook 13 (209.2 s as gpulab.tools.coursetime rea
                "included) in results/h200-2026-12-03-00-13-15/h200-2026-12-03-00-13-15-timings.tsv (one H200, torch "
                "2.11, 2026-12-03) minus its GPU work as this plan counts it (24.4 s) at the ceilings in "
                "results/h200-2026-12-03-00-13-15/h200-2026-12-03-00-13-15.json; section 14's time-to-loss runs are "
-               "budgeted in seconds, and each batch of the ladder compiles afresh, so they count as host time")
+               "budgeted in seconds, and each batch of the ladder compiles afresh, so they count as host time. Section 14b "
+               "(FP8 on and off) came after that run: on a GPU with FP8 its compiles and its time-to-loss run "
+               "(at most 1.5 x 30 s) are not in this figure yet")
 
 
 def plan(scale: str | None = None) -> Plan:
@@ -145,7 +147,7 @@ def plan(scale: str | None = None) -> Plan:
     cnn_step = RESNET50_FLOPS_PER_IMAGE * (cnn["image"] / 224) ** 2 * cnn["batch"]
     steps, share = 8, 0.5
     work, caps = [], {}
-    for name, flops, half_runs in (("GPT", gpt_step, 8), ("CNN", cnn_step, 8)):
+    for name, flops, half_runs in (("GPT", gpt_step, 9), ("CNN", cnn_step, 8)):     # GPT: section 14b's FP8 step too
         probes = LOSS_STEPS * flops * (1 / 8 + 1 / 4)        # two untimed runs of LOSS_STEPS steps each
         work += [Work("matmul_fp32", probes, share, f"{name}: two untimed probe runs (fit_batches)"),
                  Work("matmul_fp32", steps * flops, share, f"{name}: fp32 baseline", job=name),
@@ -229,7 +231,7 @@ AMPS = ("none", "bf16", "fp16")
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-SPEED_TOGGLES = ("tf32", "amp", "channels_last", "aligned", "fused", "loader", "compile", "cuda_graphs")
+SPEED_TOGGLES = ("tf32", "amp", "fp8", "channels_last", "aligned", "fused", "loader", "compile", "cuda_graphs")
 
 
 MEMORY_TOGGLES = ("checkpointing", "accumulation")
@@ -251,6 +253,7 @@ class Options:
 
     tf32: bool = False
     amp: str = "none"                 # "none", "bf16", or "fp16" (always with a GradScaler)
+    fp8: bool = False                 # GPT only, with amp bf16: the blocks' linear layers in FP8 (section 13b)
     channels_last: bool = False       # CNN only
     aligned: bool = False             # GPT only
     fused: bool = False
@@ -317,6 +320,12 @@ def check(job: str, options: Options, batch: int | None = None) -> None:
     if options.aligned and job != "gpt":
         raise ValueError(f"aligned applies to the GPT only: it pads the vocabulary to a multiple of {ALIGN}. "
                          "The CNN's channel counts are multiples of 64 already.")
+    if options.fp8 and job != "gpt":
+        raise ValueError("fp8 applies to the GPT only: FP8 training (torchao's, and this course's) converts linear "
+                         "layers, and the CNN's products are convolutions.")
+    if options.fp8 and options.amp != "bf16":
+        raise ValueError("fp8 needs amp bf16: FP8 training runs the linear layers' products in FP8 and everything "
+                         "else under bf16 autocast (FP8 GPUs all have bf16).")
     if options.cuda_graphs and not options.compile:
         raise ValueError("cuda_graphs needs compile: here CUDA graphs come from torch.compile(mode="
                          "\"reduce-overhead\"), which records the compiled step's kernels once and replays "
@@ -346,6 +355,8 @@ def refusal(options: Options, facts: DeviceFacts | None = None, backend: str | N
         reasons["tf32"] = P.refusal("tf32", facts)
     if options.amp != "none":
         reasons["amp"] = P.refusal(options.amp, facts)
+    if options.fp8:
+        reasons["fp8"] = P.fp8_refusal(facts)
     if options.loader and not gpu:
         reasons["loader"] = ("pinned (page-locked) memory and non_blocking copies speed up copies to a GPU; "
                              "on the CPU there is no copy to speed up.")
@@ -593,6 +604,8 @@ def _trainer(job: str, options: Options, model: nn.Module, device: torch.device)
     spec = JOBS[job]
     if options.aligned:
         model = padded_copy(model, ALIGN)            # same weights, zero rows for the padding tokens
+    if options.fp8:
+        P.to_fp8_training(model.blocks)              # the blocks' products; embedding and head stay bf16
     if options.checkpointing:
         model.blocks = CheckpointedBlocks(model.blocks)
     if options.channels_last:
@@ -674,8 +687,13 @@ def loss_tolerance(job: str, options: Options) -> tuple[float, str]:
     - 16-bit autocast: products round their inputs to 8 (bf16) or 11 (fp16) significant bits, up to 4e-3
       each; through tens of layers and two AdamW updates the loss moves by a few of those: 3e-2.
     - TF32 (10-bit mantissa inputs, fp32 sums): 1e-2.
+    - FP8 (e4m3 inputs to the blocks' linear products, one scale per tensor): `precision.FP8_TOLERANCE`, a
+      single product's bound, 6e-2.
     - fp32 throughout: only the order of sums changes (memory layout, fused kernels, compiled code): 2e-3.
     """
+    if options.fp8:
+        return P.FP8_TOLERANCE, ("FP8 rounds each linear product's inputs to 3 mantissa bits: a product is off by "
+                                 "up to about 6 %")
     if options.amp != "none":
         return 3e-2, f"{options.amp} autocast rounds products to 16 bits"
     if options.tf32:

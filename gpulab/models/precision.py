@@ -7,7 +7,8 @@
 - `make_scaler`, `classification_loss`, `language_model_loss`: what `models.step.train_step` takes.
 - FP16 / BF16 / FP32: the limits of each format, from `torch.finfo`.
 - `fp8_refusal`, `to_fp8`, `fp8_matmul`: e4m3 products with one scale per tensor (Ada, Hopper and newer;
-  notebook 13's FP8 section).
+  notebook 13's FP8 section); `to_fp8_training` / `Fp8Linear`: a model's linear layers trained in FP8, all
+  three products of each, as torchao's tensorwise recipe does (notebook 13's `fp8` toggle).
 
 PyTorch's defaults differ between the two switches: since PyTorch 1.12, fp32 matrix products
 do not use TF32 unless asked, while cuDNN convolutions do. `fp32_math("ieee")` turns both off.
@@ -177,6 +178,67 @@ def fp8_matmul(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch.T
         raise ValueError(f"fp8_matmul needs a8 (M x K), b8 (N x K) with K and N multiples of 16 "
                          f"(got {tuple(a8.shape)} and {tuple(b8.shape)})")
     return torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype, use_fast_accum=fast_accum)
+
+
+class Fp8LinearFunction(torch.autograd.Function):
+    """y = x @ w.T + b with a linear layer's three products in FP8, as torchao's float8 training does them
+    with its default (tensorwise) recipe: x, w and the output's gradient each cast to e4m3 with one
+    dynamic scale (`to_fp8`), the forward product with fast accumulation, the two gradient products without;
+    the products' outputs in bf16 (the gradient of w in fp32, the weights' own dtype)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        x8, sx = to_fp8(x2)
+        w8, sw = to_fp8(w)
+        y = fp8_matmul(x8, sx, w8, sw, out_dtype=torch.bfloat16, fast_accum=True)
+        if b is not None:
+            y = y + b.to(y.dtype)
+        ctx.save_for_backward(x8, sx, w8, sw)     # the e4m3 copies: half the bytes of bf16 ones
+        ctx.meta = (lead, x.dtype, w.dtype, b is not None)
+        return y.reshape(*lead, w.shape[0])
+
+    @staticmethod
+    def backward(ctx, gy: torch.Tensor):
+        x8, sx, w8, sw = ctx.saved_tensors
+        lead, x_dtype, w_dtype, has_bias = ctx.meta
+        g2 = gy.reshape(-1, gy.shape[-1])
+        g8, sg = to_fp8(g2)
+        # dx = gy @ w: fp8_matmul(a, b) is a @ b.T, so b = w.T, row-major
+        gx = fp8_matmul(g8, sg, w8.t().contiguous(), sw, out_dtype=torch.bfloat16, fast_accum=False)
+        # dw = gy.T @ x: a = gy.T, b = x.T, both row-major (the tokens are the inner dimension)
+        gw = fp8_matmul(g8.t().contiguous(), sg, x8.t().contiguous(), sx, out_dtype=torch.float32, fast_accum=False)
+        gb = g2.sum(0).to(w_dtype) if has_bias else None
+        return gx.reshape(*lead, -1).to(x_dtype), gw.to(w_dtype), gb
+
+
+class Fp8Linear(nn.Linear):
+    """An `nn.Linear` whose products run in FP8 (`Fp8LinearFunction`); its parameters stay as they are (fp32 master
+    weights, AdamW updating them in fp32). `to_fp8_training` swaps them in. The tokens a call multiplies
+    (every dimension but the last) must be a multiple of 16, as must in_features and out_features."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return Fp8LinearFunction.apply(x, self.weight, self.bias)
+
+
+def fp8_linear_refusal(linear: nn.Linear) -> str | None:
+    """Why `linear` cannot run in FP8 (`fp8_matmul` needs K and N multiples of 16), or None."""
+    if linear.in_features % 16 or linear.out_features % 16:
+        return f"{linear.in_features} -> {linear.out_features} features: not multiples of 16"
+    return None
+
+
+def to_fp8_training(module: nn.Module) -> list[str]:
+    """Every `nn.Linear` inside `module` whose sizes FP8 takes becomes an `Fp8Linear` in place (the same
+    parameters: nothing is copied, tied weights stay tied); returns the names of those swapped. What the
+    caller leaves out of `module` stays as it was (notebook 13 passes the GPT's blocks, not its head)."""
+    swapped = []
+    for name, child in list(module.named_modules()):
+        if type(child) is nn.Linear and fp8_linear_refusal(child) is None:
+            child.__class__ = Fp8Linear
+            swapped.append(name)
+    return swapped
 
 
 def _cudnn_conv_switch():

@@ -470,3 +470,61 @@ def test_the_ladder_skips_a_batch_that_would_not_fit_and_says_why():
     assert [r.result is not None for r in rows] == [True, True, False] and "over 0.1 s" in rows[2].why
     table = C.ladder_rows(rows, None)
     assert table[2][-1] == rows[2].why and table[0][5] == "-"               # no peak: no MFU
+
+
+# -- FP8 in the step (section 14b) -----------------------------------------------------------------
+def test_fp8_linear_layers_train_with_all_three_products_in_fp8():
+    """Fp8Linear's output and both gradients against fp32, within FP8_TOLERANCE (e4m3's 3.7 % measured on the
+    crossover's products); the same comparison catches a backward whose weight product is not transposed."""
+    from torch import nn
+    from gpulab.models import precision as P
+    torch.manual_seed(0)
+    ref = nn.Linear(64, 64)
+    fp8 = nn.Linear(64, 64)
+    fp8.load_state_dict(ref.state_dict())
+    assert P.to_fp8_training(nn.Sequential(fp8)) == ["0"] and isinstance(fp8, P.Fp8Linear)
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    x8 = x.detach().clone().requires_grad_(True)
+    y, y8 = ref(x), fp8(x8)
+    g = torch.randn_like(y)
+    y.backward(g)
+    y8.backward(g.to(y8.dtype))
+    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()   # noqa: E731
+    errors = {"y": rel(y8, y), "dx": rel(x8.grad, x.grad), "dw": rel(fp8.weight.grad, ref.weight.grad),
+              "db": rel(fp8.bias.grad, ref.bias.grad)}
+    assert all(0 < e <= P.FP8_TOLERANCE for e in errors.values()), errors
+    assert fp8.weight.grad.dtype == torch.float32 and x8.grad.dtype == x.dtype
+    untransposed = g @ ref.weight.detach().t()               # dx with the weight product not transposed
+    assert rel(untransposed, x.grad) > 10 * P.FP8_TOLERANCE
+
+
+def test_to_fp8_training_swaps_only_linear_layers_fp8_can_take_and_keeps_their_parameters():
+    from torch import nn
+    from gpulab.models import precision as P
+    m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10), nn.Conv2d(3, 16, 3))
+    before = [id(p) for p in m.parameters()]
+    assert P.to_fp8_training(m) == ["0"]
+    assert type(m[0]) is P.Fp8Linear and type(m[2]) is nn.Linear and type(m[3]) is nn.Conv2d
+    assert [id(p) for p in m.parameters()] == before                   # the same tensors: tied weights stay tied
+    assert "not multiples of 16" in P.fp8_linear_refusal(m[2])
+
+
+def test_fp8_is_a_gpt_toggle_with_bf16_and_refused_without_fp8_tensor_cores():
+    o = C.Options(amp="bf16", fp8=True)
+    assert o.label == "bf16 + fp8" and C.Options(amp="bf16").adding("fp8") == o
+    assert "GPT only" in C.problem("cnn", o, facts=CPU_FACTS)
+    assert "needs amp bf16" in C.problem("gpt", C.Options(fp8=True), facts=CPU_FACTS)
+    assert "needs amp bf16" in C.problem("gpt", C.Options(amp="fp16", fp8=True), facts=CPU_FACTS)
+    assert "fp8: " in C.refusal(o, A100) and "no FP8 Tensor Cores" in C.refusal(o, A100)
+    assert C.problem("gpt", o, facts=CPU_FACTS) is None
+    assert C.loss_tolerance("gpt", o)[0] == pytest.approx(0.06)
+    assert "fp8" not in C.all_on("gpt", facts=CPU_FACTS).on()      # not a default toggle: 14b measures it
+
+
+def test_the_gpt_trains_in_fp8_on_the_cpu_and_matches_fp32s_losses():
+    runs = C.Runs(scale="tiny")
+    c = runs.checked("gpt", C.Options(amp="bf16", fp8=True))
+    assert c.status == "ok" and c.result.time is not None, (c.status, c.why)
+    assert 0 < c.loss_diff <= c.tolerance
+    with C.training_step("gpt", C.Options(amp="bf16", fp8=True), scale="tiny") as step:
+        step()
