@@ -8,7 +8,8 @@
 - FP16 / BF16 / FP32: the limits of each format, from `torch.finfo`.
 - `fp8_refusal`, `to_fp8`, `fp8_matmul`: e4m3 products with one scale per tensor (Ada, Hopper and newer;
   notebook 13's FP8 section); `to_fp8_training` / `Fp8Linear`: a model's linear layers trained in FP8, all
-  three products of each, as torchao's tensorwise recipe does (notebook 13's `fp8` toggle).
+  three products of each (e4m3 inputs and weights, e5m2 gradients), as torchao's tensorwise recipe does
+  (notebook 13's `fp8` toggle).
 
 PyTorch's defaults differ between the two switches: since PyTorch 1.12, fp32 matrix products
 do not use TF32 unless asked, while cuDNN convolutions do. `fp32_math("ieee")` turns both off.
@@ -126,6 +127,10 @@ def half_dtype(facts: DeviceFacts | None = None) -> torch.dtype:
 # -- FP8 (Ada, Hopper and newer): e4m3 inputs with one scale per tensor ---------------------------------
 FP8_DTYPE = getattr(torch, "float8_e4m3fn", None)
 FP8_MAX = torch.finfo(FP8_DTYPE).max if FP8_DTYPE is not None else None      # 448
+# Gradients in FP8 training: e5m2 (5 exponent bits, 2 mantissa bits, largest 57344), the wider range that
+# torchao's tensorwise recipe gives the output's gradient (one scale per tensor drops e4m3 entries under about
+# amax x 4e-6, e5m2 ones under about amax x 3e-10)
+FP8_GRAD_DTYPE = getattr(torch, "float8_e5m2", None)
 # The FP8 product against the product of its own dequantized inputs ((a8 sa) @ (b8 sb).T in fp32): what
 # the kernel adds, its bf16 output's rounding and its accumulation: 1.7e-3 measured (n = 64 to 512, torch
 # 2.13 on the CPU). A wrong scale, a transposed operand or a kernel bug gives far more.
@@ -134,6 +139,10 @@ FP8_KERNEL_TOLERANCE = 1e-2
 # of normal inputs rounded each input by 2.7 % (RMS) and the product by 3.7 % (about sqrt(2) x 2.7 %), same
 # measurement. More than 6 % means the inputs were not scaled as `to_fp8` scales them.
 FP8_TOLERANCE = 0.06
+# A gradient product in FP8 training (an e5m2 gradient against an e4m3 input or weight, `Fp8LinearFunction`)
+# against fp32: e5m2 keeps 2 mantissa bits, and the products came out 5.8 to 5.9 % off (n = 64 to 512, normal
+# data, torch 2.13 on the CPU).
+FP8_GRAD_TOLERANCE = 0.09
 
 
 def fp8_refusal(facts: DeviceFacts | None = None, device: torch.device | None = None) -> str | None:
@@ -157,13 +166,16 @@ def fp8_refusal(facts: DeviceFacts | None = None, device: torch.device | None = 
     return None
 
 
-def to_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`x` in e4m3 with one scale for the whole tensor, recomputed at every call ("dynamic" scaling, as
-    torchao's float8 training does by default): scale = amax / 448, so the largest element lands on e4m3's
-    largest; returns (x8, scale), x ~ x8 * scale. Eager, it is several kernels (abs, max, divide, clamp,
-    cast), each a pass over x; compiled, two: the amax, then one pass that scales and casts."""
-    scale = (x.detach().abs().amax().float() / FP8_MAX).clamp(min=1e-12)
-    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+def to_fp8(x: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` in e4m3 (or `dtype`, e.g. FP8_GRAD_DTYPE) with one scale for the whole tensor, recomputed at every
+    call ("dynamic" scaling, as torchao's float8 training does by default): scale = amax / the format's
+    largest (448 for e4m3), so the largest element lands on it; returns (x8, scale), x ~ x8 * scale. Eager,
+    it is several kernels (abs, max, divide, clamp, cast), each a pass over x; compiled, two: the amax,
+    then one pass that scales and casts."""
+    dtype = dtype or FP8_DTYPE
+    largest = torch.finfo(dtype).max
+    scale = (x.detach().abs().amax().float() / largest).clamp(min=1e-12)
+    return (x.float() / scale).clamp(-largest, largest).to(dtype), scale
 
 
 def fp8_matmul(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch.Tensor,
@@ -182,14 +194,19 @@ def fp8_matmul(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch.T
 
 class Fp8LinearFunction(torch.autograd.Function):
     """y = x @ w.T + b with a linear layer's three products in FP8, as torchao's float8 training does them
-    with its default (tensorwise) recipe: x, w and the output's gradient each cast to e4m3 with one
-    dynamic scale (`to_fp8`), the forward product with fast accumulation, the two gradient products without;
-    the products' outputs in bf16 (the gradient of w in fp32, the weights' own dtype)."""
+    with its default (tensorwise) recipe: x and w cast to e4m3, the output's gradient to e5m2, each with
+    one dynamic scale per tensor (`to_fp8`); the forward product with fast accumulation, the two gradient
+    products without; their outputs in bf16 (the gradient of w in fp32, the weights' own dtype, and the
+    gradient of x in x's dtype). The weight's gradient sums over the tokens, so a call's token count (every
+    dimension of x but the last) must be a multiple of 16, as the kernel needs."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
+        if x2.shape[0] % 16:
+            raise ValueError(f"FP8 training needs the tokens of a call (batch x sequence) to be a multiple of 16 "
+                             f"(got {x2.shape[0]}): the weight's gradient sums over them on FP8 Tensor Cores")
         x8, sx = to_fp8(x2)
         w8, sw = to_fp8(w)
         y = fp8_matmul(x8, sx, w8, sw, out_dtype=torch.bfloat16, fast_accum=True)
@@ -203,8 +220,8 @@ class Fp8LinearFunction(torch.autograd.Function):
     def backward(ctx, gy: torch.Tensor):
         x8, sx, w8, sw = ctx.saved_tensors
         lead, x_dtype, w_dtype, has_bias = ctx.meta
-        g2 = gy.reshape(-1, gy.shape[-1])
-        g8, sg = to_fp8(g2)
+        g2 = gy.reshape(-1, gy.shape[-1]).contiguous()
+        g8, sg = to_fp8(g2, FP8_GRAD_DTYPE)
         # dx = gy @ w: fp8_matmul(a, b) is a @ b.T, so b = w.T, row-major
         gx = fp8_matmul(g8, sg, w8.t().contiguous(), sw, out_dtype=torch.bfloat16, fast_accum=False)
         # dw = gy.T @ x: a = gy.T, b = x.T, both row-major (the tokens are the inner dimension)
