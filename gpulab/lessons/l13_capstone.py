@@ -254,7 +254,7 @@ class Options:
 
     tf32: bool = False
     amp: str = "none"                 # "none", "bf16", or "fp16" (always with a GradScaler)
-    fp8: bool = False                 # GPT only, with amp bf16: the blocks' linear layers in FP8 (section 13b)
+    fp8: bool = False                 # GPT only, with amp bf16: the blocks' linear layers in FP8 (section 14b)
     channels_last: bool = False       # CNN only
     aligned: bool = False             # GPT only
     fused: bool = False
@@ -688,8 +688,9 @@ def loss_tolerance(job: str, options: Options) -> tuple[float, str]:
     - 16-bit autocast: products round their inputs to 8 (bf16) or 11 (fp16) significant bits, up to 4e-3
       each; through tens of layers and two AdamW updates the loss moves by a few of those: 3e-2.
     - TF32 (10-bit mantissa inputs, fp32 sums): 1e-2.
-    - FP8 (e4m3 inputs to the blocks' linear products, one scale per tensor): `precision.FP8_TOLERANCE`, a
-      single product's bound, 6e-2.
+    - FP8 (the blocks' linear products on e4m3 inputs and e5m2 gradients, one scale per tensor):
+      `precision.FP8_TOLERANCE`, a single forward product's bound, 6e-2. Loose, as every tolerance here: two
+      updates move the loss less than this; `fp8_gradients` is the check that can catch a wrong FP8 layer.
     - fp32 throughout: only the order of sums changes (memory layout, fused kernels, compiled code): 2e-3.
     """
     if options.fp8:
