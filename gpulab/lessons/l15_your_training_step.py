@@ -11,7 +11,8 @@ The data is lesson 03's `SyntheticImages` (CPU work per sample that `calibrate_p
 host's speed). The model is a multi-layer perceptron on the flattened image, its width set from this
 GPU's measured fp32 ceiling (notebook 00) so that, once the data arrives in time, its fp32 matrix
 products are most of the step on any GPU: a T4 gets a narrower model than an H200, and each shows the
-same chain of bottlenecks.
+same chain of bottlenecks. Its width is also capped by the GPU's memory (`width_for`): the correctness
+checks hold PARAM_COPIES copies of the parameters at once.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from torch import nn
 
 from gpulab.core.ceilings import ceilings
 from gpulab.core.device import cpu_cores, pick_device, resolve_scale
+from gpulab.core.memory import free_memory
 from gpulab.core.predict import Plan
 from gpulab.lessons.l03_input_pipeline import (SyntheticImages, calibrate_passes, make_loader, quiet_fork,
                                                 usable_workers)
@@ -107,10 +109,37 @@ def step_flops(in_features: int, width: int, depth: int, classes: int, batch: in
     return 6.0 * batch * macs
 
 
+# GPU memory: at its fullest (the last of `same_training`'s six runs) the notebook holds this many fp32 copies of
+# the MLP's parameters: the slow step's weights and momentum (2), the six parameter lists the comparison has
+# gathered (6), and the running step's weights, gradients, momentum, starting copy and trained copy (5).
+PARAM_COPIES = 2 + 6 + 5
+# The share of the GPU's memory those copies may take: the rest is the CUDA context, the activations (a batch
+# of 256 through 4 layers: tens of MiB) and the allocator's slack.
+MEMORY_SHARE = 0.8
+
+
+def width_for(cfg: dict, flops: float, memory_bytes: int | None = None) -> int:
+    """The widest MLP whose fp32 step is at most `flops` and, given the GPU's memory in bytes, whose
+    PARAM_COPIES fp32 copies of the parameters fit in MEMORY_SHARE of it; a multiple of 64 between the
+    config's min_width and max_width."""
+    n_in, b, d, c = 3 * cfg["size"] ** 2, cfg["batch"], cfg["depth"], cfg["classes"]
+
+    def root(a_: float, b_: float, c_: float) -> float:      # the positive root of a w^2 + b w + c
+        return (-b_ + (b_ * b_ - 4 * a_ * c_) ** 0.5) / (2 * a_)
+
+    # 6 b (n_in w + (d - 1) w^2) = flops
+    w = root(6 * b * (d - 1), 6 * b * n_in, -flops)
+    if memory_bytes is not None:
+        # 4 bytes x PARAM_COPIES x ((d - 1) w^2 + (n_in + d + c) w + c) <= MEMORY_SHARE x memory  (weights and biases)
+        w = min(w, root(d - 1, n_in + d + c, c - MEMORY_SHARE * memory_bytes / (4 * PARAM_COPIES)))
+    return int(min(cfg["max_width"], max(cfg["min_width"], w // 64 * 64)))
+
+
 def model_width(cfg: dict, passes_ms: float, device: torch.device) -> int:
     """The MLP's width on this GPU: its fp32 step takes `fp32_over_data` times the time the workers
-    need for a batch (`passes_ms` per sample), at this GPU's measured fp32 matmul ceiling; the
-    config's width on the CPU or without a measured ceiling."""
+    need for a batch (`passes_ms` per sample), at this GPU's measured fp32 matmul ceiling, and the
+    parameters' copies the notebook holds fit in the GPU's memory (`width_for`); the config's width on the
+    CPU or without a measured ceiling."""
     if "width" in cfg:
         return cfg["width"]
     if device.type != "cuda":
@@ -119,12 +148,8 @@ def model_width(cfg: dict, passes_ms: float, device: torch.device) -> int:
     if ceiling is None or not ceiling.source.startswith("measured"):
         return cfg["min_width"]
     target_s = cfg["batch"] * passes_ms / 1e3 / first_workers(cfg) * cfg["fp32_over_data"]
-    flops = target_s * ceiling.value * 1e12
-    n_in, b, d = 3 * cfg["size"] ** 2, cfg["batch"], cfg["depth"]
-    # 6 b (n_in w + (d - 1) w^2) = flops  ->  the positive root, rounded down to a multiple of 64
-    a_, b_, c_ = 6 * b * (d - 1), 6 * b * n_in, -flops
-    w = (-b_ + (b_ * b_ - 4 * a_ * c_) ** 0.5) / (2 * a_)
-    return int(min(cfg["max_width"], max(cfg["min_width"], w // 64 * 64)))
+    memory = free_memory(device)
+    return width_for(cfg, target_s * ceiling.value * 1e12, memory[1] if memory else None)
 
 
 class TrainingStep:

@@ -104,3 +104,41 @@ def test_every_fix_is_named_by_a_rule_of_the_diagnosis():
     from gpulab.diagnose.rules import RULES
 
     assert set(L.fixes(L.config("tiny"))) <= {r.__name__ for r in RULES}
+
+
+def test_the_width_fits_the_parameter_copies_the_notebook_holds_in_the_gpus_memory():
+    # The H200 of 2026-12-03 under the t4 profile (15 GiB, 2 cores) sized the MLP 16384 wide from the step's
+    # time alone; cell 4 ran out of memory. Any FLOP budget: PARAM_COPIES fp32 copies fit in the memory's share.
+    cfg = L.config("full")
+    n_in, d, c = 3 * cfg["size"] ** 2, cfg["depth"], cfg["classes"]
+
+    def params(w):
+        return sum(p.numel() for p in L.mlp(n_in, w, d, c, torch.device("meta")).parameters())
+
+    for gib in (15, 16, 24, 40):
+        memory = gib * 2 ** 30
+        w = L.width_for(cfg, 1e18, memory)
+        assert w % 64 == 0 and cfg["min_width"] <= w < cfg["max_width"], w
+        assert 4 * L.PARAM_COPIES * params(w) <= L.MEMORY_SHARE * memory, (gib, w)
+        assert 4 * L.PARAM_COPIES * params(w + 64) > L.MEMORY_SHARE * memory, (gib, w)   # the widest that fits
+    assert L.width_for(cfg, 1e18, 80 * 2 ** 30) == cfg["max_width"]       # 80 GiB and more: the time decides
+    assert L.width_for(cfg, 1e18) == cfg["max_width"]
+    small = L.width_for(cfg, 6 * cfg["batch"] * (n_in * 1024 + (d - 1) * 1024 ** 2), 80 * 2 ** 30)
+    assert small == 1024                                                   # the time decides when it is the lower
+
+
+def test_param_copies_counts_what_same_training_holds(monkeypatch):
+    # PARAM_COPIES = the slow step's 2 + the lists the comparison holds before its last run + the last run's 5
+    import gpulab.diagnose.cases as cases
+    seen = {}
+
+    def compare(p0, slow, fixed, pairs, k):
+        lists = [p0, slow, fixed] + [x for pair in pairs for x in pair]
+        seen["distinct"] = len({id(x) for x in lists})
+        return {"ok": True, "why": "stub"}
+
+    monkeypatch.setattr(cases, "compare", compare)
+    cfg = L.config("tiny")
+    ok, _ = L.same_training(L.Options(workers=1), cfg, torch.device("cpu"), cfg["width"], 1, k=1)
+    assert ok
+    assert 2 + (seen["distinct"] - 1) + 5 <= L.PARAM_COPIES, seen
