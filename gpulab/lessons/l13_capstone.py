@@ -124,14 +124,14 @@ def config(scale: str | None = None) -> dict[str, Any]:
 
 # -- how long notebook 13 takes (gpulab.core.predict) -------------------------------------------------
 RESNET50_FLOPS_PER_IMAGE = 3 * 8.2e9   # forward 4.1 G multiply-adds at 224 x 224 (He et al. 2016, table 1), x 3
-HOST_S = 184.8          # the reference run below, less its GPU work (compiling, loaders, budgets, time to loss)
-HOST_SOURCE = ("wall time of notebook 13 (209.2 s as gpulab.tools.coursetime reads it; sections 12b, 12c, 13 and 14 "
-               "included) in results/h200-2026-12-03-00-13-15/h200-2026-12-03-00-13-15-timings.tsv (one H200, torch "
-               "2.11, 2026-12-03) minus its GPU work as this plan counts it (24.4 s) at the ceilings in "
-               "results/h200-2026-12-03-00-13-15/h200-2026-12-03-00-13-15.json; section 14's time-to-loss runs are "
-               "budgeted in seconds, and each batch of the ladder compiles afresh, so they count as host time. Section 14b "
-               "(FP8 on and off) came after that run: on a GPU with FP8 its compiles and its time-to-loss run "
-               "(at most 1.5 x 30 s) are not in this figure yet")
+HOST_S = 274.9          # the reference run below, less its GPU work (compiling, loaders, budgets, time to loss)
+HOST_SOURCE = ("wall time of notebook 13 (298.7 s as gpulab.tools.coursetime reads it; sections 12b, 12c, 13, 14 "
+               "and 14b included) in results/h200-2026-12-03-course/h200-2026-12-03-course-timings.tsv (one H200, "
+               "torch 2.11, 2026-12-03, the whole course at 7027931) minus its GPU work as this plan counts it "
+               "(23.8 s) at the ceilings in results/h200-2026-12-03-course/h200-2026-12-03-course.json; section 14's "
+               "and 14b's time-to-loss runs are budgeted in seconds, and each batch of the ladder and each FP8 step "
+               "compiles afresh, so they count as host time. On a GPU without FP8 section 14b is skipped: the "
+               "prediction there is high by its share (81 s of that run: a gradient check, two compiles and a time-to-loss run)")
 
 
 def plan(scale: str | None = None) -> Plan:

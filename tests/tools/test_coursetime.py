@@ -77,6 +77,10 @@ PREDICTOR_RUNS = [
     # kept, here after three rounds (128 s), where the run its plan names took five (225 s); the plan gives
     # the longer chain, the time a learner may have to wait
     ("h200-2026-12-03-00-13-15-timings.tsv", "h200-2026-12-03-00-13-15.json", ("00", "13")),
+    # the whole course at 7027931 (2026-12-03, one store over three calls): the newest for every notebook. 12's and
+    # 13's host times were taken from it (calibrations: 13 now includes section 14b, FP8 in the step); for the other
+    # fourteen it is a test. 15 ran a five-round chain here (200 s)
+    ("h200-2026-12-03-course-timings.tsv", "h200-2026-12-03-course.json"),
 ]
 
 
