@@ -204,3 +204,13 @@ def test_a_key_value_filter_picks_one_round_of_a_chain():
     assert check_markdown("bought 1.74×<!-- fig 15 fix_speedup round=1 -->", recs)          # round 1 was 4.3
     assert "no committed record" in check_markdown("bought 1.74×<!-- fig 15 fix_speedup round=9 -->", recs)[0]
     assert check_markdown("bought 1.74×<!-- fig 15 fix_speedup round -->", recs)              # unreadable option
+
+
+def test_a_probes_figure_says_it_is_reference_only_and_its_script_is_committed():
+    from gpulab.core.figures import PROBES, ROOT, beside
+    for (lesson, name), script in PROBES.items():
+        assert (ROOT / script).exists(), script
+    md = ["On the H200 it ran at 795 TFLOP/s<!-- fig 00 layout_probe --> once."]
+    refs = [Rec("00", "layout_probe", 795.0, source="results/x.json")]
+    row, = beside("13", [], "NVIDIA H200", refs, markdown=md)
+    assert row["yours"] is None and row["regime"].startswith("reference only") and "peak-probe.py" in row["regime"]

@@ -267,12 +267,18 @@ def _value(rec_value: float, extra: dict, tag: Tag) -> float | None:
     return float(v) * tag.k if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
+# Records no notebook makes: a maintainers' probe, committed with its script. The learner has no value of
+# their own for these; `beside` says where the figure came from instead of "not run yet".
+PROBES = {("00", "layout_probe"): "results/h200-2026-12-03-course/peak-probe.py"}
+
+
 def beside(lesson: str, mine: Iterable[Any], gpu_now: str, references: Iterable[Rec] | None = None,
            markdown: list[str] | None = None) -> list[dict]:
     """One row per tagged figure of lesson `lesson`'s prose: the figure as the prose shows it, the
     reference runs it comes from (files and GPUs), and the learner's newest value of the same record
     (`mine`: records with lesson, name, value, gpu, scale, extra; scaled as the prose shows it), with how
-    the two compare: "same GPU", "another GPU", "emulating a profile", "tiny size (CPU)", or "not run yet"."""
+    the two compare: "same GPU", "another GPU", "emulating a profile", "tiny size (CPU)", "not run yet", or for
+    a probe's record (PROBES) "reference only: ..." with its script."""
     markdown = notebook_markdown(lesson) if markdown is None else markdown
     references = committed_records() if references is None else tuple(references)
     mine = list(mine)
@@ -290,6 +296,8 @@ def beside(lesson: str, mine: Iterable[Any], gpu_now: str, references: Iterable[
                    "reference": ", ".join(sorted({f"{Path(r.source).name} ({r.gpu})" for r in ref_recs})) or "none",
                    "reference_range": (min(v for v, _ in refs) * fig.tag.k, max(v for v, _ in refs) * fig.tag.k)
                    if refs else None, "yours": None, "regime": "not run yet"}
+            if (fig.tag.lesson, name) in PROBES:
+                row["regime"] = f"reference only: a probe no notebook runs ({PROBES[fig.tag.lesson, name]})"
             if ours:
                 r = ours[-1]
                 row["yours"] = _value(r.value, r.extra, fig.tag)
