@@ -272,12 +272,20 @@ def apply_profile_sm_limit(device: torch.device) -> int | None:
     a CUDA green context of `sm_count` SMs (`torch.cuda.green_contexts`, beta), made current, its stream
     this process's current stream. Returns the SM count, or None with the reason in SM_LIMIT["why"] (no
     such profile; this PyTorch or driver has no green contexts), when the SMs stay the whole GPU's and
-    `device_facts()` says so."""
+    `device_facts()` says so. An MPS client with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (a room under
+    `roomrun --mps`) gets no green context: MPS already limits its share of the SMs."""
     prof = profile()
     if prof is None or not prof.sm_count or device.type != "cuda":
         SM_LIMIT.update(sms=None, why="no profile with an SM count" if prof is None or not prof.sm_count
                         else "not on a GPU")
         return None
+    mps = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "").strip()
+    if mps and os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+        # an MPS client with a share of the SMs (gpulab.tools.roomrun --mps): MPS limits this process to that
+        # share, and a green context would not combine with it (the percentage decides)
+        SM_LIMIT.update(sms=prof.sm_count, why=f"MPS: at most {mps} % of the GPU's SMs "
+                        f"(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), the {prof.key} profile's {prof.sm_count}")
+        return prof.sm_count
     try:
         from torch.cuda.green_contexts import SUPPORTED, GreenContext
         if not SUPPORTED:
@@ -304,7 +312,7 @@ def slice_bandwidth_note() -> str:
     if not sms:
         return ""
     prof = profile()
-    return (f"emulating the {prof.key if prof else 'slice'} profile with a green context of {sms} SMs: it limits "
+    return (f"emulating the {prof.key if prof else 'slice'} profile ({SM_LIMIT.get('why')}): it limits "
             "the SMs, not the memory system, so the bandwidth here is what those SMs keep in flight, not a "
             "slice's share of the memory")
 

@@ -8,6 +8,15 @@ runs one learner alone first (the reference), then all of them at once. Each lea
 the notebooks under nbval, one pytest per notebook, timed (as `bash setup.sh test notebooks/` runs them),
 with its own results store and check log (GPULAB_CHECKS) in --out; `summarize(out)` (also printed, and
 written to --out/summary.json and summary.md) reads them back. On the CPU it runs at tiny size.
+
+Without MIG, kernels of different processes take turns on the GPU (time-slicing): seven learners each ran at
+about a seventh of one alone (README, "A room of seven"). `--mps` runs the room under CUDA MPS instead (NVIDIA's
+Multi-Process Service: one server runs every learner's kernels side by side), each learner limited to its
+slice's share of the SMs by CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in place of the profile's green context (under
+MPS the two do not combine: the percentage decides). That is closer to MIG slices, which run side by side; the
+memory bandwidth, L2 and power stay shared. roomrun starts the MPS control daemon (`nvidia-cuda-mps-control
+-d`, its pipe and log folders under --out/mps) and stops it at the end; where it cannot, it says why and the
+room runs time-sliced.
 """
 from __future__ import annotations
 
@@ -18,6 +27,8 @@ import signal
 import statistics
 import subprocess
 import sys
+import math
+import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -40,7 +51,8 @@ KIND = "gpulab roomrun"
 TIMINGS_KIND, CODES_KIND, SUMMARY_KIND = f"{KIND} timings", f"{KIND} exit codes", f"{KIND} summary"
 
 
-def learner_env(out: Path, name: str, profile: str, scale: str | None) -> dict:
+def learner_env(out: Path, name: str, profile: str, scale: str | None, mps: dict | None = None,
+                learners: int = 1) -> dict:
     env = {**os.environ, "GPULAB_RESULTS": str(out / "room" / f"{name}.json"),
            "GPULAB_CHECKS": str(out / "checks" / f"{name}.jsonl"), "GPULAB_LEARNER": name,
            "MPLBACKEND": "Agg"}
@@ -48,17 +60,86 @@ def learner_env(out: Path, name: str, profile: str, scale: str | None) -> dict:
         env["GPULAB_PROFILE"] = profile
     if scale:
         env["GPULAB_SCALE"] = scale
+    if mps and mps.get("running"):
+        # the learner is an MPS client: the server's pipe, and its slice's share of the SMs
+        env.update(CUDA_MPS_PIPE_DIRECTORY=mps["pipe"], CUDA_MPS_LOG_DIRECTORY=mps["log"])
+        if mps.get("percentage"):
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps["percentage"])
+        if name != "alone":
+            # inside MPS, NVML lists the server, not the other learners: the room says the GPU is shared
+            env["GPULAB_SHARED_GPU"] = f"MPS, {learners} learners side by side"
     return env
 
 
-def start(out: Path, name: str, notebooks: list[Path], profile: str, scale: str | None) -> subprocess.Popen:
+def mps_percentage(slice_sms: int | None, gpu_sms: int | None) -> int | None:
+    """CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for a slice of `slice_sms` of the GPU's `gpu_sms` SMs: the smallest
+    whole percent that holds them (16 of 132: 13 %). None without both counts (no SM limit)."""
+    if not slice_sms or not gpu_sms or slice_sms >= gpu_sms:
+        return None
+    return max(1, math.ceil(100 * slice_sms / gpu_sms))
+
+
+def _gpu_sms() -> int | None:
+    """The GPU's SM count, read in a child process, so this one holds no CUDA context when MPS starts."""
+    try:
+        done = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_properties(0)"
+                               ".multi_processor_count if torch.cuda.is_available() else '')"],
+                              capture_output=True, text=True, timeout=120)
+        return int(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def start_mps(out: Path, profile: str, gpu_sms: int | None = None, control: str = "nvidia-cuda-mps-control") -> dict:
+    """Start the MPS control daemon for the room: {"running": True, "pipe", "log", "percentage", "why"}, or
+    {"running": False, "why": the reason} (no daemon binary, no GPU, the daemon refused to start)."""
+    binary = shutil.which(control)
+    if binary is None:
+        return {"running": False, "why": f"{control} not found: the room runs time-sliced"}
+    gpu_sms = gpu_sms if gpu_sms is not None else _gpu_sms()
+    if gpu_sms is None:
+        return {"running": False, "why": "no CUDA GPU: the room runs without MPS"}
+    from gpulab.core.profiles import PROFILES
+    prof = PROFILES.get(profile) if profile else None
+    pct = mps_percentage(getattr(prof, "sm_count", None), gpu_sms)
+    pipe, log = out / "mps" / "pipe", out / "mps" / "log"
+    pipe.mkdir(parents=True, exist_ok=True)
+    log.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log)}
+    try:
+        done = subprocess.run([binary, "-d"], env=env, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return {"running": False, "why": f"{control} -d did not start ({type(err).__name__}: {err}): the room runs time-sliced"}
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        return {"running": False, "why": f"{control} -d exited {done.returncode}"
+                + (f" ({said[-1]})" if said else "") + ": the room runs time-sliced"}
+    share = (f"each learner at most {pct} % of the GPU's {gpu_sms} SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, "
+             f"for the {profile} profile's {prof.sm_count})" if pct else "no SM limit per learner")
+    return {"running": True, "pipe": str(pipe), "log": str(log), "percentage": pct, "gpu_sms": gpu_sms,
+            "control": binary, "why": f"MPS: the learners' kernels run side by side; {share}"}
+
+
+def stop_mps(mps: dict | None) -> None:
+    """Ask the room's MPS control daemon to quit (it stops its server once no client is left)."""
+    if not mps or not mps.get("running"):
+        return
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": mps["pipe"], "CUDA_MPS_LOG_DIRECTORY": mps["log"]}
+    try:
+        subprocess.run([mps["control"]], input="quit\n", env=env, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+
+
+def start(out: Path, name: str, notebooks: list[Path], profile: str, scale: str | None,
+          mps: dict | None = None, learners: int = 1) -> subprocess.Popen:
     """The learner: a process that runs the notebooks one after the other (`child`)."""
     for sub in ("room", "timings", "checks", "logs"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     log = (out / "logs" / f"{name}.txt").open("w")
     return subprocess.Popen([sys.executable, "-m", "gpulab.tools.roomrun", "--child", name, "--out", str(out),
                              *map(str, notebooks)],
-                            cwd=ROOT, env=learner_env(out, name, profile, scale), stdout=log,
+                            cwd=ROOT, env=learner_env(out, name, profile, scale, mps, learners), stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -95,14 +176,20 @@ def child(out: Path, name: str, notebooks: list[str]) -> int:
 
 
 def run(out: Path, learners: int, notebooks: list[Path], profile: str = "", scale: str | None = None,
-        timeout_s: float = 3600, alone: bool = True) -> dict:
-    """The learner alone (if `alone`), then `learners` at once; {name: pytest's exit code}."""
+        timeout_s: float = 3600, alone: bool = True, mps: bool = False) -> dict:
+    """The learner alone (if `alone`), then `learners` at once; {name: pytest's exit code}. With `mps`, under
+    an MPS server (`start_mps`), the learner alone too, so the two columns compare like with like."""
     codes, procs = {}, {}
+    out.mkdir(parents=True, exist_ok=True)
+    server = start_mps(out, profile) if mps else None
+    if server is not None:
+        print(f"roomrun: {server['why']}", flush=True)
     try:       # each learner runs in a session of its own: an interrupt here must stop them (and their kernels) too
         if alone:
-            procs["alone"] = start(out, "alone", notebooks, profile, scale)
+            procs["alone"] = start(out, "alone", notebooks, profile, scale, server, learners)
             codes["alone"] = _wait(procs["alone"], timeout_s)
-        procs.update({f"learner{i}": start(out, f"learner{i}", notebooks, profile, scale) for i in range(1, learners + 1)})
+        procs.update({f"learner{i}": start(out, f"learner{i}", notebooks, profile, scale, server, learners)
+                      for i in range(1, learners + 1)})
         end = time.monotonic() + timeout_s
         for name, p in procs.items():
             if name != "alone":
@@ -111,8 +198,11 @@ def run(out: Path, learners: int, notebooks: list[Path], profile: str = "", scal
         for p in procs.values():
             if p.poll() is None:
                 _stop(p)
-    (out / "exit_codes.json").write_text(json.dumps({"kind": CODES_KIND, "codes": codes,
-                                                     "notebooks": [nb.stem for nb in notebooks]}, indent=1))
+        stop_mps(server)
+    ran = {"kind": CODES_KIND, "codes": codes, "notebooks": [nb.stem for nb in notebooks]}
+    if server is not None:
+        ran["mps"] = {k: server.get(k) for k in ("running", "percentage", "gpu_sms", "why")}
+    (out / "exit_codes.json").write_text(json.dumps(ran, indent=1))
     return codes
 
 
@@ -181,7 +271,8 @@ def summarize(out: Path) -> dict:
     outcome = {n: dict(sorted(Counter(c["status"] for c in checks[n]).items())) for n in names}
     not_passed = [{"learner": n, **{k: c.get(k) for k in ("lesson", "name", "status", "measured", "why")}}
                   for n in names for c in checks[n] if c["status"] not in ("pass",)]
-    summary = {"kind": SUMMARY_KIND, "exit_codes": codes, "notebooks": per_notebook, "headline_spread": spread, "checks": outcome,
+    summary = {"kind": SUMMARY_KIND, "sharing": ran.get("mps", {}).get("why") or "time-sliced (no MPS)",
+               "exit_codes": codes, "notebooks": per_notebook, "headline_spread": spread, "checks": outcome,
                "checks_not_passed": not_passed}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     (out / "summary.md").write_text(markdown(summary))
@@ -201,6 +292,7 @@ def markdown(s: dict) -> str:
         lines.append(f"| {key} | {fmt(h['alone'])} | {fmt(h['median'])} [{fmt(h['min'])}, {fmt(h['max'])}] (n={h['n']}) | "
                      f"{fmt(h['spread_pct']) + ' %' if h['spread_pct'] is not None else '-'} |")
     lines += ["", "checks per learner: " + "; ".join(f"{n}: {c}" for n, c in s["checks"].items())]
+    lines += ["", f"how the learners shared the GPU: {s.get('sharing', 'time-sliced (no MPS)')}"]
     return "\n".join(lines) + "\n"
 
 
@@ -213,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--no-alone", action="store_true", help="skip the learner-alone reference run")
+    p.add_argument("--mps", action="store_true", help="run the room under CUDA MPS (learners side by side, each "
+                   "limited to its slice's share of the SMs), where the MPS control daemon can start")
     p.add_argument("--summarize-only", action="store_true")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)     # one learner's process (`start`)
     p.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
@@ -229,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"roomrun: {err}", file=sys.stderr)
         return 2
     if not a.summarize_only:
-        run(out, a.learners, notebooks, a.profile, a.scale, a.timeout, alone=not a.no_alone)
+        run(out, a.learners, notebooks, a.profile, a.scale, a.timeout, alone=not a.no_alone, mps=a.mps)
     print(markdown(summarize(out)))
     return 0
 

@@ -196,3 +196,61 @@ def test_the_readmes_room_figures_are_the_committed_room_runs():
     rc = dict(re.findall(r"== h200-1g (\d\d) [^\n]*\nrc=(\d+)", log))
     assert rc == {"09": "0", "10": "0", "11": "0", "12": "0", "13": "124", "14": "0", "15": "124"}, rc
     assert "09, 10, 11, 12 and 14 ran every cell" in readme and "13 and 15 ran out of the call's time" in readme
+
+
+def test_mps_gives_each_learner_its_slices_share_of_the_sms():
+    assert RR.mps_percentage(16, 132) == 13          # an H200 1g slice: 16 of 132 SMs fit in 13 %, not 12
+    assert RR.mps_percentage(14, 98) == 15
+    assert RR.mps_percentage(None, 132) is None and RR.mps_percentage(16, None) is None
+    assert RR.mps_percentage(132, 132) is None       # the whole GPU: no limit
+
+
+def _fake_control(tmp_path, rc=0):
+    """A stand-in for nvidia-cuda-mps-control: logs its arguments and standard input."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "nvidia-cuda-mps-control"
+    tool.write_text(f"#!/bin/sh\necho \"args=$* pipe=$CUDA_MPS_PIPE_DIRECTORY\" >> {tmp_path}/calls.txt\n"
+                    f"if [ -z \"$1\" ]; then cat >> {tmp_path}/calls.txt; fi\n"
+                    f"[ {rc} = 0 ] || echo 'An instance of this daemon is already running' >&2\nexit {rc}\n")
+    tool.chmod(0o755)
+    return bin_dir
+
+
+def test_the_mps_daemon_is_started_for_the_room_and_told_to_quit(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{_fake_control(tmp_path)}:{__import__('os').environ['PATH']}")
+    mps = RR.start_mps(tmp_path / "out", "h200-1g", gpu_sms=132)
+    assert mps["running"] and mps["percentage"] == 13 and "13 % of the GPU's 132 SMs" in mps["why"]
+    env = RR.learner_env(tmp_path / "out", "learner1", "h200-1g", "full", mps, learners=7)
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "13" and env["CUDA_MPS_PIPE_DIRECTORY"] == mps["pipe"]
+    assert env["GPULAB_SHARED_GPU"] == "MPS, 7 learners side by side"
+    alone = RR.learner_env(tmp_path / "out", "alone", "h200-1g", "full", mps, learners=7)
+    assert "GPULAB_SHARED_GPU" not in alone and alone["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "13"
+    RR.stop_mps(mps)
+    calls = (tmp_path / "calls.txt").read_text()
+    assert f"args=-d pipe={mps['pipe']}" in calls and "quit" in calls
+
+
+def test_without_the_mps_daemon_the_room_says_why_and_runs_time_sliced(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    missing = RR.start_mps(tmp_path / "out", "h200-1g", gpu_sms=132)
+    assert not missing["running"] and "not found" in missing["why"] and "time-sliced" in missing["why"]
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in RR.learner_env(tmp_path / "out", "learner1", "", None, missing)
+    monkeypatch.setenv("PATH", str(_fake_control(tmp_path, rc=1)))
+    refused = RR.start_mps(tmp_path / "out", "h200-1g", gpu_sms=132)
+    assert not refused["running"] and "exited 1" in refused["why"] and "already running" in refused["why"]
+    monkeypatch.setattr(RR, "_gpu_sms", lambda: None)          # what a machine without a CUDA GPU reads
+    no_gpu = RR.start_mps(tmp_path / "out", "h200-1g")
+    assert not no_gpu["running"] and "no CUDA GPU" in no_gpu["why"]
+
+
+def test_an_mps_client_gets_no_green_context(monkeypatch):
+    """Under MPS with a share of the SMs, the profile's SM count is MPS's to hold: no green context is made."""
+    import torch
+    from gpulab.core import device as D
+    monkeypatch.setenv("GPULAB_PROFILE", "h200-1g")
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "13")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/pipe")
+    monkeypatch.setattr(D, "SM_LIMIT", {"sms": None, "why": "not yet"})
+    assert D.apply_profile_sm_limit(torch.device("cuda", 0)) == 16      # returns before any CUDA call
+    assert D.SM_LIMIT["sms"] == 16 and D.SM_LIMIT["why"].startswith("MPS: at most 13 %") and "context" not in D.SM_LIMIT
