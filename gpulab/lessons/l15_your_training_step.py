@@ -111,8 +111,9 @@ def step_flops(in_features: int, width: int, depth: int, classes: int, batch: in
 
 # GPU memory: at its fullest (the last of `same_training`'s six runs) the notebook holds this many fp32 copies of
 # the MLP's parameters: the slow step's weights and momentum (2), the six parameter lists the comparison has
-# gathered (6), and the running step's weights, gradients, momentum, starting copy and trained copy (5).
-PARAM_COPIES = 2 + 6 + 5
+# gathered (6), and the running step's weights, momentum, starting copy and either its gradients (during a
+# step) or its trained copy (after the last, the gradients freed): 4. A closed step holds none (`close`).
+PARAM_COPIES = 2 + 6 + 4
 # The share of the GPU's memory those copies may take: the rest is the CUDA context, the activations (a batch
 # of 256 through 4 layers: tens of MiB) and the allocator's slack.
 MEMORY_SHARE = 0.8
@@ -216,8 +217,11 @@ class TrainingStep:
         return self.last_loss
 
     def close(self):
+        """Stop the DataLoader's workers and let the model and its optimizer state go (off the GPU): a closed
+        step cannot train again."""
         self.batches = None            # the iterator's workers stop when it is collected
         del self.loader
+        self.model = self.optimizer = self.scaler = None
 
 
 def same_training(options: Options, cfg: dict, device: torch.device, width: int, passes: int,
@@ -233,13 +237,13 @@ def same_training(options: Options, cfg: dict, device: torch.device, width: int,
     def run(o: Options, reorder: bool = False) -> tuple[list, list]:
         return trained(TrainingStep(o, cfg, device, width=width, passes=passes, reorder=reorder), k)
 
-    p0, slow = run(Options())
-    _, fixed = run(options)
-    _, slow_r = run(Options(), True)
-    _, fixed_r = run(options, True)
+    p0, slow = run(Options())             # each run's own starting copy is dropped at once: PARAM_COPIES counts
+    fixed = run(options)[1]
+    slow_r = run(Options(), True)[1]
+    fixed_r = run(options, True)[1]
     with fp32_only():
-        _, slow_32 = run(Options())
-        _, fixed_32 = run(options)
+        slow_32 = run(Options())[1]
+        fixed_32 = run(options)[1]
     result = compare(p0, slow, fixed, [(slow_r, slow), (fixed_r, fixed), (slow_32, slow), (fixed_32, fixed)], k)
     return result["ok"], result["why"]
 
