@@ -282,7 +282,8 @@ def apply_profile_sm_limit(device: torch.device) -> int | None:
     mps = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "").strip()
     if mps and os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
         # an MPS client with a share of the SMs (gpulab.tools.roomrun --mps): MPS limits this process to that
-        # share, and a green context would not combine with it (the percentage decides)
+        # share; a green context is the other way to the same limit, one at a time under MPS (NVIDIA's developer
+        # forum, "How to use CUDA Green Context with MPS"), so none is made
         SM_LIMIT.update(sms=prof.sm_count, why=f"MPS: at most {mps} % of the GPU's SMs "
                         f"(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), the {prof.key} profile's {prof.sm_count}")
         return prof.sm_count

@@ -13,7 +13,8 @@ Without MIG, kernels of different processes take turns on the GPU (time-slicing)
 about a seventh of one alone (README, "A room of seven"). `--mps` runs the room under CUDA MPS instead (NVIDIA's
 Multi-Process Service: one server runs every learner's kernels side by side), each learner limited to its
 slice's share of the SMs by CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in place of the profile's green context (under
-MPS the two do not combine: the percentage decides). That is closer to MIG slices, which run side by side; the
+MPS, the percentage and a green context's SMs are two ways to one limit, used one at a time: NVIDIA's answer on
+its developer forum, "How to use CUDA Green Context with MPS"). That is closer to MIG slices, which run side by side; the
 memory bandwidth, L2 and power stay shared. roomrun starts the MPS control daemon (`nvidia-cuda-mps-control
 -d`, its pipe and log folders under --out/mps) and stops it at the end; where it cannot, it says why and the
 room runs time-sliced.
@@ -66,17 +67,38 @@ def learner_env(out: Path, name: str, profile: str, scale: str | None, mps: dict
         if mps.get("percentage"):
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps["percentage"])
         if name != "alone":
-            # inside MPS, NVML lists the server, not the other learners: the room says the GPU is shared
+            # gpulab's NVML check (nvmlDeviceGetComputeRunningProcesses) may list the MPS server rather than the
+            # other learners (not yet checked on a GPU): the room says the GPU is shared
             env["GPULAB_SHARED_GPU"] = f"MPS, {learners} learners side by side"
     return env
 
 
 def mps_percentage(slice_sms: int | None, gpu_sms: int | None) -> int | None:
-    """CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for a slice of `slice_sms` of the GPU's `gpu_sms` SMs: the smallest
-    whole percent that holds them (16 of 132: 13 %). None without both counts (no SM limit)."""
+    """CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for a slice of `slice_sms` of the GPU's `gpu_sms` SMs, rounded down (16 of
+    132: 12 %, 15.8 SMs; MPS provisions whole SMs, so the count a client gets is read back by `probe_mps`).
+    None without both counts (no SM limit)."""
     if not slice_sms or not gpu_sms or slice_sms >= gpu_sms:
         return None
-    return max(1, math.ceil(100 * slice_sms / gpu_sms))
+    return max(1, math.floor(100 * slice_sms / gpu_sms))
+
+
+def probe_mps(env: dict) -> tuple[int | None, str]:
+    """A first MPS client (a child process with the room's MPS settings): the SM count CUDA gives it, or None
+    and why. The daemon's `-d` only forks it; the server starts with its first client, and a client that
+    cannot reach it runs without MPS, so this is where a broken MPS shows."""
+    code = ("import torch; torch.zeros(1, device='cuda'); "
+            "print(torch.cuda.get_device_properties(0).multi_processor_count)")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return None, f"the probe client did not finish ({type(err).__name__})"
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        return None, f"the probe client failed ({said[-1] if said else 'exit ' + str(done.returncode)})"
+    try:
+        return int(done.stdout.strip().splitlines()[-1]), ""
+    except (ValueError, IndexError):
+        return None, f"the probe client printed {done.stdout.strip()[:80]!r}"
 
 
 def _gpu_sms() -> int | None:
@@ -114,10 +136,16 @@ def start_mps(out: Path, profile: str, gpu_sms: int | None = None, control: str 
         said = (done.stderr or done.stdout).strip().splitlines()
         return {"running": False, "why": f"{control} -d exited {done.returncode}"
                 + (f" ({said[-1]})" if said else "") + ": the room runs time-sliced"}
-    share = (f"each learner at most {pct} % of the GPU's {gpu_sms} SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, "
-             f"for the {profile} profile's {prof.sm_count})" if pct else "no SM limit per learner")
-    return {"running": True, "pipe": str(pipe), "log": str(log), "percentage": pct, "gpu_sms": gpu_sms,
-            "control": binary, "why": f"MPS: the learners' kernels run side by side; {share}"}
+    mps = {"running": True, "pipe": str(pipe), "log": str(log), "percentage": pct, "gpu_sms": gpu_sms, "control": binary}
+    client_env = {**env, **({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(pct)} if pct else {})}
+    client_sms, problem = probe_mps(client_env)
+    if client_sms is None:
+        stop_mps(mps)
+        return {"running": False, "why": f"MPS did not serve a client ({problem}): the room runs time-sliced"}
+    share = (f"each learner at most {pct} % of the GPU's {gpu_sms} SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, for the "
+             f"{profile} profile's {prof.sm_count}); a probe client was given {client_sms}" if pct
+             else f"no SM limit per learner; a probe client was given {client_sms} SMs")
+    return {**mps, "client_sms": client_sms, "why": f"MPS: the learners' kernels run side by side; {share}"}
 
 
 def stop_mps(mps: dict | None) -> None:
@@ -201,7 +229,7 @@ def run(out: Path, learners: int, notebooks: list[Path], profile: str = "", scal
         stop_mps(server)
     ran = {"kind": CODES_KIND, "codes": codes, "notebooks": [nb.stem for nb in notebooks]}
     if server is not None:
-        ran["mps"] = {k: server.get(k) for k in ("running", "percentage", "gpu_sms", "why")}
+        ran["mps"] = {k: server.get(k) for k in ("running", "percentage", "gpu_sms", "client_sms", "why")}
     (out / "exit_codes.json").write_text(json.dumps(ran, indent=1))
     return codes
 
@@ -323,7 +351,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"roomrun: {err}", file=sys.stderr)
         return 2
     if not a.summarize_only:
-        run(out, a.learners, notebooks, a.profile, a.scale, a.timeout, alone=not a.no_alone, mps=a.mps)
+        # stopped by `timeout` or a job scheduler (SIGTERM): unwind, so `run` stops every learner and the MPS daemon
+        previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+        try:
+            run(out, a.learners, notebooks, a.profile, a.scale, a.timeout, alone=not a.no_alone, mps=a.mps)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     print(markdown(summarize(out)))
     return 0
 

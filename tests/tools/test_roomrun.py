@@ -199,8 +199,8 @@ def test_the_readmes_room_figures_are_the_committed_room_runs():
 
 
 def test_mps_gives_each_learner_its_slices_share_of_the_sms():
-    assert RR.mps_percentage(16, 132) == 13          # an H200 1g slice: 16 of 132 SMs fit in 13 %, not 12
-    assert RR.mps_percentage(14, 98) == 15
+    assert RR.mps_percentage(16, 132) == 12          # an H200 1g slice: 16 of 132 SMs, 12.1 %, rounded down
+    assert RR.mps_percentage(14, 98) == 14
     assert RR.mps_percentage(None, 132) is None and RR.mps_percentage(16, None) is None
     assert RR.mps_percentage(132, 132) is None       # the whole GPU: no limit
 
@@ -208,7 +208,7 @@ def test_mps_gives_each_learner_its_slices_share_of_the_sms():
 def _fake_control(tmp_path, rc=0):
     """A stand-in for nvidia-cuda-mps-control: logs its arguments and standard input."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(parents=True)
     tool = bin_dir / "nvidia-cuda-mps-control"
     tool.write_text(f"#!/bin/sh\necho \"args=$* pipe=$CUDA_MPS_PIPE_DIRECTORY\" >> {tmp_path}/calls.txt\n"
                     f"if [ -z \"$1\" ]; then cat >> {tmp_path}/calls.txt; fi\n"
@@ -219,13 +219,16 @@ def _fake_control(tmp_path, rc=0):
 
 def test_the_mps_daemon_is_started_for_the_room_and_told_to_quit(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{_fake_control(tmp_path)}:{__import__('os').environ['PATH']}")
+    seen = {}
+    monkeypatch.setattr(RR, "probe_mps", lambda env: (seen.update(env) or 16, ""))    # what a client is given
     mps = RR.start_mps(tmp_path / "out", "h200-1g", gpu_sms=132)
-    assert mps["running"] and mps["percentage"] == 13 and "13 % of the GPU's 132 SMs" in mps["why"]
+    assert mps["running"] and mps["percentage"] == 12 and "12 % of the GPU's 132 SMs" in mps["why"]
+    assert mps["client_sms"] == 16 and seen["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "12"
     env = RR.learner_env(tmp_path / "out", "learner1", "h200-1g", "full", mps, learners=7)
-    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "13" and env["CUDA_MPS_PIPE_DIRECTORY"] == mps["pipe"]
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "12" and env["CUDA_MPS_PIPE_DIRECTORY"] == mps["pipe"]
     assert env["GPULAB_SHARED_GPU"] == "MPS, 7 learners side by side"
     alone = RR.learner_env(tmp_path / "out", "alone", "h200-1g", "full", mps, learners=7)
-    assert "GPULAB_SHARED_GPU" not in alone and alone["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "13"
+    assert "GPULAB_SHARED_GPU" not in alone and alone["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "12"
     RR.stop_mps(mps)
     calls = (tmp_path / "calls.txt").read_text()
     assert f"args=-d pipe={mps['pipe']}" in calls and "quit" in calls
@@ -236,9 +239,13 @@ def test_without_the_mps_daemon_the_room_says_why_and_runs_time_sliced(tmp_path,
     missing = RR.start_mps(tmp_path / "out", "h200-1g", gpu_sms=132)
     assert not missing["running"] and "not found" in missing["why"] and "time-sliced" in missing["why"]
     assert "CUDA_MPS_PIPE_DIRECTORY" not in RR.learner_env(tmp_path / "out", "learner1", "", None, missing)
-    monkeypatch.setenv("PATH", str(_fake_control(tmp_path, rc=1)))
+    monkeypatch.setenv("PATH", f"{_fake_control(tmp_path, rc=1)}:/usr/bin:/bin")
     refused = RR.start_mps(tmp_path / "out", "h200-1g", gpu_sms=132)
     assert not refused["running"] and "exited 1" in refused["why"] and "already running" in refused["why"]
+    monkeypatch.setenv("PATH", f"{_fake_control(tmp_path / 'again')}:/usr/bin:/bin")
+    monkeypatch.setattr(RR, "probe_mps", lambda env: (None, "the probe client failed (no CUDA GPU)"))
+    dead = RR.start_mps(tmp_path / "out", "h200-1g", gpu_sms=132)     # the daemon forked, no client was served
+    assert not dead["running"] and "did not serve a client" in dead["why"] and "quit" in (tmp_path / "again" / "calls.txt").read_text()
     monkeypatch.setattr(RR, "_gpu_sms", lambda: None)          # what a machine without a CUDA GPU reads
     no_gpu = RR.start_mps(tmp_path / "out", "h200-1g")
     assert not no_gpu["running"] and "no CUDA GPU" in no_gpu["why"]
@@ -249,8 +256,8 @@ def test_an_mps_client_gets_no_green_context(monkeypatch):
     import torch
     from gpulab.core import device as D
     monkeypatch.setenv("GPULAB_PROFILE", "h200-1g")
-    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "13")
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "12")
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/pipe")
     monkeypatch.setattr(D, "SM_LIMIT", {"sms": None, "why": "not yet"})
     assert D.apply_profile_sm_limit(torch.device("cuda", 0)) == 16      # returns before any CUDA call
-    assert D.SM_LIMIT["sms"] == 16 and D.SM_LIMIT["why"].startswith("MPS: at most 13 %") and "context" not in D.SM_LIMIT
+    assert D.SM_LIMIT["sms"] == 16 and D.SM_LIMIT["why"].startswith("MPS: at most 12 %") and "context" not in D.SM_LIMIT
