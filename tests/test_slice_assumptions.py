@@ -18,7 +18,9 @@ DIRECT = {
 }
 # the one place each is read (and made to answer for a slice)
 ALLOWED = {
-    "SM count": {"gpulab/core/device.py", "gpulab/tools/cli.py"},     # the facts; doctor's raw device line
+    # the facts; doctor's raw device line; roomrun --mps: the whole GPU's count (to size each learner's MPS share,
+    # read in a child process outside any profile) and the count MPS gave a probe client (what the room reports)
+    "SM count": {"gpulab/core/device.py", "gpulab/tools/cli.py", "gpulab/tools/roomrun.py"},
     "NVML utilization": {"gpulab/core/monitor.py"},
     "P2P": {"gpulab/lessons/l14_multi_gpu.py"},
 }
