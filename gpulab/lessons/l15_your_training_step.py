@@ -119,20 +119,27 @@ PARAM_COPIES = 2 + 6 + 4
 MEMORY_SHARE = 0.8
 
 
-def width_for(cfg: dict, flops: float, memory_bytes: int | None = None) -> int:
-    """The widest MLP whose fp32 step is at most `flops` and, given the GPU's memory in bytes, whose
-    PARAM_COPIES fp32 copies of the parameters fit in MEMORY_SHARE of it; a multiple of 64 between the
-    config's min_width and max_width."""
+def _width_limits(cfg: dict, flops: float, memory_bytes: int | None) -> tuple[float, float | None]:
+    """(the width whose fp32 step is `flops`, the widest whose PARAM_COPIES copies fit MEMORY_SHARE of the memory)."""
     n_in, b, d, c = 3 * cfg["size"] ** 2, cfg["batch"], cfg["depth"], cfg["classes"]
 
     def root(a_: float, b_: float, c_: float) -> float:      # the positive root of a w^2 + b w + c
         return (-b_ + (b_ * b_ - 4 * a_ * c_) ** 0.5) / (2 * a_)
 
     # 6 b (n_in w + (d - 1) w^2) = flops
-    w = root(6 * b * (d - 1), 6 * b * n_in, -flops)
-    if memory_bytes is not None:
-        # 4 bytes x PARAM_COPIES x ((d - 1) w^2 + (n_in + d + c) w + c) <= MEMORY_SHARE x memory  (weights and biases)
-        w = min(w, root(d - 1, n_in + d + c, c - MEMORY_SHARE * memory_bytes / (4 * PARAM_COPIES)))
+    by_time = root(6 * b * (d - 1), 6 * b * n_in, -flops)
+    if memory_bytes is None:
+        return by_time, None
+    # 4 bytes x PARAM_COPIES x ((d - 1) w^2 + (n_in + d + c) w + c) <= MEMORY_SHARE x memory  (weights and biases)
+    return by_time, root(d - 1, n_in + d + c, c - MEMORY_SHARE * memory_bytes / (4 * PARAM_COPIES))
+
+
+def width_for(cfg: dict, flops: float, memory_bytes: int | None = None) -> int:
+    """The widest MLP whose fp32 step is at most `flops` and, given the GPU's memory in bytes, whose
+    PARAM_COPIES fp32 copies of the parameters fit in MEMORY_SHARE of it; a multiple of 64 between the
+    config's min_width and max_width."""
+    by_time, by_memory = _width_limits(cfg, flops, memory_bytes)
+    w = by_time if by_memory is None else min(by_time, by_memory)
     return int(min(cfg["max_width"], max(cfg["min_width"], w // 64 * 64)))
 
 
@@ -140,17 +147,34 @@ def model_width(cfg: dict, passes_ms: float, device: torch.device) -> int:
     """The MLP's width on this GPU: its fp32 step takes `fp32_over_data` times the time the workers
     need for a batch (`passes_ms` per sample), at this GPU's measured fp32 matmul ceiling, and the
     parameters' copies the notebook holds fit in the GPU's memory (`width_for`); the config's width on the
-    CPU or without a measured ceiling."""
+    CPU or without a measured ceiling. `model_width_why` says which decided."""
+    return model_width_why(cfg, passes_ms, device)[0]
+
+
+def model_width_why(cfg: dict, passes_ms: float, device: torch.device) -> tuple[int, str]:
+    """(`model_width`, what set it, in words for the notebook)."""
     if "width" in cfg:
-        return cfg["width"]
+        return cfg["width"], "the config's width at this scale"
     if device.type != "cuda":
-        return cfg["min_width"]
+        return cfg["min_width"], "the smallest width: on the CPU"
     ceiling = ceilings().get("matmul_fp32")
     if ceiling is None or not ceiling.source.startswith("measured"):
-        return cfg["min_width"]
-    target_s = cfg["batch"] * passes_ms / 1e3 / first_workers(cfg) * cfg["fp32_over_data"]
+        return cfg["min_width"], "the smallest width: no measured fp32 ceiling (run notebook 00 first)"
+    workers = first_workers(cfg)
+    target_s = cfg["batch"] * passes_ms / 1e3 / workers * cfg["fp32_over_data"]
     memory = free_memory(device)
-    return width_for(cfg, target_s * ceiling.value * 1e12, memory[1] if memory else None)
+    total = memory[1] if memory else None
+    w = width_for(cfg, target_s * ceiling.value * 1e12, total)
+    by_time, by_memory = _width_limits(cfg, target_s * ceiling.value * 1e12, total)
+    if by_memory is not None and by_memory < by_time and w < cfg["max_width"]:
+        why = (f"capped by memory: {PARAM_COPIES} fp32 copies of the parameters (section 2's correctness checks) in "
+               f"{MEMORY_SHARE:.0%} of {total / 2**30:.1f} GiB; the step's time alone allowed {int(by_time)}")
+    elif w == cfg["max_width"]:
+        why = f"the config's largest width ({cfg['max_width']})"
+    else:
+        why = (f"set by the step's time: an fp32 step of {cfg['fp32_over_data']:g}x the {target_s / cfg['fp32_over_data'] * 1e3:.0f} ms "
+               f"{workers} workers need for a batch, at the measured {ceiling.value:.1f} TFLOP/s")
+    return w, why
 
 
 class TrainingStep:
@@ -169,7 +193,8 @@ class TrainingStep:
             raise ValueError("pinned=True needs a CUDA GPU: page-locked memory is for copies to a GPU")
         cfg = self.cfg
         self.passes = passes if passes is not None else calibrate_passes(cfg["size"], cfg["sample_ms"])
-        self.width = width or model_width(cfg, cfg["sample_ms"], self.device)
+        self.width, self.width_why = ((width, "given (the slow step's)") if width
+                                      else model_width_why(cfg, cfg["sample_ms"], self.device))
         torch.manual_seed(seed)
         self.model = mlp(3 * cfg["size"] ** 2, self.width, cfg["depth"], cfg["classes"], self.device)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)

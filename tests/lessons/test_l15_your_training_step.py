@@ -169,3 +169,25 @@ def test_param_copies_is_the_most_copies_alive_at_once_with_the_slow_step_beside
     assert 2 + 6 + 3 <= peak[0] <= L.PARAM_COPIES, peak[0]
     slow.close()
     assert slow.model is None and slow.optimizer is None   # a closed step holds no copy
+
+
+def test_the_width_says_what_set_it(monkeypatch):
+    """Notebook 15 prints why its MLP is as wide as it is: the step's time, the memory, or no ceiling to size from."""
+    from types import SimpleNamespace
+    cfg = L.config("full")
+    gpu = torch.device("cuda", 0)                          # only its type is read before the stubs below
+    monkeypatch.setattr(L, "first_workers", lambda cfg: 2)
+    monkeypatch.setattr(L, "free_memory", lambda device: (0, 15 * 2 ** 30))
+    monkeypatch.setattr(L, "ceilings", lambda: {})
+    assert "no measured fp32 ceiling" in L.model_width_why(cfg, cfg["sample_ms"], gpu)[1]
+
+    def ceiling(tflops):
+        monkeypatch.setattr(L, "ceilings", lambda: {"matmul_fp32": SimpleNamespace(value=tflops, source="measured")})
+
+    ceiling(50.0)                                          # an H200's fp32 under a T4's 2 cores: memory decides
+    w, why = L.model_width_why(cfg, cfg["sample_ms"], gpu)
+    assert w == L.width_for(cfg, 1e18, 15 * 2 ** 30) and why.startswith("capped by memory") and "15.0 GiB" in why
+    ceiling(4.5)                                           # a T4's own fp32: the step's time decides
+    w, why = L.model_width_why(cfg, cfg["sample_ms"], gpu)
+    assert w < L.width_for(cfg, 1e18, 15 * 2 ** 30) and why.startswith("set by the step's time") and "4.5 TFLOP/s" in why
+    assert L.model_width_why(L.config("tiny"), 0.05, gpu)[1] == "the config's width at this scale"
