@@ -222,15 +222,16 @@ def run(out: Path, learners: int, notebooks: list[Path], profile: str = "", scal
         for name, p in procs.items():
             if name != "alone":
                 codes[name] = _wait(p, end - time.monotonic())
-    finally:
-        for p in procs.values():
+    finally:       # also when roomrun itself is stopped (SIGTERM, an interrupt): the summary can still be made
+        for name, p in procs.items():
             if p.poll() is None:
                 _stop(p)
+                codes.setdefault(name, "stopped")       # roomrun was stopped while this learner ran
         stop_mps(server)
-    ran = {"kind": CODES_KIND, "codes": codes, "notebooks": [nb.stem for nb in notebooks]}
-    if server is not None:
-        ran["mps"] = {k: server.get(k) for k in ("running", "percentage", "gpu_sms", "client_sms", "why")}
-    (out / "exit_codes.json").write_text(json.dumps(ran, indent=1))
+        ran = {"kind": CODES_KIND, "codes": codes, "notebooks": [nb.stem for nb in notebooks]}
+        if server is not None:
+            ran["mps"] = {k: server.get(k) for k in ("running", "percentage", "gpu_sms", "client_sms", "why")}
+        (out / "exit_codes.json").write_text(json.dumps(ran, indent=1))
     return codes
 
 
@@ -285,7 +286,7 @@ def summarize(out: Path) -> dict:
                             "min_s": min(secs, default=None), "max_s": max(secs, default=None),
                             "failed": [n for n in learners if times[n].get(nb) == "failed"],
                             # no time: the learner's run was stopped (exit code "timeout") before it got there
-                            "unfinished": [f"{n} ({codes[n]})" if codes.get(n) == "timeout" else n
+                            "unfinished": [f"{n} ({codes[n]})" if codes.get(n) in ("timeout", "stopped") else n
                                            for n in learners if nb not in times[n]]}
     spread = {}
     for key in sorted({k for h in heads.values() for k in h}):

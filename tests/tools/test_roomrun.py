@@ -117,6 +117,46 @@ def test_a_learner_past_its_time_is_stopped_with_everything_it_started(tmp_path)
         raise AssertionError(f"the learner's child {grandchild} still runs after the learner timed out")
 
 
+def test_a_room_stopped_by_sigterm_stops_its_learners(tmp_path):
+    """`timeout` (the device scripts) or a scheduler ends roomrun with SIGTERM: its learners, each in a session of
+    its own, go with it instead of running on and keeping the GPU busy."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    out = tmp_path / "out"
+    room = subprocess.Popen([sys.executable, "-m", "gpulab.tools.roomrun", "--learners", "2", "--no-alone",
+                             "--notebooks", "13", "--scale", "tiny", "--out", str(out)], cwd=RR.ROOT)
+
+    def learners() -> list[int]:
+        ps = subprocess.run(["ps", "-eww", "-o", "sid=,args="], capture_output=True, text=True).stdout.splitlines()
+        return sorted({int(line.split()[0]) for line in ps if "--child learner" in line and str(out) in line})
+
+    try:
+        for _ in range(300):
+            if len(learners()) == 2:
+                break
+            time.sleep(0.1)
+        sessions = learners()
+        assert len(sessions) == 2, "the learners did not start"
+        room.send_signal(signal.SIGTERM)
+        assert room.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:                         # whatever failed above, leave nothing running
+        room.kill()
+        for sid in learners():
+            subprocess.run(["pkill", "-KILL", "-s", str(sid)])
+    for _ in range(100):
+        ps = subprocess.run(["ps", "-eo", "sid=,stat="], capture_output=True, text=True).stdout.splitlines()
+        alive = [line for line in ps if int(line.split()[0]) in sessions and not line.split()[1].startswith("Z")]
+        if not alive:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"processes of the learners' sessions still run after SIGTERM: {alive}")
+    codes = json.loads((out / "exit_codes.json").read_text())["codes"]      # run() unwound and wrote its file
+    assert codes == {"learner1": "stopped", "learner2": "stopped"}, codes
+
+
 def test_the_readmes_room_figures_are_the_committed_room_runs():
     """README's "A room of seven on one H200" quotes results/h200-2026-12-02-room-{a..f}: each notebook's
     time alone and across the seven, the headlines' spread, one learner's fp32 matmul alone and in the room,
