@@ -10,6 +10,8 @@ says a profile is emulated, and that timings and the SM count are still this GPU
 profile's green context (gpulab.core.device) gives the process the slice's SMs, but not the slice's share
 of the memory bandwidth, and processes under it still take turns on the GPU as on any time-sliced one:
 seven learners under h200-1g on one H200 ran at about a seventh of one alone (README, "A room of seven").
+`python -m gpulab.tools.roomrun --mps` runs a room under CUDA MPS instead: side by side, each learner held to
+its slice's share of the SMs by MPS rather than a green context.
 
 On the CPU a profile gives the profile's control flow with CPU tensors: that is what CI's
 portability matrix runs (tests/test_portability.py), so a crash only a T4 would hit fails CI.
