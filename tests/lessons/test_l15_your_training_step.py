@@ -113,7 +113,8 @@ def test_the_width_fits_the_parameter_copies_the_notebook_holds_in_the_gpus_memo
     n_in, d, c = 3 * cfg["size"] ** 2, cfg["depth"], cfg["classes"]
 
     def params(w):
-        return sum(p.numel() for p in L.mlp(n_in, w, d, c, torch.device("meta")).parameters())
+        with torch.device("meta"):                         # shapes only: nothing allocated or initialised
+            return sum(p.numel() for p in L.mlp(n_in, w, d, c, torch.device("meta")).parameters())
 
     for gib in (15, 16, 24, 40):
         memory = gib * 2 ** 30
