@@ -102,14 +102,10 @@ def probe_mps(env: dict) -> tuple[int | None, str]:
 
 
 def _gpu_sms() -> int | None:
-    """The GPU's SM count, read in a child process, so this one holds no CUDA context when MPS starts."""
-    try:
-        done = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_properties(0)"
-                               ".multi_processor_count if torch.cuda.is_available() else '')"],
-                              capture_output=True, text=True, timeout=120)
-        return int(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else None
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return None
+    """The GPU's SM count, read by the same child process as `probe_mps` but outside MPS, so this process holds
+    no CUDA context when MPS starts. None without a CUDA GPU."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
+    return probe_mps(env)[0]
 
 
 def start_mps(out: Path, profile: str, gpu_sms: int | None = None, control: str = "nvidia-cuda-mps-control") -> dict:
