@@ -224,8 +224,8 @@ def device_facts(device: torch.device | None = None) -> DeviceFacts:
     memory = int(prof.memory_gib * 2**30)
     if real.memory_bytes is not None:
         memory = min(memory, real.memory_bytes)
-    # a slice's SM count where a green context gave this process that many (else this GPU's: its timings)
-    sms = prof.sm_count if prof.sm_count and SM_LIMIT.get("sms") == prof.sm_count else real.sm_count
+    # a slice's SM count where a green context or MPS limits this process to it (else this GPU's: its timings)
+    sms = SM_LIMIT["sms"] if prof.sm_count and SM_LIMIT.get("sms") else real.sm_count
     if real.kind != "cuda" and prof.sm_count:
         sms = prof.sm_count             # on the CPU: the slice's control flow, as for its capabilities
     facts = facts_for_capability(prof.name, major, minor, sm_count=sms, memory_bytes=memory,
@@ -273,7 +273,8 @@ def apply_profile_sm_limit(device: torch.device) -> int | None:
     this process's current stream. Returns the SM count, or None with the reason in SM_LIMIT["why"] (no
     such profile; this PyTorch or driver has no green contexts), when the SMs stay the whole GPU's and
     `device_facts()` says so. An MPS client with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (a room under
-    `roomrun --mps`) gets no green context: MPS already limits its share of the SMs."""
+    `roomrun --mps`) gets no green context: MPS already limits its share of the SMs, and the count is the one
+    CUDA reports for this process (MPS's, which may differ from the profile's)."""
     prof = profile()
     if prof is None or not prof.sm_count or device.type != "cuda":
         SM_LIMIT.update(sms=None, why="no profile with an SM count" if prof is None or not prof.sm_count
@@ -284,9 +285,16 @@ def apply_profile_sm_limit(device: torch.device) -> int | None:
         # an MPS client with a share of the SMs (gpulab.tools.roomrun --mps): MPS limits this process to that
         # share; a green context is the other way to the same limit, one at a time under MPS (NVIDIA's developer
         # forum, "How to use CUDA Green Context with MPS"), so none is made
-        SM_LIMIT.update(sms=prof.sm_count, why=f"MPS: at most {mps} % of the GPU's SMs "
-                        f"(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), the {prof.key} profile's {prof.sm_count}")
-        return prof.sm_count
+        # MPS gives fewer SMs than the profile's slice (on the H200, 12 % of 132 SMs gave 14, not 16: roomrun's
+        # probe, 2026-12-03) and CUDA reports the count it gave: a wave is that many programs, not the profile's
+        try:
+            given = torch.cuda.get_device_properties(device).multi_processor_count
+        except Exception as err:    # noqa: BLE001 - no CUDA here: no count to report
+            SM_LIMIT.update(sms=None, why=f"MPS client, but CUDA could not say its SMs ({type(err).__name__}: {err})")
+            return None
+        SM_LIMIT.update(sms=given, why=f"MPS gave this process {given} SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "
+                        f"{mps} %; the {prof.key} profile's slice has {prof.sm_count})")
+        return given
     try:
         from torch.cuda.green_contexts import SUPPORTED, GreenContext
         if not SUPPORTED:

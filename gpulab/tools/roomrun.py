@@ -56,7 +56,8 @@ def learner_env(out: Path, name: str, profile: str, scale: str | None, mps: dict
                 learners: int = 1) -> dict:
     env = {**os.environ, "GPULAB_RESULTS": str(out / "room" / f"{name}.json"),
            "GPULAB_CHECKS": str(out / "checks" / f"{name}.jsonl"), "GPULAB_LEARNER": name,
-           "MPLBACKEND": "Agg"}
+           # every cell's seconds (the root conftest.py): where a learner's time went, not only the notebook's
+           "GPULAB_TIMINGS": str(out / "timings" / f"{name}-cells.tsv"), "MPLBACKEND": "Agg"}
     if profile:
         env["GPULAB_PROFILE"] = profile
     if scale:

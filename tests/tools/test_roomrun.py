@@ -1,5 +1,7 @@
 """gpulab.tools.roomrun: learners at once against one alone, per-notebook times, checks, headline spread."""
+import dataclasses
 import json
+import shutil
 
 import nbformat
 
@@ -24,6 +26,7 @@ def _notebook(path):
 
 def test_a_room_of_two_is_run_and_summarized(tmp_path):
     nb = _notebook(tmp_path / "01_probe.ipynb")
+    shutil.copy(RR.ROOT / "conftest.py", tmp_path)     # as the course's notebooks sit under it (cell timings)
     codes = RR.run(tmp_path / "out", 2, [nb], scale="tiny", timeout_s=300, alone=False)   # (alone: one more)
     assert codes == {"learner1": 0, "learner2": 0}, (tmp_path / "out" / "logs" / "learner1.txt").read_text()
     s = RR.summarize(tmp_path / "out")
@@ -33,6 +36,9 @@ def test_a_room_of_two_is_run_and_summarized(tmp_path):
     assert s["checks"]["learner1"] == {"FAIL": 1, "pass": 1}
     assert {c["name"] for c in s["checks_not_passed"]} == {"impossible"}
     assert (tmp_path / "out" / "summary.md").read_text().startswith("| notebook |")
+    cells = (tmp_path / "out" / "timings" / "learner1-cells.tsv").read_text().splitlines()   # each cell's time
+    code = sum(c.cell_type == "code" for c in nbformat.read(str(nb), as_version=4).cells)
+    assert [line.split("\t")[2] for line in cells if "01_probe.ipynb::Cell" in line] == ["passed"] * code
     merged = R.merge(tmp_path / "out")      # an instructor's `gpulab room` over it: the stores, nothing bad
     assert merged.bad == [] and {k for _, k, _ in merged.files} == {"roomrun", "store"}
 
@@ -291,13 +297,30 @@ def test_without_the_mps_daemon_the_room_says_why_and_runs_time_sliced(tmp_path,
     assert not no_gpu["running"] and "no CUDA GPU" in no_gpu["why"]
 
 
-def test_an_mps_client_gets_no_green_context(monkeypatch):
-    """Under MPS with a share of the SMs, the profile's SM count is MPS's to hold: no green context is made."""
+def test_an_mps_client_gets_no_green_context_and_mps_s_own_sm_count(monkeypatch):
+    """Under MPS with a share of the SMs, MPS holds the limit: no green context is made, and the SM count the
+    course uses is the one CUDA reports for this client. On the H200 MPS gave 14 SMs for the h200-1g
+    profile's 16 (12 % of 132; results/h200-2026-12-03-room-mps-01-04-08): taking the profile's 16
+    there made notebook 04's "full wave" two waves and its wave ratio read 1.00 instead of about 2."""
+    import types
     import torch
     from gpulab.core import device as D
     monkeypatch.setenv("GPULAB_PROFILE", "h200-1g")
     monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "12")
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/pipe")
     monkeypatch.setattr(D, "SM_LIMIT", {"sms": None, "why": "not yet"})
-    assert D.apply_profile_sm_limit(torch.device("cuda", 0)) == 16      # returns before any CUDA call
-    assert D.SM_LIMIT["sms"] == 16 and D.SM_LIMIT["why"].startswith("MPS: at most 12 %") and "context" not in D.SM_LIMIT
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: types.SimpleNamespace(multi_processor_count=14))
+    assert D.apply_profile_sm_limit(torch.device("cuda", 0)) == 14
+    assert D.SM_LIMIT["sms"] == 14 and "context" not in D.SM_LIMIT
+    assert D.SM_LIMIT["why"].startswith("MPS gave this process 14 SMs") and "profile's slice has 16" in D.SM_LIMIT["why"]
+    cpu = D._real_facts(torch.device("cpu"))
+    monkeypatch.setattr(D, "pick_device", lambda: torch.device("cpu"))
+    assert D.device_facts().sm_count == 16          # on the CPU the profile's count (its control flow)
+    gpu = dataclasses.replace(cpu, kind="cuda", sm_count=132)     # a GPU whose whole count CUDA would report
+    monkeypatch.setattr(D, "_real_facts", lambda dev: gpu)
+    assert D.device_facts().sm_count == 14          # on a GPU, the count MPS gave (SM_LIMIT), not the profile's
+    monkeypatch.setattr(D, "SM_LIMIT", {"sms": None, "why": "MPS client, but CUDA could not say its SMs"})
+    def no_cuda(d=None):
+        raise RuntimeError("no CUDA GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", no_cuda)
+    assert D.apply_profile_sm_limit(torch.device("cuda", 0)) is None and "could not say its SMs" in D.SM_LIMIT["why"]
