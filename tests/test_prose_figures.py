@@ -168,6 +168,16 @@ def test_prose_figures_reads_each_tagged_figure_with_its_sentence():
     assert figs[0].sentence.startswith("On the H200 a step took 109 ms")
 
 
+def test_a_sentence_keeps_its_code_words_but_not_their_numbers():
+    """The sentence shown beside a figure keeps an inline code span without digits (it read "this CNN in bf16
+    with ran 3.3x" in notebook 13's table, `channels_last` dropped); a span with digits is still no figure."""
+    md = "This CNN in bf16 with `channels_last` ran 3.3×<!-- fig 13 cnn_half_channels_last_speedup --> at `n = 4096`."
+    figs = prose_figures(md)
+    assert [f.shown for f in figs] == ["3.3"]
+    assert " ".join(figs[0].sentence.split()).startswith("This CNN in bf16 with channels_last ran 3.3×")
+    assert "4096" not in figs[0].sentence
+
+
 def test_beside_puts_the_learners_newest_value_next_to_the_reference_and_names_the_regime():
     from types import SimpleNamespace as R
     md = ["A step took 109 ms<!-- fig 03 step_ms_0_workers --> and was busy 60 %<!-- fig 03 busy_frac x100 -->. "

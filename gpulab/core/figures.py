@@ -86,9 +86,12 @@ def parse_tag(body: str) -> Tag | str:
 
 
 def strip_code(md: str) -> str:
-    """Markdown without fenced code blocks and inline code spans (they are code, not prose)."""
+    """Markdown without fenced code blocks and without the numbers of inline code spans (code, not prose):
+    a span with no digit keeps its text (`channels_last`), so a sentence shown to the learner still reads;
+    one with a digit (`n = 4096`, `float8_e4m3fn`) becomes a space."""
     md = re.sub(r"^(```|~~~).*?^\1[^\n]*$", "\n", md, flags=re.DOTALL | re.MULTILINE)
-    return re.sub(r"(`+)(?!`).*?(?<!`)\1(?!`)", " ", md, flags=re.DOTALL)
+    span = lambda m: " " if re.search(r"\d", m.group(2)) else f" {m.group(2)} "
+    return re.sub(r"(`+)(?!`)(.*?)(?<!`)\1(?!`)", span, md, flags=re.DOTALL)
 
 
 def mark_tags(md: str) -> tuple[str, list[Tag | str]]:
