@@ -335,8 +335,14 @@ def gpu_sharing(device: torch.device | None = None) -> Sharing | None:
                 procs = [(p.pid, p.usedGpuMemory or 0) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
             except pynvml.NVMLError:
                 pass
+            servers = [p for p in procs if is_mps_server(pynvml, p[0])]
         finally:
             pynvml.nvmlShutdown()
+    else:
+        servers = []
+    # an MPS server is listed as a compute process: it is what runs this process's kernels under MPS, not a
+    # second user (on the H200 a learner alone under roomrun --mps read "1 other process (0.1 GiB)": the server)
+    procs = [p for p in procs if p not in servers]
     others = other_processes(procs, os.getpid(), torch.cuda.is_initialized())
     other_bytes = sum(b for _, b in others)
     notes = []
@@ -348,6 +354,18 @@ def gpu_sharing(device: torch.device | None = None) -> Sharing | None:
                      "while they run they take SMs and memory bandwidth, so timings vary and ceilings read low "
                      "(time-sliced, a kernel short enough to run between two switches can read near its rate alone)")
     return Sharing(mig, len(others), other_bytes / 2**30, "; ".join(notes) or "this GPU is not shared")
+
+
+def is_mps_server(pynvml, pid: int) -> bool:
+    """Whether NVML's compute process `pid` is an MPS server (`nvidia-cuda-mps-server`), by the name NVML
+    gives it; False where NVML cannot name it (a process of another container)."""
+    try:
+        name = pynvml.nvmlSystemGetProcessName(pid)
+    except Exception:       # noqa: BLE001 - NVMLError, or an older binding without the call: not known
+        return False
+    if isinstance(name, bytes):
+        name = name.decode(errors="replace")
+    return os.path.basename(str(name).strip()).startswith("nvidia-cuda-mps-server")
 
 
 def other_processes(procs: list[tuple[int, int]], own_pid: int, own_context: bool) -> list[tuple[int, int]]:

@@ -68,8 +68,9 @@ def learner_env(out: Path, name: str, profile: str, scale: str | None, mps: dict
         if mps.get("percentage"):
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps["percentage"])
         if name != "alone":
-            # gpulab's NVML check (nvmlDeviceGetComputeRunningProcesses) may list the MPS server rather than the
-            # other learners (not yet checked on a GPU): the room says the GPU is shared
+            # the room says the GPU is shared rather than leave it to gpulab's NVML check, which leaves the MPS
+            # server out (monitor.is_mps_server; on the H200 NVML listed it as a compute process of 0.1 GiB)
+            # and was not seen listing the other learners: they were declared shared here before it looked
             env["GPULAB_SHARED_GPU"] = f"MPS, {learners} learners side by side"
     return env
 

@@ -16,8 +16,8 @@ class FakeNvml:
     class NVMLError(Exception):
         pass
 
-    def __init__(self, mig=0, procs=(), mig_error=False):
-        self.mig, self.procs, self.mig_error = mig, procs, mig_error
+    def __init__(self, mig=0, procs=(), mig_error=False, names=None):
+        self.mig, self.procs, self.mig_error, self.names = mig, procs, mig_error, names or {}
 
     def nvmlInit(self):
         pass
@@ -29,6 +29,11 @@ class FakeNvml:
         if self.mig_error:
             raise self.NVMLError("Not Supported")
         return self.mig, self.mig
+
+    def nvmlSystemGetProcessName(self, pid):
+        if pid not in self.names:
+            raise self.NVMLError("Not Found")
+        return self.names[pid]
 
     def nvmlDeviceGetComputeRunningProcesses(self, h):
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self.procs]
@@ -54,6 +59,18 @@ def test_other_processes_are_counted_with_their_memory(gpu):
     s = gpu(FakeNvml(procs=[(os.getpid(), 2**30), (1, 3 * 2**30), (2, 2**30)]))
     assert s.shared and s.other_processes == 2 and s.other_memory_gib == pytest.approx(4.0)
     assert "2 other process(es)" in s.note and "timings vary" in s.note
+
+
+def test_an_mps_server_is_not_another_user(gpu):
+    """Under MPS NVML lists the server (nvidia-cuda-mps-server) as a compute process: a learner alone under
+    roomrun --mps read "1 other process(es) (0.1 GiB)" on the H200 (results/h200-2026-12-03-room-mps-07,
+    alone.json). The server is left out; a second client is still another user."""
+    server = (4321, 100 << 20)
+    names = {4321: b"/usr/local/nvidia/bin/nvidia-cuda-mps-server"}
+    assert not gpu(FakeNvml(procs=[(os.getpid(), 2**30), server], names=names)).shared
+    s = gpu(FakeNvml(procs=[(os.getpid(), 2**30), server, (77, 2**30)], names={**names, 77: "python3"}))
+    assert s.shared and s.other_processes == 1
+    assert gpu(FakeNvml(procs=[(os.getpid(), 2**30), server])).other_processes == 1   # unnamed: counted
 
 
 def test_a_mig_slice_is_named_from_nvml_or_from_the_device_name(gpu):
