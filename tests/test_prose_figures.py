@@ -75,6 +75,7 @@ RECS = [Rec("03", "step_ms_0_workers", 105.3, source="results/a.json"),
         Rec("03", "step_ms_12_workers", 11.0, extra={"gpu_busy_pct": 68.0}),
         Rec("03", "cpu_only", 5.0, gpu="CPU"), Rec("03", "tiny_only", 5.0, scale="tiny"),
         Rec("03", "profiled", 5.0, extra={"profile": "t4"}),
+        Rec("03", "shared_only", 5.0, extra={"shared": "1 other process(es) compute on this GPU"}),
         Rec("01", "first_ms", 1234.5)]
 
 
@@ -96,7 +97,7 @@ def test_a_tagged_figure_outside_the_range_fails():
 
 
 def test_a_tag_naming_no_record_fails():
-    for name in ("no_such_record", "cpu_only", "tiny_only", "profiled"):
+    for name in ("no_such_record", "cpu_only", "tiny_only", "profiled", "shared_only"):   # none is a reference
         problems = check_markdown(f"It took 5 ms<!-- fig 03 {name} -->.", RECS, where="nb 01 cell 4")
         assert len(problems) == 1 and "no committed record" in problems[0], (name, problems)
         assert problems[0].startswith("nb 01 cell 4") and "took 5 ms" in problems[0]

@@ -146,12 +146,13 @@ def selected(tag: Tag, extra: dict | None) -> bool:
 
 
 def matching(tag: Tag, records: Iterable[Rec]) -> list[tuple[float, str]]:
-    """(value, file) of every committed GPU record at full size, no profile, that the tag names."""
+    """(value, file) of every committed GPU record at full size, no profile, on a GPU not shared with other
+    processes (no "shared" mark: those timings are no reference), that the tag names."""
     name, _, key = tag.name.partition(".")
     out = []
     for r in records:
         if (r.lesson != tag.lesson or r.name != name or r.gpu == "CPU" or r.scale != "full"
-                or (r.extra or {}).get("profile") or not selected(tag, r.extra)):
+                or (r.extra or {}).get("profile") or (r.extra or {}).get("shared") or not selected(tag, r.extra)):
             continue
         value = (r.extra or {}).get(key) if key else r.value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
