@@ -324,3 +324,62 @@ def test_an_mps_client_gets_no_green_context_and_mps_s_own_sm_count(monkeypatch)
         raise RuntimeError("no CUDA GPU")
     monkeypatch.setattr(torch.cuda, "get_device_properties", no_cuda)
     assert D.apply_profile_sm_limit(torch.device("cuda", 0)) is None and "could not say its SMs" in D.SM_LIMIT["why"]
+
+
+def test_the_readmes_mps_room_figures_are_the_committed_mps_runs():
+    """README's MPS room (results/h200-2026-12-03-room-mps-{06,07,01-04-08}) against its files: each
+    notebook's row, the SMs the probe was given, the slowdown of the seven, 07's learner alone, the headlines,
+    and 04's full wave of the profile's 16 programs on 14 SMs."""
+    import statistics
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    readme = " ".join((root / "README.md").read_text().split())
+    runs = [root / "results" / f"h200-2026-12-03-room-mps-{k}" for k in ("06", "07", "01-04-08")]
+    sliced = [root / "results" / f"h200-2026-12-02-room-{k}" for k in "abcdef"]
+    rows, heads, slow = {}, {}, {}
+    for run in runs:
+        s = json.loads((run / "summary.json").read_text())
+        codes = json.loads((run / "exit_codes.json").read_text())
+        assert set(codes["codes"].values()) == {0} and codes["mps"]["running"] and codes["mps"]["client_sms"] == 14
+        assert all(not c.get("FAIL") for c in s["checks"].values())
+        for nb, row in s["notebooks"].items():
+            rows[nb] = f"| {nb} | {row['alone_s']} | {row['median_s']} [{row['min_s']}, {row['max_s']}] |"
+            slow[nb] = row["median_s"] / row["alone_s"] - 1
+        heads.update(s["headline_spread"])
+    assert len(rows) == 5 and all(r in readme for r in rows.values()), [r for r in rows.values() if r not in readme]
+    assert "the probe client was given 14 SMs, not the profile's 16" in readme
+    rest = [v for nb, v in slow.items() if not nb.startswith("07")]
+    assert f"the seven took {round(100 * min(rest))} to {round(100 * max(rest))} % longer (median)" in readme
+    ts = {}
+    for run in sliced:
+        for nb, row in json.loads((run / "summary.json").read_text())["notebooks"].items():
+            if row["alone_s"] is not None:
+                ts.setdefault(nb, {})["alone"] = row["alone_s"]
+            if row["median_s"] is not None:
+                ts.setdefault(nb, {})["seven"] = row["median_s"]
+    assert f"01 took {ts['01_measuring_time']['seven'] / ts['01_measuring_time']['alone']:.3g} times as long" in readme
+    for nb in ("06_mixed_precision", "01_measuring_time"):
+        mps_alone = next(json.loads((r / "summary.json").read_text())["notebooks"][nb]["alone_s"] for r in runs
+                         if nb in json.loads((r / "summary.json").read_text())["notebooks"])
+        assert f"{nb[:2]}: {mps_alone} against {ts[nb]['alone']}" in readme and mps_alone > ts[nb]["alone"]
+    r07 = json.loads((runs[1] / "summary.json").read_text())["notebooks"]["07_tensor_core_alignment"]
+    assert f"the learner alone took {round(r07['alone_s'] - r07['max_s'])} s longer than any of the seven" in readme
+    recs = lambda p: {r["name"]: r for r in json.loads(p.read_text())["records"]}
+    alone07 = recs(runs[1] / "room" / "alone.json")
+    seven07 = [recs(p) for p in sorted((runs[1] / "room").glob("learner*.json"))]
+    for name, r in alone07.items():       # "each speed it measured was the same as theirs or higher"
+        med = statistics.median(s[name]["value"] for s in seven07)
+        if r["unit"] in ("TFLOP/s", "img/s"):
+            assert r["value"] >= 0.99 * med, name
+        elif r["unit"] == "ms":
+            assert r["value"] <= 1.01 * med, name
+    g = lambda v: f"{v:.3g}"
+    for key, fmt in (("06 CNN images/s, best 16-bit / fp32", "read {m} [{lo}, {hi}] with seven against {a}"),
+                     ("07 matmul TFLOP/s, n=4096 / n=4095", "read {m} [{lo}, {hi}] against {a}"),
+                     ("08 copy + matmul, overlapped / serial ms", "read {m} [{lo}, {hi}] against {a}")):
+        h = heads[key]
+        assert fmt.format(m=g(h["median"]), lo=g(h["min"]), hi=g(h["max"]), a=g(h["alone"])) in readme, key
+    h = heads["04 one program past a full wave / a full wave, ms"]
+    assert g(h["alone"]) == g(h["median"]) == "1" and "04's wave ratio read 1.00 alone and with seven" in readme
+    waves = [r for r in recs(runs[2] / "room" / "alone.json").values() if r["name"] == "wave_step_ratio"]
+    assert waves[0]["extra"]["programs"] == 16 and "MPS had given the process 14" in readme
