@@ -213,7 +213,8 @@ def device_facts(device: torch.device | None = None) -> DeviceFacts:
     Under a GPU profile (`GPULAB_PROFILE`) the capabilities are the profile's (its compute capability,
     and the TF32 / bf16 / FP8 it implies) and its memory where that is smaller, so every lesson takes
     that class's code path; the SM count and L2 stay this device's, since they shape its timings, except a
-    MIG slice's SM count where a green context limits this process to it (`apply_profile_sm_limit`).
+    MIG slice's SM count where a green context or MPS limits this process (`apply_profile_sm_limit`): then
+    the count that limit gave, for the profile it was made for.
     """
     device = device or pick_device()
     real = _real_facts(device)
@@ -225,7 +226,8 @@ def device_facts(device: torch.device | None = None) -> DeviceFacts:
     if real.memory_bytes is not None:
         memory = min(memory, real.memory_bytes)
     # a slice's SM count where a green context or MPS limits this process to it (else this GPU's: its timings)
-    sms = SM_LIMIT["sms"] if prof.sm_count and SM_LIMIT.get("sms") else real.sm_count
+    sms = (SM_LIMIT["sms"] if prof.sm_count and SM_LIMIT.get("sms") and SM_LIMIT.get("profile", prof.key) == prof.key
+           else real.sm_count)
     if real.kind != "cuda" and prof.sm_count:
         sms = prof.sm_count             # on the CPU: the slice's control flow, as for its capabilities
     facts = facts_for_capability(prof.name, major, minor, sm_count=sms, memory_bytes=memory,
@@ -285,16 +287,20 @@ def apply_profile_sm_limit(device: torch.device) -> int | None:
         # an MPS client with a share of the SMs (gpulab.tools.roomrun --mps): MPS limits this process to that
         # share; a green context is the other way to the same limit, one at a time under MPS (NVIDIA's developer
         # forum, "How to use CUDA Green Context with MPS"), so none is made
-        # MPS gives fewer SMs than the profile's slice (on the H200, 12 % of 132 SMs gave 14, not 16: roomrun's
-        # probe, 2026-12-03) and CUDA reports the count it gave: a wave is that many programs, not the profile's
+        # MPS's count need not be the profile's (on the H200, 12 % of 132 SMs gave 14, not 16: roomrun's probe,
+        # 2026-12-03) and CUDA reports the count it gave: a wave is that many programs, not the profile's
         try:
             given = torch.cuda.get_device_properties(device).multi_processor_count
         except Exception as err:    # noqa: BLE001 - no CUDA here: no count to report
-            SM_LIMIT.update(sms=None, why=f"MPS client, but CUDA could not say its SMs ({type(err).__name__}: {err})")
+            SM_LIMIT.update(sms=None, profile=prof.key,
+                            why=f"MPS client, but CUDA could not say its SMs ({type(err).__name__}: {err})")
             return None
-        SM_LIMIT.update(sms=given, why=f"MPS gave this process {given} SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "
-                        f"{mps} %; the {prof.key} profile's slice has {prof.sm_count})")
-        return given
+        if given < 2 * prof.sm_count:
+            SM_LIMIT.update(sms=given, profile=prof.key, why=f"MPS gave this process {given} SMs "
+                            f"(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE {mps} %; the {prof.key} profile's slice has {prof.sm_count})")
+            return given
+        # twice the slice or more: no MPS server limits this process (a client that cannot reach the daemon runs
+        # without MPS), so the slice is emulated with a green context as anywhere else
     try:
         from torch.cuda.green_contexts import SUPPORTED, GreenContext
         if not SUPPORTED:
@@ -305,7 +311,7 @@ def apply_profile_sm_limit(device: torch.device) -> int | None:
     except Exception as err:        # noqa: BLE001 - the slice's SMs are an emulation; the course runs without them
         SM_LIMIT.update(sms=None, why=f"green contexts unavailable ({type(err).__name__}: {err})")
         return None
-    SM_LIMIT.update(sms=prof.sm_count, why=f"a green context of {prof.sm_count} SMs", context=ctx)
+    SM_LIMIT.update(sms=prof.sm_count, profile=prof.key, why=f"a green context of {prof.sm_count} SMs", context=ctx)
     return prof.sm_count
 
 

@@ -140,10 +140,31 @@ def start_mps(out: Path, profile: str, gpu_sms: int | None = None, control: str 
     if client_sms is None:
         stop_mps(mps)
         return {"running": False, "why": f"MPS did not serve a client ({problem}): the room runs time-sliced"}
+    tried = ""
+    if pct:
+        pct, client_sms, tried = _closest_share(client_env, prof.sm_count, pct, client_sms)
+        mps["percentage"] = pct
     share = (f"each learner at most {pct} % of the GPU's {gpu_sms} SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, for the "
-             f"{profile} profile's {prof.sm_count}); a probe client was given {client_sms}" if pct
+             f"{profile} profile's {prof.sm_count}); a probe client was given {client_sms}{tried}" if pct
              else f"no SM limit per learner; a probe client was given {client_sms} SMs")
     return {**mps, "client_sms": client_sms, "why": f"MPS: the learners' kernels run side by side; {share}"}
+
+
+def _closest_share(env: dict, slice_sms: int, pct: int, got: int, tries: int = 4) -> tuple[int, int, str]:
+    """MPS gives fewer SMs than a percentage's exact share (on the H200, 12 % of 132 SMs gave 14, not 15.8:
+    results/h200-2026-12-03-room-mps-06): from the share rounded down, probe one percent more at a time (at
+    most `tries`) while the client gets fewer SMs than the slice; keep the percentage whose count comes
+    closest to the slice's, the smaller on a tie. Returns (percentage, its SM count, what was tried)."""
+    seen = {pct: got}
+    while got < slice_sms and len(seen) <= tries and pct < 100:
+        pct += 1
+        got, _ = probe_mps({**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(pct)})
+        if got is None:
+            break
+        seen[pct] = got
+    best = min(seen, key=lambda p: (abs(seen[p] - slice_sms), seen[p] > slice_sms, p))
+    tried = "" if len(seen) == 1 else " (" + ", ".join(f"{p} %: {n}" for p, n in seen.items()) + " SMs)"
+    return best, seen[best], tried
 
 
 def stop_mps(mps: dict | None) -> None:

@@ -251,6 +251,23 @@ def test_mps_gives_each_learner_its_slices_share_of_the_sms():
     assert RR.mps_percentage(132, 132) is None       # the whole GPU: no limit
 
 
+def test_the_room_probes_for_the_share_that_gives_the_slices_sms(tmp_path, monkeypatch):
+    """12 % of an H200's 132 SMs gave an MPS client 14, not the 1g slice's 16 (2026-12-03): the room tries one
+    percent more at a time and keeps the share whose count comes closest to the slice's."""
+    monkeypatch.setenv("PATH", f"{_fake_control(tmp_path)}:{__import__('os').environ['PATH']}")
+    given = lambda pct: 2 * int(132 * pct / 100 / 2)            # a stand-in: whole SM pairs, rounded down
+    asked = []
+    monkeypatch.setattr(RR, "probe_mps", lambda env: (asked.append(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
+                                                      or given(int(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])), ""))
+    mps = RR.start_mps(tmp_path / "out", "h200-1g", gpu_sms=132)
+    assert asked == ["12", "13"] and mps["percentage"] == 13 and mps["client_sms"] == 16
+    assert "a probe client was given 16 (12 %: 14, 13 %: 16 SMs)" in mps["why"]
+    assert RR.learner_env(tmp_path / "out", "learner1", "h200-1g", "full", mps)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "13"
+    over = {12: 14, 13: 20}                                     # one percent more overshoots further: keep 12
+    monkeypatch.setattr(RR, "probe_mps", lambda env: (over[int(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])], ""))
+    assert RR._closest_share({}, 16, 12, 14, tries=1)[:2] == (12, 14)
+
+
 def _fake_control(tmp_path, rc=0):
     """A stand-in for nvidia-cuda-mps-control: logs its arguments and standard input."""
     bin_dir = tmp_path / "bin"
@@ -319,6 +336,14 @@ def test_an_mps_client_gets_no_green_context_and_mps_s_own_sm_count(monkeypatch)
     gpu = dataclasses.replace(cpu, kind="cuda", sm_count=132)     # a GPU whose whole count CUDA would report
     monkeypatch.setattr(D, "_real_facts", lambda dev: gpu)
     assert D.device_facts().sm_count == 14          # on a GPU, the count MPS gave (SM_LIMIT), not the profile's
+    other = next(k for k, p in __import__("gpulab.core.profiles", fromlist=["PROFILES"]).PROFILES.items()
+                 if p.sm_count and k != "h200-1g")
+    monkeypatch.setenv("GPULAB_PROFILE", other)         # a limit made for another profile is not this one's
+    assert D.device_facts().sm_count == 132
+    monkeypatch.setenv("GPULAB_PROFILE", "h200-1g")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: types.SimpleNamespace(multi_processor_count=132))
+    assert D.apply_profile_sm_limit(torch.device("cuda", 0)) is None     # no server limits it: a green context,
+    assert D.SM_LIMIT["why"].startswith("green contexts unavailable")    # which this CPU build of torch has not
     monkeypatch.setattr(D, "SM_LIMIT", {"sms": None, "why": "MPS client, but CUDA could not say its SMs"})
     def no_cuda(d=None):
         raise RuntimeError("no CUDA GPU")
