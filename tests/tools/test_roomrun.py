@@ -374,7 +374,7 @@ def test_the_readmes_mps_room_figures_are_the_committed_mps_runs():
     assert len(rows) == 5 and all(r in readme for r in rows.values()), [r for r in rows.values() if r not in readme]
     assert "the probe client was given 14 SMs, not the profile's 16" in readme
     rest = [v for nb, v in slow.items() if not nb.startswith("07")]
-    assert f"the seven took {round(100 * min(rest))} to {round(100 * max(rest))} % longer (median)" in readme
+    assert f"In 01, 04, 06 and 08 the seven took {round(100 * min(rest))} to {round(100 * max(rest))} % longer (median)" in readme
     ts = {}
     for run in sliced:
         for nb, row in json.loads((run / "summary.json").read_text())["notebooks"].items():
@@ -383,6 +383,10 @@ def test_the_readmes_mps_room_figures_are_the_committed_mps_runs():
             if row["median_s"] is not None:
                 ts.setdefault(nb, {})["seven"] = row["median_s"]
     assert f"01 took {ts['01_measuring_time']['seven'] / ts['01_measuring_time']['alone']:.3g} times as long" in readme
+    last = {nb: ts.get(nb, {}).get("seven") for nb in rows}       # the time-sliced column, from the rooms above
+    assert last["06_mixed_precision"] is None and "07_tensor_core_alignment" not in ts
+    last.update({"06_mixed_precision": "none finished", "07_tensor_core_alignment": "not run"})
+    assert all(f"{rows[nb]} {last[nb]} |" in readme for nb in rows), last
     for nb in ("06_mixed_precision", "01_measuring_time"):
         mps_alone = next(json.loads((r / "summary.json").read_text())["notebooks"][nb]["alone_s"] for r in runs
                          if nb in json.loads((r / "summary.json").read_text())["notebooks"])
@@ -399,12 +403,22 @@ def test_the_readmes_mps_room_figures_are_the_committed_mps_runs():
         elif r["unit"] == "ms":
             assert r["value"] <= 1.01 * med, name
     g = lambda v: f"{v:.3g}"
-    for key, fmt in (("06 CNN images/s, best 16-bit / fp32", "read {m} [{lo}, {hi}] with seven against {a}"),
-                     ("07 matmul TFLOP/s, n=4096 / n=4095", "read {m} [{lo}, {hi}] against {a}"),
-                     ("08 copy + matmul, overlapped / serial ms", "read {m} [{lo}, {hi}] against {a}")):
+    for key, fmt, f in (("06 CNN images/s, best 16-bit / fp32", "read {m} [{lo}, {hi}] with seven against {a}", g),
+                        ("07 matmul TFLOP/s, n=4096 / n=4095", "held: {m} [{lo}, {hi}] against {a}", g),
+                        ("08 copy + matmul, overlapped / serial ms", "read {m} [{lo}, {hi}] against {a}", "{:.2f}".format)):
         h = heads[key]
-        assert fmt.format(m=g(h["median"]), lo=g(h["min"]), hi=g(h["max"]), a=g(h["alone"])) in readme, key
+        assert fmt.format(m=f(h["median"]), lo=f(h["min"]), hi=f(h["max"]), a=f(h["alone"])) in readme, key
+    smi = [line.split(", ") for line in (runs[0] / "smi.csv").read_text().splitlines()[1:]]
+    rows = [(float(r[3].split()[0]), float(r[4].split()[0]), float(r[2].split()[0])) for r in smi if len(r) == 5]
+    # with seven: the power at its 700 W limit while the SM clock was below its peak
+    assert "700.00 W" in (runs[0] / "gpu.txt").read_text()
+    assert any(w >= 0.98 * 700 and mhz < max(m for _, m, _ in rows) for w, mhz, _ in rows)
+    assert "the 700 W power limit (nvidia-smi read the power at the limit and the SM clock below its peak" in readme
+    assert any(0 < mib < 200 for _, _, mib in rows)    # the daemon's server holds memory with no learner running
     h = heads["04 one program past a full wave / a full wave, ms"]
     assert g(h["alone"]) == g(h["median"]) == "1" and "04's wave ratio read 1.00 alone and with seven" in readme
     waves = [r for r in recs(runs[2] / "room" / "alone.json").values() if r["name"] == "wave_step_ratio"]
     assert waves[0]["extra"]["programs"] == 16 and "MPS had given the process 14" in readme
+    one = recs(runs[2] / "room" / "alone.json")["wave_one_wave_ms"]["value"]
+    green = recs(sliced[0] / "room" / "alone.json")["wave_one_wave_ms"]["value"]
+    assert f"its one-wave time, {one:.3g} ms, is twice the green context's" in readme and 1.9 < one / green < 2.1
