@@ -12,7 +12,8 @@ Jupyter):
 between them; "1,234", decimals and ranges "a–b", "a-b", "a to b" allowed), divided by K (default
 1), must lie within [min·(1−P %), max·(1+P %)] (P default 5) of the values of the committed records
 with that lesson and name: every results store under results/ ({"records": [...]}), records made on
-a GPU (`gpu` not "CPU") at scale "full", not under a GPU profile (no `extra["profile"]`).
+a GPU (`gpu` not "CPU") at scale "full", not under a GPU profile (no `extra["profile"]`) and not on a
+shared GPU (no `extra["shared"]`: other processes, a room, a MIG slice).
 `NAME.KEY` reads `extra[KEY]` of the records named NAME instead of their value.
 
 A figure that is not a measurement on our GPU says so: `9.8 GB<!-- not measured: arithmetic -->`.

@@ -146,8 +146,9 @@ def selected(tag: Tag, extra: dict | None) -> bool:
 
 
 def matching(tag: Tag, records: Iterable[Rec]) -> list[tuple[float, str]]:
-    """(value, file) of every committed GPU record at full size, no profile, on a GPU not shared with other
-    processes (no "shared" mark: those timings are no reference), that the tag names."""
+    """(value, file) of every committed GPU record at full size, no profile, and no "shared" mark (other
+    processes on the GPU, a room, or a MIG slice: `monitor.sharing_mark`; no reference for a whole GPU's
+    figure), that the tag names."""
     name, _, key = tag.name.partition(".")
     out = []
     for r in records:
