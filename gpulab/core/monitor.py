@@ -332,17 +332,15 @@ def gpu_sharing(device: torch.device | None = None) -> Sharing | None:
             except pynvml.NVMLError:
                 pass                                    # not a MIG-capable GPU
             try:
-                procs = [(p.pid, p.usedGpuMemory or 0) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
+                # an MPS server is listed as a compute process: it runs this process's kernels under MPS, it is
+                # not a second user (on the H200 a learner alone under roomrun --mps read "1 other process
+                # (0.1 GiB)": the server)
+                procs = [(p.pid, p.usedGpuMemory or 0) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+                         if not is_mps_server(pynvml, p.pid)]
             except pynvml.NVMLError:
                 pass
-            servers = [p for p in procs if is_mps_server(pynvml, p[0])]
         finally:
             pynvml.nvmlShutdown()
-    else:
-        servers = []
-    # an MPS server is listed as a compute process: it is what runs this process's kernels under MPS, not a
-    # second user (on the H200 a learner alone under roomrun --mps read "1 other process (0.1 GiB)": the server)
-    procs = [p for p in procs if p not in servers]
     others = other_processes(procs, os.getpid(), torch.cuda.is_initialized())
     other_bytes = sum(b for _, b in others)
     notes = []

@@ -138,7 +138,11 @@ def width_for(cfg: dict, flops: float, memory_bytes: int | None = None) -> int:
     """The widest MLP whose fp32 step is at most `flops` and, given the GPU's memory in bytes, whose
     PARAM_COPIES fp32 copies of the parameters fit in MEMORY_SHARE of it; a multiple of 64 between the
     config's min_width and max_width."""
-    by_time, by_memory = _width_limits(cfg, flops, memory_bytes)
+    return _snapped(cfg, *_width_limits(cfg, flops, memory_bytes))
+
+
+def _snapped(cfg: dict, by_time: float, by_memory: float | None) -> int:
+    """The smaller of the two limits, a multiple of 64 between the config's min_width and max_width."""
     w = by_time if by_memory is None else min(by_time, by_memory)
     return int(min(cfg["max_width"], max(cfg["min_width"], w // 64 * 64)))
 
@@ -164,8 +168,8 @@ def model_width_why(cfg: dict, passes_ms: float, device: torch.device) -> tuple[
     target_s = cfg["batch"] * passes_ms / 1e3 / workers * cfg["fp32_over_data"]
     memory = free_memory(device)
     total = memory[1] if memory else None
-    w = width_for(cfg, target_s * ceiling.value * 1e12, total)
     by_time, by_memory = _width_limits(cfg, target_s * ceiling.value * 1e12, total)
+    w = _snapped(cfg, by_time, by_memory)
     if by_memory is not None and by_memory < by_time and w < cfg["max_width"]:
         why = (f"capped by memory: {PARAM_COPIES} fp32 copies of the parameters (section 2's correctness checks) in "
                f"{MEMORY_SHARE:.0%} of {total / 2**30:.1f} GiB; the step's time alone allowed {int(by_time)}")
