@@ -422,3 +422,24 @@ def test_the_readmes_mps_room_figures_are_the_committed_mps_runs():
     one = recs(runs[2] / "room" / "alone.json")["wave_one_wave_ms"]["value"]
     green = recs(sliced[0] / "room" / "alone.json")["wave_one_wave_ms"]["value"]
     assert f"its one-wave time, {one:.3g} ms, is twice the green context's" in readme and 1.9 < one / green < 2.1
+
+
+def test_every_slice_profile_takes_the_count_mps_gives(monkeypatch):
+    """Held out from the H200 case the fix was made on: every slice profile (A100, H100, H200 1g), given a count
+    by MPS below, at or above its slice's, uses that count; given the whole GPU's, it is not limited by MPS."""
+    import types
+    import torch
+    from gpulab.core import device as D
+    from gpulab.core.profiles import PROFILES
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "10")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/pipe")
+    slices = {k: p for k, p in PROFILES.items() if p.sm_count}
+    assert len(slices) >= 3, slices
+    for key, prof in slices.items():
+        monkeypatch.setenv("GPULAB_PROFILE", key)
+        for given in (prof.sm_count - 2, prof.sm_count, prof.sm_count + 2, 132):
+            monkeypatch.setattr(D, "SM_LIMIT", {"sms": None, "why": "not yet"})
+            monkeypatch.setattr(torch.cuda, "get_device_properties",
+                                lambda d=None, n=given: types.SimpleNamespace(multi_processor_count=n))
+            got = D.apply_profile_sm_limit(torch.device("cuda", 0))
+            assert got == (given if given < 2 * prof.sm_count else None), (key, given, D.SM_LIMIT["why"])
