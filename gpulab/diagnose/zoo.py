@@ -129,7 +129,7 @@ def same_model(module, fix: str, device: torch.device, scale: str = "tiny") -> d
     a fused attention kernel) passes, and one that changes anything else fails. Run at `scale` (the code
     paths are the fix's at any size); compiled steps use the aot_eager backend here, which costs no
     inductor compile."""
-    from gpulab.diagnose.cases import compare
+    from gpulab.models.same import compare
 
     with _environ(ZOO_COMPILE_BACKEND="aot_eager"):
         p0, pb = _run_k(module, None, scale, device, False)

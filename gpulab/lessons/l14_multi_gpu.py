@@ -958,7 +958,7 @@ def exp_fsdp(ctx: Ctx, model: dict, batch: int, warmup: int, repeat: int, update
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from gpulab.diagnose.cases import compare, parameters
+    from gpulab.models.same import compare, parameters
 
     cpu = torch.device("cpu")
     dev, r, n = ctx.device, ctx.rank, ctx.world

@@ -1,0 +1,67 @@
+"""Does a faster step still train the same model? Parameters after K_UPDATES updates from the same weights on
+the same batches, compared against a measured noise floor: the same step with its batch rows reordered (the
+sums over the batch in another order), or its own 16-bit rounding. One home for the check that notebook 14's
+DDP and FSDP2, the diagnosis's cases and zoo, notebook 15's chain and the graded exercises (`gpulab.exercises`)
+all use.
+
+    from gpulab.models.same import compare, parameters
+    verdict = compare(p0, bad, fixed, floors=[(bad, bad_reordered)])
+    verdict["ok"], verdict["why"]
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Correct before fast: the fixed step trains the same model as the bad one. Parameters after K_UPDATES
+# updates from the same weights on the same batches; their distance, relative to how far the parameters
+# moved, may be at most SAME_MAX_FLOOR times the noise floor: the larger of each step against itself with
+# its batch rows in another order (the reductions over the batch in another order) and against itself in
+# fp32 (`precision.fp32_only`: how far its 16-bit rounding alone moves the parameters). A fix that changes
+# only the rounding passes; one that changes anything else fails. SAME_MAX_FLOOR is a judgement: two draws
+# of rounding noise differ by a factor of about two. Below SAME_ABS two runs agree to fp32 precision.
+K_UPDATES = 3
+SAME_MAX_FLOOR = 4.0
+SAME_ABS = 1e-6
+# A noise floor as large as this share of the parameters' movement says nothing: the check then fails
+# with that reason rather than pass everything.
+FLOOR_MAX = 1.0
+
+
+def parameters(model) -> list[torch.Tensor]:
+    """A copy of a model's parameters, in fp32; a parameter sharded by FSDP2 (a DTensor) is gathered whole
+    (a collective: every rank must call it)."""
+    return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().float().clone() for p in model.parameters()]
+
+
+def distance(a: list, b: list) -> float:
+    """|a - b| over two parameter lists; where a tensor differs in rows (a padded vocabulary), over the rows
+    both have (the padding's rows lead nowhere the loss reads)."""
+    total = 0.0
+    for x, y in zip(a, b):
+        if x.dim() and x.shape[0] != y.shape[0]:
+            rows = min(x.shape[0], y.shape[0])
+            x, y = x[:rows], y[:rows]
+        total += float((x - y).double().square().sum())
+    return math.sqrt(total)
+
+
+def compare(p0: list, bad: list, fixed: list, floors: list[tuple[list, list]], k: int = K_UPDATES,
+            floor_is: str = "its batch rows reordered, its 16-bit rounding", what: str = "the fixed step") -> dict:
+    """The verdict of `same_model`'s comparison: `floors` are pairs of runs that differ only by noise (a
+    step and itself reordered, a step and itself in fp32; `floor_is` says what they are, `what` what `fixed`
+    is); `ok` when bad and
+    fixed differ by at most SAME_MAX_FLOOR times the largest of them (or by under SAME_ABS), relative to how
+    far bad moved from p0."""
+    moved = distance(bad, p0)
+    rel = lambda a, b: distance(a, b) / moved if moved > 0 else math.inf     # noqa: E731
+    diff = rel(fixed, bad)
+    floor = max((rel(a, b) for a, b in floors), default=0.0)
+    ok = math.isfinite(diff) and (diff <= SAME_MAX_FLOOR * floor or diff <= SAME_ABS) and floor < FLOOR_MAX
+    return {"diff": diff, "floor": floor, "ok": ok,
+            "why": f"after {k} updates {what} differs by {diff:.2e} of the parameters' movement; noise floor "
+                   f"{floor:.2e} ({floor_is}); "
+                   + (f"the floor is {floor:.2g} of the movement itself: noise this large cannot tell two models "
+                      "apart" if floor >= FLOOR_MAX else
+                      f"{'within' if ok else 'MORE than'} {SAME_MAX_FLOOR:g}x the floor")}
