@@ -220,7 +220,7 @@ class Exercise:
         print(f"Hint {level}: {self.task.hints[level - 1]}")
 
     def check(self, fn: Callable | str, *, scale: str | None = None, budget_s: float | None = None,
-              quiet: bool = False, who: str = "you") -> Verdict:
+              timeout_s: float = 300.0, quiet: bool = False, who: str = "you") -> Verdict:
         """Grade `fn` in a fresh process; print and return the verdict. Never raises for the submission's faults."""
         from gpulab.core.device import resolve_scale
         from gpulab.exercises.grader import grade
@@ -235,8 +235,8 @@ class Exercise:
         path = folder / "submission.py"
         path.write_text(source)
         scale = resolve_scale(scale)
-        budget = budget_s if budget_s is not None else (20.0 if scale == "full" else 0.5)
-        v = Verdict.from_dict(grade(self.task.name, str(path), scale=scale, budget_s=budget))
+        budget = budget_s if budget_s is not None else (10.0 if scale == "full" else 0.5)
+        v = Verdict.from_dict(grade(self.task.name, str(path), scale=scale, budget_s=budget, timeout_s=timeout_s))
         if v.state == "failed":
             v.detail["file"] = str(path)
         record_verdict(v, self.task.lesson, who)

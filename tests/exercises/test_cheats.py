@@ -1,0 +1,242 @@
+"""The cheat suite (issue 39): each submission below tries one of the tricks graders of GPU work have met
+(grading.md), and each is rejected with its reason; the lesson's own fix passes. Graded at the tiny size on the
+CPU, in the grader's fresh process, exactly as a learner's submission is."""
+import textwrap
+
+import pytest
+import torch
+
+from gpulab.exercises import exercise
+
+STEP = "01.sync"          # a training step (systems tier)
+FN = "12.fusion"          # a pure function (systems tier)
+
+
+def grade(name: str, source: str, **kw):
+    return exercise(name).check(textwrap.dedent(source), quiet=True, **kw)
+
+
+def assert_rejected(v, state: str, *words: str):
+    text = " ".join(v.why).lower()
+    assert v.state == state, f"expected {state}, got {v.state}: {v.why}"
+    for w in words:
+        assert w.lower() in text, f"{w!r} not in the reason: {v.why}"
+
+
+@pytest.mark.parametrize("name", [STEP, FN])
+def test_the_lessons_fix_passes(name):
+    v = exercise(name).check(exercise(name).task.reference, quiet=True, who="reference")
+    assert v.state == "passed", v.why
+    assert v.ratio is not None and v.reference_ratio is not None and v.detail["rounds"] >= 5
+    assert any("correctness only" in w for w in v.why)        # on the CPU the speed is not judged, and it says so
+
+
+def test_a_cached_output_is_rejected():
+    v = grade(FN, """
+        _cache = {}
+        def fused(x, y):
+            if "out" not in _cache:
+                _cache["out"] = (x + y).relu().mean(dim=1)
+            return _cache["out"]
+        """)
+    assert_rejected(v, "failed", "call 2", "differs")
+
+
+def test_an_output_cached_once_the_timing_starts_is_rejected():
+    v = grade(FN, """
+        _seen = []
+        def fused(x, y):
+            _seen.append(1)
+            if len(_seen) > 6 and "out" in globals():
+                return globals()["out"]
+            globals()["out"] = (x + y).relu().mean(dim=1)
+            return globals()["out"]
+        """)
+    assert_rejected(v, "failed", "timed call", "cached or stale")
+
+
+def test_a_step_without_backward_is_rejected():
+    v = grade(STEP, """
+        import torch
+        def make_step(model, optimizer):
+            def step(x, y):
+                return torch.nn.functional.mse_loss(model(x), y).detach()
+            return step
+        """)
+    assert_rejected(v, "failed", "did not move")
+
+
+def test_a_step_without_the_update_is_rejected():
+    v = grade(STEP, """
+        import torch
+        def make_step(model, optimizer):
+            def step(x, y):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                optimizer.zero_grad(set_to_none=True)
+                return loss
+            return step
+        """)
+    assert_rejected(v, "failed", "skipped backward or update")
+
+
+def test_a_step_that_stops_updating_once_timed_is_rejected():
+    v = grade(STEP, """
+        import torch
+        def make_step(model, optimizer):
+            calls = []
+            def step(x, y):
+                calls.append(1)
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                if len(calls) <= 3:
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
+                return loss.detach()
+            return step
+        """)
+    assert v.state == "failed", v.why
+    assert "timed" in " ".join(v.why)
+
+
+def test_work_left_unfinished_on_another_thread_is_rejected():
+    """The CPU's stand-in for a side stream left unsynchronized: the output is filled after the call returns."""
+    v = grade(FN, """
+        import threading, time, torch
+        def fused(x, y):
+            out = torch.zeros(x.shape[0])
+            def later():
+                time.sleep(0.05)
+                out.copy_((x + y).relu().mean(dim=1))
+            threading.Thread(target=later).start()
+            return out
+        """)
+    assert_rejected(v, "failed", "differs")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a side stream needs a CUDA GPU; the CPU stand-in above runs instead")
+def test_work_on_an_unsynchronized_side_stream_is_rejected():
+    v = grade(FN, """
+        import torch
+        def fused(x, y):
+            out = torch.zeros(x.shape[0], device=x.device)
+            side = torch.cuda.Stream()
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(2_000_000)
+                out.copy_((x + y).relu().mean(dim=1))
+            return out
+        """)
+    assert_rejected(v, "failed", "differs")
+
+
+@pytest.mark.parametrize("patch, name", [
+    ("import time\ntime.perf_counter = lambda: 0.0\n", "perf_counter"),
+    ("import torch\ntorch.cuda.Event.elapsed_time = lambda self, other: 1e-6\n", "elapsed_time"),
+    ("import torch\ntorch.cuda.synchronize = lambda *a, **k: None\n", "synchronize"),
+])
+def test_a_patched_timer_is_suspicious(patch, name):
+    v = grade(FN, patch + textwrap.dedent("""
+        def fused(x, y):
+            return (x + y).relu().mean(dim=1)
+        """))
+    assert_rejected(v, "suspicious", name, "patches timers")
+
+
+def test_a_timer_patched_during_a_call_is_suspicious():
+    v = grade(FN, """
+        import time
+        def fused(x, y):
+            time.perf_counter = lambda: 0.0
+            return (x + y).relu().mean(dim=1)
+        """)
+    assert_rejected(v, "suspicious", "perf_counter", "after the correctness calls")
+
+
+def test_reading_the_graders_seed_gets_nothing():
+    """The inputs come from a generator seeded from os.urandom just before they are drawn: torch's global seed
+    (re-seeded at random too) predicts nothing, so precomputed answers are wrong."""
+    v = grade(FN, """
+        import torch
+        def fused(x, y):
+            g = torch.Generator().manual_seed(torch.initial_seed())
+            n = x.shape[0]
+            xs, ys = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+            return (xs + ys).relu().mean(dim=1)
+        """)
+    assert_rejected(v, "failed", "differs")
+
+
+def test_a_downcast_function_is_rejected():
+    v = grade(FN, """
+        import torch
+        def fused(x, y):
+            return (x.bfloat16() + y.bfloat16()).relu().mean(dim=1).float()
+        """)
+    assert_rejected(v, "failed", "differs")
+
+
+def test_a_downcast_step_is_rejected_by_the_systems_tier():
+    v = grade(STEP, """
+        import torch
+        def make_step(model, optimizer):
+            def step(x, y):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                return loss
+            return step
+        """)
+    assert_rejected(v, "failed", "not the same training", "downcast")
+
+
+def test_inputs_changed_in_place_are_rejected():
+    v = grade(FN, """
+        def fused(x, y):
+            x.add_(y)
+            return x.relu_().mean(dim=1)
+        """)
+    assert_rejected(v, "failed", "inputs in place")
+
+
+def test_the_kernel_survives_a_crash_an_exit_and_a_hang():
+    crash = grade(FN, "import ctypes\ndef fused(x, y):\n    return ctypes.string_at(0)\n")
+    assert crash.state == "failed" and "signal" in crash.why[-1], crash.why
+    gone = grade(FN, "import os\ndef fused(x, y):\n    os._exit(3)\n")
+    assert gone.state == "failed" and "without a verdict" in gone.why[-1], gone.why
+    hang = grade(FN, "import time\ndef fused(x, y):\n    time.sleep(60)\n", timeout_s=4)
+    assert hang.state == "failed" and "time limit" in hang.why[-1], hang.why
+
+
+def test_a_submission_that_raises_says_where():
+    v = grade(FN, "def fused(x, y):\n    return x @ y.t()[:3]\n")
+    assert v.state == "failed" and "raised RuntimeError" in " ".join(v.why)
+    assert "submission.py" in v.detail.get("traceback", "")
+
+
+CACHED = torch.zeros(3)
+
+
+def uses_a_tensor(x, y):
+    return CACHED
+
+
+def test_a_function_using_the_notebooks_objects_is_refused_before_grading():
+    v = exercise(FN).check(uses_a_tensor, quiet=True)
+    assert v.state == "failed" and "'CACHED', a Tensor from the notebook" in v.why[0], v.why
+    cached = torch.zeros(3)
+
+    def fused(x, y):
+        return cached
+    v = exercise(FN).check(fused, quiet=True)
+    assert v.state == "failed" and "enclosing function" in v.why[0]
+
+
+def test_the_verdict_is_kept_in_the_results_store():
+    from gpulab.core.results import results_store
+    ex = exercise(FN)
+    ex.check(ex.task.slow, quiet=True)
+    rec = results_store().latest(f"exercise {FN}", lesson="12")
+    assert rec is not None and rec.extra["state"] == "passed" and rec.extra["who"] == "you"
+    assert ex.state() == "passed"
