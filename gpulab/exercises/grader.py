@@ -378,6 +378,8 @@ def _grade(task_name: str, path: str, scale: str, budget_s: float) -> dict:
         os.environ[key] = value
     os.environ["GPULAB_SCALE"] = scale
     device = pick_device()
+    import torch._inductor.config as inductor_config
+    inductor_config.compile_threads = 1        # no worker pool in a forked process (see _context)
     result: dict[str, Any] = {"task": task.name, "scale": scale, "device": str(device), "torch": torch.__version__,
                               "tier": task.tier, "why": [], "speed_judged": False}
     if device.type == "cuda":
@@ -482,6 +484,9 @@ def _context():
     if _CONTEXT is None:
         import multiprocessing
         os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")     # is_available() anywhere must not poison a fork
+        # inductor compiles in the grading process itself: a pool of compile workers started in the server would be
+        # shared, broken, by every fork (a torch.compile'd reference hung past 300 s on the H200, 2026-12-04)
+        os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
         _CONTEXT = multiprocessing.get_context("forkserver")
         import pkgutil
         import gpulab.exercises as package
@@ -496,7 +501,8 @@ def grade(task_name: str, path: str, *, scale: str, budget_s: float = 20.0, time
     A crash, a hang past `timeout_s` or a silent exit is itself a verdict ("failed", with why)."""
     ctx = _context()
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(task_name, path, scale, budget_s, child), daemon=True)
+    # not a daemon: a submission may start processes of its own (DataLoader workers); it is killed on a time limit
+    proc = ctx.Process(target=_child, args=(task_name, path, scale, budget_s, child), daemon=False)
     wall0 = time.perf_counter()
     proc.start()
     child.close()

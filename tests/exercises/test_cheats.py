@@ -12,8 +12,18 @@ STEP = "01.sync"          # a training step (systems tier)
 FN = "12.fusion"          # a pure function (systems tier)
 
 
+SPREAD = """
+import numpy as np
+def spread(host):
+    return float(np.percentile(host, 90) - np.percentile(host, 10))
+"""
+
+
 def grade(name: str, source: str, **kw):
-    return exercise(name).check(textwrap.dedent(source), quiet=True, **kw)
+    source = textwrap.dedent(source)
+    if name == STEP:
+        source = SPREAD + source
+    return exercise(name).check(source, quiet=True, **kw)
 
 
 def assert_rejected(v, state: str, *words: str):
@@ -59,8 +69,8 @@ def test_a_step_without_backward_is_rejected():
     v = grade(STEP, """
         import torch
         def make_step(model, optimizer):
-            def step(x, y):
-                return torch.nn.functional.mse_loss(model(x), y).detach()
+            def step(x, y, host):
+                return torch.nn.functional.mse_loss(model(x), y).detach(), spread(host)
             return step
         """)
     assert_rejected(v, "failed", "did not move")
@@ -70,11 +80,11 @@ def test_a_step_without_the_update_is_rejected():
     v = grade(STEP, """
         import torch
         def make_step(model, optimizer):
-            def step(x, y):
+            def step(x, y, host):
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 loss.backward()
                 optimizer.zero_grad(set_to_none=True)
-                return loss
+                return loss, spread(host)
             return step
         """)
     assert_rejected(v, "failed", "skipped backward or update")
@@ -85,14 +95,14 @@ def test_a_step_that_stops_updating_once_timed_is_rejected():
         import torch
         def make_step(model, optimizer):
             calls = []
-            def step(x, y):
+            def step(x, y, host):
                 calls.append(1)
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 if len(calls) <= 3:
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     optimizer.step()
-                return loss.detach()
+                return loss.detach(), spread(host)
             return step
         """)
     assert v.state == "failed", v.why
@@ -179,13 +189,13 @@ def test_a_downcast_step_is_rejected_by_the_systems_tier():
     v = grade(STEP, """
         import torch
         def make_step(model, optimizer):
-            def step(x, y):
+            def step(x, y, host):
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     loss = torch.nn.functional.mse_loss(model(x), y)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
-                return loss
+                return loss, spread(host)
             return step
         """)
     assert_rejected(v, "failed", "not the same training", "downcast")
