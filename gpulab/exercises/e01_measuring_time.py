@@ -77,8 +77,9 @@ def build(scale: str, device: torch.device):
     batch = width
 
     def draw(gen):
-        host = torch.randn(values, generator=gen).numpy()
-        return torch.randn(batch, width, generator=gen), torch.randn(batch, width, generator=gen), host
+        host = torch.randn(values, generator=gen, device=gen.device).cpu().numpy()
+        return (torch.randn(batch, width, generator=gen, device=gen.device),
+                torch.randn(batch, width, generator=gen, device=gen.device), host)
     return training(lambda: mlp(width, layers), lambda m: torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9),
                     draw, device, sizes={"width": width, "batch": batch, "layers": layers, "sized by": why,
                                          "host values": values})

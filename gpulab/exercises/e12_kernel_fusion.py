@@ -27,7 +27,8 @@ def build(scale: str, device: torch.device):
     n = 8192 if scale == "full" else 256
 
     def draw(gen):
-        return torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)
+        return (torch.randn(n, n, generator=gen, device=gen.device),
+                torch.randn(n, n, generator=gen, device=gen.device))
     # the fewest bytes any implementation moves: read x and y, write n means
     return function(draw, device, rtol=1e-5, atol=1e-5, min_bytes=lambda inputs: (2 * n * n + n) * 4,
                     sizes={"n": n, "dtype": "fp32"})

@@ -96,8 +96,15 @@ def load_submission(path: str):
     return getattr(module, ENTRY)
 
 
-def _fresh_generator() -> torch.Generator:
-    return torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 2)
+def _fresh_generator(device: torch.device | None = None) -> torch.Generator:
+    """A generator on `device`, seeded from os.urandom: inputs are drawn where they are used (drawing a GPU
+    exercise's inputs on the host took longer than timing them, 2026-12-04)."""
+    device = device if device is not None and device.type == "cuda" else torch.device("cpu")
+    return torch.Generator(device=device).manual_seed(int.from_bytes(os.urandom(8), "little") >> 2)
+
+
+def _nbytes(batch) -> int:
+    return sum(t.numel() * t.element_size() for t in batch if isinstance(t, torch.Tensor))
 
 
 def _sync(device: torch.device) -> None:
@@ -183,7 +190,7 @@ class _Peak:
 
 def check_same(task, wl, sub, device) -> dict:
     """Stage 1: does the submission compute what the slow code does (within its tier)? Raises Rejected if not."""
-    gen = _fresh_generator()
+    gen = _fresh_generator(device)
     batches = [wl.to_device(wl.draw(gen)) for _ in range(task.k)]
     del gen
     slow_out, p0, slow_p = _run_k(wl, task.slow, batches, device, "slow")
@@ -247,7 +254,7 @@ def _count_flops(wl, slow, device) -> float:
     from torch.utils.flop_counter import FlopCounterMode
     runner = wl.instantiate(slow)
     try:
-        batch = wl.to_device(wl.draw(_fresh_generator()))
+        batch = wl.to_device(wl.draw(_fresh_generator(device)))
         with FlopCounterMode(display=False) as counter:
             runner.call(batch)
         _sync(device)
@@ -267,7 +274,7 @@ def time_in_turns(task, wl, sub, device, budget_s: float) -> dict:
         starts = {n: r.state() for n, r in runners.items()}
 
         def one_round(calls: int, timed: bool, order=names):
-            gen = _fresh_generator()
+            gen = _fresh_generator(device)
             batches = [wl.to_device(wl.draw(gen)) for _ in range(calls)]
             del gen
             ms, outs = {}, {}
@@ -290,6 +297,9 @@ def time_in_turns(task, wl, sub, device, budget_s: float) -> dict:
         probe, _ = one_round(1, False)
         target_ms = 25.0 if device.type == "cuda" else 4.0
         calls = int(min(64, max(1, round(target_ms / max(probe["slow"], 1e-3)))))
+        if device.type == "cuda":           # a round holds its inputs and a copy of them per variant: a quarter of free memory
+            one = _nbytes(wl.to_device(wl.draw(_fresh_generator(device)))) or 1
+            calls = max(1, min(calls, int(torch.cuda.mem_get_info(device)[0] * 0.25 // (one * 4))))
         samples: dict[str, list[float]] = {n: [] for n in names}
         ratios = {"submission": [], "reference": []}
         worst = {"gap": 0.0, "allowed": 0.0}
@@ -430,7 +440,7 @@ def _grade(task_name: str, path: str, scale: str, budget_s: float) -> dict:
     result["why"].append(f"outputs of every timed call checked against the reference's on the same fresh inputs")
     bytes_ = None
     if wl.min_bytes is not None:
-        bytes_ = float(wl.min_bytes(wl.draw(_fresh_generator())))
+        bytes_ = float(wl.min_bytes(wl.draw(_fresh_generator(device))))
     fast, said = physics(device, flops, bytes_, med["submission"])
     result["physics"] = said
     result["grading_s"] = _CLOCK() - t_start

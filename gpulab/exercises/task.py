@@ -44,8 +44,9 @@ class Workload:
     """What one grading builds from a task, at one scale on one device.
 
     - `instantiate(factory) -> Runner`: the same starting point for every variant (weights from a fixed seed);
-    - `draw(gen) -> inputs`: one call's inputs, fresh, from the grader's secret generator (on the CPU; `to_device`
-      moves them, outside the timed region);
+    - `draw(gen) -> inputs`: one call's inputs, fresh, from the grader's secret generator, which lives on the
+      device the inputs are used on (`gen.device`: the GPU, or the CPU): draw with `device=gen.device`; `to_device`
+      moves what is elsewhere, outside the timed region;
     - `reorder(inputs) -> inputs`: the same inputs with the batch's rows in another order, for the systems tier's
       noise floor (None: a function task, whose floor is `rtol`/`atol`);
     - `min_bytes(inputs)`: the fewest bytes a call must move, for the physics check (None: not counted);
