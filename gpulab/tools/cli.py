@@ -357,6 +357,8 @@ def room(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--learners", action="store_true",
                         help="one row per learner's results file (GPU, lessons run, marks: slice/shared, profile)")
+    parser.add_argument("--board", action="store_true",
+                        help="the graded exercises: each learner's newest verdict, ratio and target (verified, suspicious)")
     parser.add_argument("--watch", metavar="SECONDS", type=float, default=None,
                         help="print the table again every SECONDS as learners' results arrive (Ctrl-C stops)")
     parser.add_argument("--rounds", type=int, default=None, help=argparse.SUPPRESS)   # --watch's rounds (tests)
@@ -364,7 +366,7 @@ def room(argv: list[str] | None = None) -> int:
     if args.watch is not None and args.watch <= 0:
         print("gpulab room: --watch needs a positive number of seconds", file=sys.stderr)
         return 2
-    if args.learners or args.watch is not None:
+    if args.learners or args.board or args.watch is not None:
         return _room_live(args, R)
     try:
         for flag, what in ((args.png, "the PNG"), (args.json, "the JSON")):
@@ -406,8 +408,11 @@ def _room_rounds(args, R) -> int:
     done = 0
     while True:
         try:
-            if args.learners:
-                text = R.format_learners(R.learners(args.folder), markdown=args.markdown)
+            if args.learners or args.board:
+                parts = [R.format_learners(R.learners(args.folder), markdown=args.markdown)] if args.learners else []
+                if args.board:
+                    parts.append(R.format_board(R.exercise_board(args.folder), markdown=args.markdown))
+                text = "\n\n".join(parts)
             else:
                 text = R.format_table(R.merge(args.folder), markdown=args.markdown)
         except (FileNotFoundError, ValueError) as err:

@@ -475,3 +475,53 @@ def format_learners(rows: list[Learner], markdown: bool = False) -> str:
     lines.append(f"{len(rows)} learner(s); marks: shared = a MIG slice or other processes on the GPU (timings "
                  "noisier), profile = timings of the GPU that emulated it, tiny = CPU-sized run")
     return "\n".join(lines)
+
+
+# -- the exercises' board: each learner's graded exercises ------------------------------------------------------------
+@dataclass(frozen=True)
+class BoardRow:
+    learner: str
+    exercise: str       # "01.sync"
+    state: str          # passed, failed, suspicious, cannot run, error
+    ratio: float | None
+    target: float | None
+    judged: bool        # the speed was judged (a GPU where the lesson's fix gains): a verified pass
+    who: str            # "you" (the learner's own), "reference" (the solution), ...
+    time: str
+
+
+def exercise_board(folder: str | os.PathLike) -> list[BoardRow]:
+    """The newest verdict of each learner's own submission to each graded exercise (`gpulab.exercises` records
+    `exercise <name>`), from the results stores in `folder`; a file that cannot be read is left to `learners`."""
+    rows = []
+    for path in sorted(Path(folder).glob("*.json")):
+        try:
+            records = read_records(path)
+        except (OSError, ResultsFileError, ValueError):
+            continue
+        newest: dict[str, Record] = {}
+        for r in records:
+            if r.name.startswith("exercise ") and r.extra.get("who", "you") == "you":
+                newest[r.name.removeprefix("exercise ")] = r
+        for name, r in sorted(newest.items()):
+            e = r.extra
+            rows.append(BoardRow(path.stem, name, str(e.get("state", "?")), r.value if e.get("state") != "failed"
+                                 or r.value else None, e.get("target"), bool(e.get("speed_judged")),
+                                 str(e.get("who", "you")), r.time))
+    return rows
+
+
+def format_board(rows: list[BoardRow], markdown: bool = False) -> str:
+    def verdict(r: BoardRow) -> str:
+        if r.state == "passed":
+            return "verified" if r.judged else "correct (speed not judged here)"
+        return {"suspicious": "SUSPICIOUS: check it", "failed": "not yet"}.get(r.state, r.state)
+    body = [[r.learner, r.exercise, r.state, "-" if r.ratio is None else f"{r.ratio:.2f}x",
+             "-" if r.target is None or not r.judged else f"{r.target:.2f}x", verdict(r), r.time] for r in rows]
+    lines = _grid(["learner", "exercise", "state", "ratio", "target", "verdict", "when"], body, markdown)
+    passed = sum(r.state == "passed" for r in rows)
+    lines.append(f"{len(rows)} submission(s) by {len({r.learner for r in rows})} learner(s): {passed} passed "
+                 f"({sum(r.state == 'passed' and r.judged for r in rows)} verified by speed on a GPU), "
+                 f"{sum(r.state == 'suspicious' for r in rows)} suspicious; ratio = the slow code's time / theirs, "
+                 "timed in turns on their own GPU")
+    return "\n".join(lines)

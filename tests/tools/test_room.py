@@ -265,3 +265,22 @@ def test_the_diagnosis_suites_json_is_not_a_bad_file(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"cases": []}))
     room = R.merge(tmp_path)
     assert [Path(b.path).name for b in room.bad] == ["other.json"] and room.measurements == []
+
+
+def test_the_board_shows_each_learners_newest_own_verdict(tmp_path, monkeypatch):
+    """The exercises' board: one row per learner and exercise, their own newest submission (not the solution
+    they viewed), a pass on the CPU marked as not judged for speed, a suspicious one flagged."""
+    from gpulab.core.results import ResultsStore
+    from gpulab.tools import room as R
+    a, b = ResultsStore(tmp_path / "ana.json"), ResultsStore(tmp_path / "ben.json")
+    a.record("01", "exercise 01.sync", 0.0, "x", state="failed", who="you", target=None, speed_judged=False)
+    a.record("01", "exercise 01.sync", 1.71, "x", state="passed", who="you", target=1.4, speed_judged=True)
+    a.record("01", "exercise 01.sync", 1.8, "x", state="passed", who="reference", target=1.4, speed_judged=True)
+    b.record("12", "exercise 12.fusion", 1.0, "x", state="suspicious", who="you", target=None, speed_judged=False)
+    b.record("12", "fused_ms", 1.0, "ms")                         # not an exercise
+    rows = R.exercise_board(tmp_path)
+    assert [(r.learner, r.exercise, r.state, r.ratio) for r in rows] == [
+        ("ana", "01.sync", "passed", 1.71), ("ben", "12.fusion", "suspicious", 1.0)]
+    text = R.format_board(rows)
+    assert "verified" in text and "SUSPICIOUS" in text and "1.40x" in text
+    assert "2 submission(s) by 2 learner(s): 1 passed (1 verified by speed on a GPU), 1 suspicious" in text

@@ -220,8 +220,12 @@ c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}   # POST .../server 
         cells = _code_cells(NOTEBOOK)
         deadline = time.monotonic() + RUN_S
         errors: dict = {}
+        # every learner submits notebook 01's graded exercise as the notebook has it; learner1 then a cheat too
+        cheat = ('ex.check("import time\\ntime.perf_counter = lambda: 0.0\\n"\n'
+                 '         "def make_step(model, optimizer):\\n    return lambda x, y, host: None\\n")')
         threads = [threading.Thread(target=lambda u=user: errors.__setitem__(
-            u, run_notebook(hub, f"127.0.0.1:{port}", u, cells, deadline))) for user in users]
+            u, run_notebook(hub, f"127.0.0.1:{port}", u, cells + ([cheat] if u == users[0] else []), deadline)))
+            for user in users]
         for t in threads:
             t.start()
         for t in threads:
@@ -238,6 +242,13 @@ c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}   # POST .../server 
         rows = [line for line in shown.splitlines() if line.startswith("learner") and " 01" in line]
         assert len(rows) == LEARNERS, f"gpulab room shows {len(rows)} learners who ran 01:\n{shown}"
         assert "not read" not in shown and "tiny" in shown
+        # the board: each learner's graded exercise, the cheat flagged
+        assert cli.main(["room", str(room), "--board"]) == 0
+        board = capsys.readouterr().out
+        graded = [line for line in board.splitlines() if line.startswith("learner") and "01.sync" in line]
+        assert len(graded) == LEARNERS, f"the board shows {len(graded)} learners' 01.sync:\n{board}"
+        assert sum("SUSPICIOUS" in line for line in graded) == 1 and "SUSPICIOUS" in graded[0], board
+        assert sum("correct (speed not judged here)" in line for line in graded) == LEARNERS - 1, board
         # stopping the hub stops the learners' servers and the proxy
         hub_proc.send_signal(signal.SIGTERM)
         hub_proc.wait(timeout=60)
