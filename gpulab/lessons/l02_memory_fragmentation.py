@@ -139,8 +139,8 @@ def run_pattern(cap_mib: int = 4096, fix: str = "none", a_mib: int = 40, b_mib: 
 
     if fix not in FIXES:
         raise ValueError(f"fix must be one of {', '.join(FIXES)} (got {fix!r}).")
-    if not 10 <= b_mib < a_mib:
-        raise ValueError(f"need 10 <= b_mib < a_mib (got a_mib={a_mib}, b_mib={b_mib}).")
+    if not 1 <= b_mib < a_mib:
+        raise ValueError(f"need 1 <= b_mib < a_mib (got a_mib={a_mib}, b_mib={b_mib}).")
     dev = require_cuda(NO_ALLOCATOR)
     total = torch.cuda.get_device_properties(dev).total_memory
     torch.cuda.empty_cache()
@@ -203,13 +203,18 @@ def run_pattern(cap_mib: int = 4096, fix: str = "none", a_mib: int = 40, b_mib: 
     return res
 
 
-def run_in_fresh_processes(fixes=FIXES, cap_mib: int = 4096, timeout_s: float = 120) -> dict[str, FragResult]:
+def run_in_fresh_processes(fixes=FIXES, cap_mib: int = 4096, timeout_s: float = 120, *, a_mib: int = 40,
+                           b_mib: int = 24, alloc_conf: str = "") -> dict[str, FragResult]:
     """Run the pattern once per fix, each in a new Python process with the allocator setting that fix
     needs, all at once: each process caps its own allocator (a fraction of the GPU's memory), so they
-    do not disturb each other, and nothing is timed.
+    do not disturb each other, and nothing is timed. `a_mib`, `b_mib`: the two phases' block sizes;
+    `alloc_conf`: more allocator settings for every child (e.g. "max_split_size_mb:32"), joined to the fix's
+    own (the notebook's exercises 1 and 2).
 
     The notebook's own kernel and its GPU memory are untouched.
     """
+    if not 1 <= b_mib < a_mib:
+        raise ValueError(f"need 1 <= b_mib < a_mib (got a_mib={a_mib}, b_mib={b_mib}).")
     fixes = list(fixes)
     bad = [f for f in fixes if f not in FIXES]
     if bad:
@@ -220,10 +225,10 @@ def run_in_fresh_processes(fixes=FIXES, cap_mib: int = 4096, timeout_s: float = 
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     commands = {}
     for fix in fixes:
-        child_env = dict(env, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True") \
-            if fix == "expandable_segments" else env
-        commands[fix] = ([sys.executable, "-m", "gpulab.lessons.l02_memory_fragmentation", "--cap-mib", str(cap_mib), "--fix", fix],
-                         child_env)
+        conf = ",".join(filter(None, ["expandable_segments:True" if fix == "expandable_segments" else "", alloc_conf]))
+        child_env = dict(env, PYTORCH_CUDA_ALLOC_CONF=conf) if conf else env
+        commands[fix] = ([sys.executable, "-m", "gpulab.lessons.l02_memory_fragmentation", "--cap-mib", str(cap_mib),
+                          "--fix", fix, "--a-mib", str(a_mib), "--b-mib", str(b_mib)], child_env)
     out = {}
     for fix, proc in at_once(commands, timeout_s).items():
         if proc.returncode == 2:  # the child refused the settings (e.g. no CUDA GPU)
@@ -235,18 +240,20 @@ def run_in_fresh_processes(fixes=FIXES, cap_mib: int = 4096, timeout_s: float = 
     return out
 
 
-def run_in_fresh_process(cap_mib: int = 4096, fix: str = "none", timeout_s: float = 120) -> FragResult:
-    """One fix in a new process (see `run_in_fresh_processes`)."""
-    return run_in_fresh_processes([fix], cap_mib, timeout_s)[fix]
+def run_in_fresh_process(cap_mib: int = 4096, fix: str = "none", timeout_s: float = 120, **pattern) -> FragResult:
+    """One fix in a new process (see `run_in_fresh_processes`; `pattern`: a_mib, b_mib, alloc_conf)."""
+    return run_in_fresh_processes([fix], cap_mib, timeout_s, **pattern)[fix]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Run notebook 02's fragmentation pattern once; print JSON.")
     p.add_argument("--cap-mib", type=int, default=4096)
     p.add_argument("--fix", choices=FIXES, default="none")
+    p.add_argument("--a-mib", type=int, default=40, help="phase A's block size (MiB)")
+    p.add_argument("--b-mib", type=int, default=24, help="phase B's block size (MiB), below A's")
     a = p.parse_args(argv)
     try:
-        res = run_pattern(a.cap_mib, a.fix)
+        res = run_pattern(a.cap_mib, a.fix, a_mib=a.a_mib, b_mib=a.b_mib)
     except ValueError as err:
         print(f"gpulab.lessons.l02_memory_fragmentation: {err}", file=sys.stderr)
         return 2
