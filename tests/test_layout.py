@@ -46,7 +46,7 @@ def test_core_imports_nothing_else_from_gpulab():
 
 def test_every_package_folder_is_what_the_readme_says():
     folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
-    assert folders == ["core", "diagnose", "lessons", "models", "notebook", "tools"]
+    assert folders == ["core", "diagnose", "exercises", "lessons", "models", "notebook", "tools"]
     assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py"]     # nothing flat beside them
     readme = (ROOT / "README.md").read_text()
     for folder in folders:
