@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from gpulab.exercises.task import Task, function
+from gpulab.exercises.task import Task, copy_rate, function
 from gpulab.lessons.l04_occupancy_and_waves import scale_with, triton_status
 
 
@@ -33,13 +33,13 @@ def elements(device: torch.device, scale_name: str) -> tuple[int, str]:
     at most a 32nd of free memory; 2^16 on the CPU."""
     if scale_name != "full" or device.type != "cuda":
         return 1 << 16, "tiny"
-    from gpulab.core.ceilings import ceilings
-    c = ceilings().get("copy_bandwidth")
-    gbps = c.value if c is not None else 300.0
+    gbps, source = copy_rate(device)
+    if gbps is None:
+        return 1 << 24, f"64 MiB: {source}"
     n = int(0.5e-3 * gbps * 1e9 / 8)
     n = min(n, torch.cuda.mem_get_info(device)[0] // 32 // 4)
     n = max(1 << 20, 1 << (n.bit_length() - 1))
-    return n, f"~0.5 ms at {gbps:,.0f} GB/s ({c.source if c is not None else 'assumed'})"
+    return n, f"~0.5 ms at {gbps:,.0f} GB/s ({source})"
 
 
 def build(scale_name: str, device: torch.device):

@@ -120,7 +120,7 @@ def cheats_for(task) -> list[tuple[str, str]]:
 
 
 def prove(names: list[str], *, scale: str, repeat: int, budget_s: float, repeat_task: str | None, log=print,
-          timeout_s: float = 150.0) -> dict:
+          timeout_s: float = 150.0, cheats: bool = True) -> dict:
     rows = []
     for name in names:
         ex = exercise(name)
@@ -132,7 +132,7 @@ def prove(names: list[str], *, scale: str, repeat: int, budget_s: float, repeat_
         log(ref.text())
         log(slow.text())
         row["cheats"] = {}
-        for cheat, source in cheats_for(ex.task):
+        for cheat, source in (cheats_for(ex.task) if cheats else []):
             v = ex.check(source, scale=scale, budget_s=budget_s, quiet=True, who=f"cheat: {cheat}", timeout_s=timeout_s)
             row["cheats"][cheat] = {"state": v.state, "why": v.why[-1] if v.why else "", "grading_s": v.grading_s}
             log(f"  cheat {cheat!r}: {v.state}: {v.why[-1] if v.why else ''}")
@@ -181,13 +181,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--repeat-task", default="01.sync")
     p.add_argument("--budget", type=float, default=10.0)
+    p.add_argument("--no-cheats", action="store_true", help="the fix and the code as given only")
     a = p.parse_args(argv)
     from gpulab.core.device import resolve_scale
     names = [n for n in a.tasks.split(",") if n] or sorted(tasks())
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     result = prove(names, scale=resolve_scale(a.scale), repeat=a.repeat, budget_s=a.budget,
-                   repeat_task=a.repeat_task or None, log=lambda s: print(s, flush=True))
+                   repeat_task=a.repeat_task or None, log=lambda s: print(s, flush=True),
+                   cheats=not a.no_cheats)
     stem = "exercises-proof" + ("" if not a.tasks else "-" + "-".join(n.split(".")[0] for n in names)[:40])
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
     (out / f"{stem}.md").write_text(table(result))

@@ -140,15 +140,35 @@ def function(inputs_fn: Callable[[torch.Generator], tuple], device: torch.device
                     sizes=dict(sizes or {}), rtol=rtol, atol=atol)
 
 
+def _sheet_rate(key: str) -> tuple[float | None, str]:
+    """The datasheet's figure for this GPU class: under a GPU profile, the profile's class (a size for a T4 is
+    a T4's, even where an H200 emulates it), which `core.ceilings` leaves out because its timings are not."""
+    from gpulab.core.device import device_facts
+    facts = device_facts()
+    sheet = facts.datasheet
+    value = getattr(sheet, key, None) if sheet is not None else None
+    return (float(value), f"datasheet{' of the profile ' + facts.profile if facts.profile else ''}: {sheet.source}") \
+        if value else (None, "no ceiling measured or on the datasheet")
+
+
 def matmul_rate(device: torch.device, precision: str = "fp32") -> tuple[float | None, str]:
     """(TFLOP/s, where it came from) of this GPU's products in `precision`: notebook 00's measurement, else the
-    datasheet's (`core.ceilings`); (None, why) on the CPU. Exercises size their work from it, so a T4 and an H200
-    each get a step of about the same duration."""
+    datasheet's (`core.ceilings`; under a profile, the profile's datasheet); (None, why) on the CPU. Exercises
+    size their work from it, so a T4 and an H200 each get a step of about the same duration."""
     if device.type != "cuda":
         return None, "the CPU: tiny sizes"
     from gpulab.core.ceilings import ceilings
     c = ceilings().get(f"matmul_{precision}")
-    return (c.value, c.source) if c is not None else (None, "no ceiling measured or on the datasheet")
+    return (c.value, c.source) if c is not None else _sheet_rate(precision)
+
+
+def copy_rate(device: torch.device) -> tuple[float | None, str]:
+    """(GB/s, where it came from) of this GPU's device-memory copy, as `matmul_rate` finds it."""
+    if device.type != "cuda":
+        return None, "the CPU: tiny sizes"
+    from gpulab.core.ceilings import ceilings
+    c = ceilings().get("copy_bandwidth")
+    return (c.value, c.source) if c is not None else _sheet_rate("mem_gbps")
 
 
 def width_for(device: torch.device, target_ms: float, layers: int, tiny: int, *, precision: str = "fp32",
