@@ -6,18 +6,21 @@ again (cudaMalloc), on the host, while the GPU waits; and cudaFree synchronizes 
 longer queue step i+1 while the GPU runs step i. The caching allocator exists to avoid exactly this (lesson 02):
 without the call, each step reuses the blocks of the last one and never talks to the driver.
 
-Sizing (full): an MLP of LAYERS fp32 layers whose batch is BATCH_PER_WIDTH times its width, the width chosen by
-`width_for` so that a step takes about STEP_MS at this GPU's measured fp32 rate. A long, thin batch makes the
-activations large for the FLOPs (each activation its own segment of batch x width x 4 bytes), so each step's
-cudaMalloc/cudaFree of them costs host time comparable to the GPU's step, and the step is short enough that
-the synchronization (the host's launches no longer overlap the GPU) counts too.
+Sizing (full): an fp32 MLP of LAYERS narrow layers on a long batch (BATCH_PER_WIDTH rows per unit of width), the
+width chosen by `width_for` so that the step's FLOPs take about STEP_MS at this GPU's measured fp32 rate. What
+empty_cache() costs grows with the memory the step allocates (the driver maps and unmaps it in 2 MiB pages,
+and each call has a fixed cost); what the GPU spends grows with the FLOPs. A narrow layer makes little work for
+the memory its output takes: every activation here is its own segment of tens of MiB, and a step allocates
+about a GiB of them.
 
-Prediction (to be measured on an H200): on the H200 (52.7 TFLOP/s fp32 measured) width 512, batch 16,384,
-32 MiB activations, ~2.5 ms of GPU work a step; the diagnosis suite measured its allocator at about 1.3 ms
-of host time per GiB freed and allocated again (results/h200-2026-12-01-diagnose-suite-e, memory_pressure);
-here ~0.35 GiB a step, ~0.5 ms, plus the ~0.3 ms of launches the sync no longer hides: the reference about
-1.3x to 1.6x faster than the slow step. On a T4 (~8 TFLOP/s fp32, 320 GB/s) the width comes out 256-320, the
-GPU's step takes longer against the same host costs: about 1.2x to 1.4x.
+Prediction (before any GPU run of this exercise): on the H200 (52.7 TFLOP/s fp32 measured) width 128, batch
+131,072, 64 MiB activations, ~1.1 GiB allocated a step, ~3 ms of GPU work (k = 128 products run below the
+peak). Lesson 02's diagnosis case (results/h200-2026-12-01-diagnose-suite-e, memory_pressure: 1.12x there)
+spent ~1.8 ms of host time in the allocator for ~2.4 GiB a step, half of it with the GPU idle: ~0.4-0.7 ms
+per GiB, plus a fixed cost per cudaMalloc/cudaFree (~40 a step here). So the reference about 1.35x (1.2x to
+1.5x) faster than the slow step: the code as given fails a target of ~1.17x. On a T4 (~5-8 TFLOP/s fp32,
+320 GB/s) width 64 and 16 MiB activations: the same host-side costs against a GPU 13x slower per byte, about
+1.1x (perhaps too little for the speed to be judged there).
 """
 from __future__ import annotations
 
@@ -26,9 +29,9 @@ import torch
 from gpulab.exercises.e01_measuring_time import mlp
 from gpulab.exercises.task import Task, training, width_for
 
-LAYERS = 4
-STEP_MS = 2.0              # the GPU's step at this GPU's fp32 rate
-BATCH_PER_WIDTH = 32       # a long batch: large activations for the FLOPs
+LAYERS = 8
+STEP_MS = 2.0              # the step's FLOPs at this GPU's fp32 rate
+BATCH_PER_WIDTH = 1024     # a long batch of narrow rows: large activations for the FLOPs
 
 
 def make_step(model, optimizer):
@@ -57,13 +60,15 @@ def make_step_fixed(model, optimizer):
 
 def build(scale: str, device: torch.device):
     if scale == "full":
-        width, why = width_for(device, STEP_MS, LAYERS, tiny=64, batch_per_width=BATCH_PER_WIDTH)
+        width, why = width_for(device, STEP_MS, LAYERS, tiny=64, batch_per_width=BATCH_PER_WIDTH, multiple=32,
+                               low=64)
         batch = width * BATCH_PER_WIDTH if device.type == "cuda" else width
     else:
         width, batch, why = 64, 64, "tiny"
 
     def draw(gen):
-        return torch.randn(batch, width, generator=gen), torch.randn(batch, width, generator=gen)
+        return (torch.randn(batch, width, generator=gen, device=gen.device),
+                torch.randn(batch, width, generator=gen, device=gen.device))
     activation_mib = batch * width * 4 / 2**20
     return training(lambda: mlp(width, LAYERS), lambda m: torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9),
                     draw, device, sizes={"width": width, "batch": batch, "layers": LAYERS,

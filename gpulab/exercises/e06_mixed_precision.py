@@ -5,12 +5,17 @@ product runs on the GPU's fp32 units. Under 16-bit autocast the products and att
 Cores, in bf16 where the GPU has it natively (Ampere on) or in fp16 with a GradScaler (Volta, Turing: a T4),
 while the weights, the loss and the optimizer's update stay in fp32.
 
-Prediction at full size (the batch is sized so the fp32 step takes ~30 ms at this GPU's fp32 rate): on an H200
-about 3.5x (notebook 06 measured this GPT's bf16 and fp16 steps at ~3.7-3.9x fp32's tokens/s: the products
-run ~15x faster in 16-bit, the rest, LayerNorms, GELU, softmax and AdamW, at most ~2x), comfortably above
-noise; on a T4 about 2-3x (fp16 Tensor Cores 65 against 8 TFLOP/s fp32 on the datasheet, with a larger share of
-memory-bound work and a GradScaler's unscale and inf check). Numerics tier: 16-bit rounding changes the
-parameters, so a submission may be at most 4x as far from the fp32 code as the lesson's fix is.
+Prediction at full size (the batch is sized so the fp32 step takes ~30 ms at this GPU's fp32 rate, at least 2
+sequences): on an H200 about 3.5x (notebook 06 measured this GPT's bf16 and fp16 steps at ~3.7-3.9x fp32's
+tokens/s: the products run ~15x faster in 16-bit, the rest, LayerNorms, GELU, softmax and AdamW, at most ~2x);
+on a T4 about 2-3x (fp16 Tensor Cores 65 against 8 TFLOP/s fp32 on the datasheet, with a larger share of
+memory-bound work, and a GradScaler whose inf check reads a flag back to the host every step). Measured on an
+H200 (2026-12-04, datasheet sizing: batch 10, bf16, budget_s 6): 3.3x (IQR 0.4), 40 ms against 12 ms a call.
+Under GPULAB_PROFILE=t4 on the H200 the fix took the fp16 + GradScaler path and trained the same model (its
+parameters 1.0e-2 of their movement from fp32's, bf16's 3.3e-2), but at the T4's batch on an H200 it was slower
+than fp32 (0.79x: a host-bound step, no effect to judge); hence at least 2 sequences, so a real T4's fp16 step
+has GPU work to hide its host work behind. Numerics tier: 16-bit rounding changes the parameters, so a
+submission may be at most 4x as far from the fp32 code as the lesson's fix is.
 """
 from __future__ import annotations
 
@@ -67,14 +72,14 @@ def build(scale: str, device: torch.device):
             batch, why = gpt["batch"], source
         else:   # a training step is 3 forwards; the batch that makes the fp32 step ~30 ms at this GPU's rate
             step_flops = 3 * gpt_forward_flops_per_token(**gpt) * seq
-            batch = int(min(64, max(1, round(0.030 * rate * 1e12 * FP32_SHARE / step_flops))))
+            batch = int(min(64, max(2, round(0.030 * rate * 1e12 * FP32_SHARE / step_flops))))
             why = f"fp32 step of ~30 ms at {rate:.1f} TFLOP/s x {FP32_SHARE} ({source})"
     else:
         batch, why = gpt["batch"], "tiny"
     model_args = {k: gpt[k] for k in ("vocab", "n_blocks", "width", "heads", "seq")}
 
     def draw(gen):
-        tokens = torch.randint(0, vocab, (batch, seq + 1), generator=gen)
+        tokens = torch.randint(0, vocab, (batch, seq + 1), generator=gen, device=gen.device)
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     return training(lambda: GPT(**model_args), lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), draw, device,
                     sizes={**model_args, "batch": batch, "16-bit": str(half_dtype()).replace("torch.", ""),

@@ -9,10 +9,15 @@ number of rows: no row's length depends on it.
 
 Prediction at full size (n from this GPU's 16-bit rate, so the aligned product takes ~1.5 ms; capped at 8192 on
 a fast GPU, where an H200 gets n = 8192, padded from 8191): on an H200 about 4x (notebook 07 measured the
-4095 product at about a fifth of the 4096 one's TFLOP/s in fp16 and bf16; padding copies a and b, ~0.1 ms), far
-above noise; on a T4 (fp16, n ~ 3.6k) about 2-4x, the misaligned kernels there also lacking the Tensor Cores'
-16-byte loads. Systems tier: the padded product gives the same sums, so the output must match the product as
+4095 product at about a fifth of the 4096 one's TFLOP/s in fp16 and bf16; padding copies a and b); on a T4
+(fp16, n ~ 3.6k) about 2-4x, the misaligned kernels there also lacking the Tensor Cores' 16-byte loads.
+Measured on an H200 (2026-12-04, bf16, n = 8191): 4.1x and 4.4x (IQR 0.03-0.05), 7.3 ms against 1.7 ms a call;
+the product as given graded 1.00x against a target of 2.55x; padding k and n to a multiple of 8 instead of 64
+gained the same 4.1x. A grading took ~14 s with the inputs drawn on the GPU (~50 s when they were drawn on the
+host). Systems tier: the padded product gives the same sums, so the output must match the product as
 given within one 16-bit rounding of the largest output (rtol: the dtype's eps); an FP8 shortcut is outside that.
+The inputs are integers / 128, whose sums are exact in fp32: any correct kernel gives the very same bits.
+
 """
 from __future__ import annotations
 
@@ -55,16 +60,20 @@ def build(scale: str, device: torch.device):
         aligned, why = 256, "tiny"
     m = k = n = aligned - 1
 
+    # integers / 128: exact in bf16 and fp16, and so are their fp32 sums (numerators of ~1e6, far below 2^24, at
+    # k <= 8191): every correct kernel gives the same bits in any order of summation; FP8 (3 mantissa bits) rounds them
     def draw(gen):
-        return (torch.randn(m, k, generator=gen).to(dtype), torch.randn(k, n, generator=gen).to(dtype))
+        return tuple(torch.randint(-128, 129, shape, generator=gen, device=gen.device, dtype=torch.int16)
+                     .to(dtype).div_(128) for shape in ((m, k), (k, n)))
     # the fewest bytes any implementation moves: read a and b, write the m x n result, 2 bytes each
-    return function(draw, device, rtol=torch.finfo(dtype).eps, atol=1e-3, min_bytes=lambda inputs: (m * k + k * n + m * n) * 2,
+    return function(draw, device, rtol=torch.finfo(dtype).eps, atol=1e-3,
+                    min_bytes=lambda inputs: (m * k + k * n + m * n) * 2,
                     sizes={"m = k = n": m, "padded to": aligned, "dtype": precision, "sized by": why})
 
 
 TASKS = [Task(
     name="07.align", lesson="07", title="a 16-bit product with rows one element short", tier="systems",
-    slow=product, reference=product_padded, build=build,
+    slow=product, reference=product_padded, build=build, warmup=1,      # no compilation, no autotuning to wait for
     what=("product(a, b) multiplies a (m x k) by b (k x n) in 16-bit, where m, k and n are each one less than a "
           "multiple of 64. Write a function with the same arguments that returns the same m x n result (within "
           "one 16-bit rounding) faster, still in a and b's dtype."),

@@ -8,15 +8,16 @@ grader's budget, `max_peak` times the peak of the lesson's fix, holds the activa
 micro-batches are the fewest that fit; one whole batch does not.
 
 Prediction at full size (lesson 09's blocks, 4 of them, fp32, seq 128; the width sized so the whole batch of
-8 x width tokens is ~10 ms of products at this GPU's fp32 rate, the batch a multiple of 16 sequences): on an
-H200 a micro-batch of the step as given is 2 sequences, 256 tokens, whose products take a few microseconds
-each, so the step is bound by the host launching 16 forwards and backwards (~1-2 ms each in eager PyTorch): the
-fix's 2 micro-batches of 16 sequences keep the GPU busy, about 2x (more where the host is slow); on a T4 (a
-smaller width and batch from its 8 TFLOP/s) a micro-batch is 1 sequence and the gain is about 2-3x. Peak:
-gradients and SGD's momentum (8 bytes per parameter) plus one micro-batch's activations (fp32, ~64 bytes per
-element of a block): one whole batch ~1.5x the fix's, `max_peak` 1.25. Numerics tier: accumulating in other
-micro-batches sums the gradients in another order, so a submission may be at most 4x as far from the step as
-given as the lesson's fix is.
+8 x width tokens is ~10 ms of products at this GPU's fp32 rate, the batch a multiple of 16 sequences): a
+micro-batch of the step as given is 1-2 sequences, whose products take microseconds, so the step is bound by
+the host launching 16 forwards and backwards; the fix's 2 micro-batches keep the GPU busy. Predicted 2-3x on an
+H200 and on a T4. Measured on an H200 (2026-12-04, datasheet sizing: width 640, batch 32, budget_s 6): the fix
+4.1x and 4.4x (IQR 0.8-0.9: the step as given, ~70 ms a call, is host-bound and its time varies), ~17 ms a call;
+the step as given graded 1.02x against a target of 2.72x. Peak: gradients and SGD's momentum (8 bytes per
+parameter) plus one micro-batch's activations (fp32, ~64 bytes per element of a block): the fix 614 MiB, the
+step as given 334 MiB, one whole batch 896 MiB (1.46x, refused at `max_peak` 1.25). Numerics tier: accumulating
+in other micro-batches sums the gradients in another order, so a submission may be at most 4x as far from the
+step as given as the lesson's fix is.
 """
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def build(scale: str, device: torch.device):
     n_blocks = N_BLOCKS if scale == "full" else 2
 
     def draw(gen):    # random embeddings; the target is each position's next one (as transformer.make_batch)
-        tokens = torch.randn(batch, seq + 1, width, generator=gen)
+        tokens = torch.randn(batch, seq + 1, width, generator=gen, device=gen.device)
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     return training(lambda: TransformerStack(n_blocks, width, heads, seq),
                     lambda m: torch.optim.SGD(m.parameters(), lr=1e-2, momentum=0.9), draw, device,

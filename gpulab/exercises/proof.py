@@ -104,9 +104,13 @@ def cheat(*args):
 
 
 def kind_of(task) -> str:
-    """"training" (a factory of steps, compared by parameters) or "function", read from its tiny workload."""
+    """"training" (a factory of steps from a model and its optimizer, compared by parameters), "function", or
+    "other" (a factory of something else, e.g. lesson 03's DataLoader: the generic cheats do not apply)."""
+    import inspect
     import torch
-    return "training" if task.build("tiny", torch.device("cpu")).reorder is not None else "function"
+    if task.build("tiny", torch.device("cpu")).reorder is None:
+        return "function"
+    return "training" if list(inspect.signature(task.slow).parameters)[:2] == ["model", "optimizer"] else "other"
 
 
 def cheats_for(task) -> list[tuple[str, str]]:

@@ -73,7 +73,7 @@ def test_a_step_without_backward_is_rejected():
                 return torch.nn.functional.mse_loss(model(x), y).detach(), spread(host)
             return step
         """)
-    assert_rejected(v, "failed", "did not move")
+    assert_rejected(v, "failed", "skipped backward or update")
 
 
 def test_a_step_without_the_update_is_rejected():

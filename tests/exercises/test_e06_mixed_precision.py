@@ -52,4 +52,4 @@ def test_a_step_without_the_update_fails():
             return step
         """)
     assert v.state == "failed", v.why
-    assert "did not move" in reason(v)
+    assert "ended far from" in reason(v)

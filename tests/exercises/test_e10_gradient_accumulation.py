@@ -39,7 +39,7 @@ WRONG = {
                 optimizer.step()
                 return total
             return step
-        """, "did not move"),
+        """, "ended far from"),
     # zero_grad inside the loop: only the last micro-batch's gradient is left for the update
     "zero_grad each micro-batch": ("""
         from gpulab.models.transformer import loss_fn
@@ -54,7 +54,7 @@ WRONG = {
                 optimizer.step()
                 return total
             return step
-        """, "did not move"),
+        """, "ended far from"),
     # the right update, but the last micro-batch's loss returned as the batch's
     "last loss": ("""
         from gpulab.models.transformer import loss_fn

@@ -63,4 +63,4 @@ def test_a_step_without_the_update_is_rejected():
             return step
         """)
     assert v.state == "failed", v.why
-    assert "did not move" in reason(v)
+    assert "ended far from" in reason(v)

@@ -46,4 +46,4 @@ def test_slow_code_and_fix_pass_on_the_cpu_and_say_the_speed_is_not_judged(name)
             continue
         assert v.state == "passed", f"{name} {who}: {v.why}"
         assert not v.speed_judged and any("correctness only" in w for w in v.why)
-        assert v.grading_s < 5, f"{name} {who} took {v.grading_s:.1f} s to grade at the tiny size"
+        assert v.grading_s < 10, f"{name} {who} took {v.grading_s:.1f} s to grade at the tiny size"
