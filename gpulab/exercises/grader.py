@@ -59,6 +59,7 @@ _ORIGINALS = [(owner, name, getattr(owner, name)) for owner, name in _WATCHED]
 
 TIGHT = 0.04            # stop timing when IQR / median of both ratios is at most this
 MIN_ROUNDS = 5
+CPU_ROUNDS = 3          # on the CPU the speed is not judged: the timing stage runs, checks its outputs, and ends
 MAX_ROUNDS = 60
 PHYSICS_MARGIN = 1.15   # a rate above the ceiling by more than this is not a measurement error
 TIMED_STATE_ABS = 1e-2  # after timing, the submission's parameters within 1 % of the movement of the reference's
@@ -348,7 +349,7 @@ def time_in_turns(task, wl, sub, device, budget_s: float) -> dict:
                 worst = max(worst, {"gap": gap, "allowed": allowed}, key=lambda d: d["gap"])
             spent = _CLOCK() - t0
             tight = all(_iqr(v) <= TIGHT * statistics.median(v) for v in ratios.values())
-            if rounds >= MIN_ROUNDS and (tight or spent > budget_s):
+            if rounds >= (MIN_ROUNDS if device.type == "cuda" else CPU_ROUNDS) and (tight or spent > budget_s):
                 break
         timed_s = sum(sum(v) for v in samples.values()) * calls / 1e3
         finals = {n: r.state() for n, r in runners.items()}
@@ -401,10 +402,20 @@ def physics(device, flops: float, bytes_: float | None, sub_ms: float) -> tuple[
 
 
 # -- the grading process ---------------------------------------------------------------------------------------------
-def _grade(task_name: str, path: str, scale: str, budget_s: float) -> dict:
+# the course's settings that the grading process takes from the notebook at each grading (the fork server's own
+# environment is the one it started with)
+COURSE_ENV = ("GPULAB_PROFILE", "GPULAB_DEVICE", "GPULAB_RESULTS", "GPULAB_SHARED_GPU")
+
+
+def _grade(task_name: str, path: str, scale: str, budget_s: float, env: dict | None = None) -> dict:
     from gpulab.core.device import pick_device
     from gpulab.exercises.registry import task as find_task
 
+    for key in COURSE_ENV:
+        if env is not None and env.get(key) is not None:
+            os.environ[key] = env[key]
+        elif env is not None:
+            os.environ.pop(key, None)
     t_start = _CLOCK()
     task = find_task(task_name)
     for key, value in task.env.items():
@@ -414,7 +425,8 @@ def _grade(task_name: str, path: str, scale: str, budget_s: float) -> dict:
     import torch._inductor.config as inductor_config
     inductor_config.compile_threads = 1        # no worker pool in a forked process (see _context)
     result: dict[str, Any] = {"task": task.name, "scale": scale, "device": str(device), "torch": torch.__version__,
-                              "tier": task.tier, "why": [], "speed_judged": False}
+                              "tier": task.tier, "why": [], "speed_judged": False,
+                              "profile": os.environ.get("GPULAB_PROFILE") or None}
     if device.type == "cuda":
         result["gpu"] = torch.cuda.get_device_name(device)
     why_not = task.needs(device)
@@ -496,13 +508,13 @@ def _quiet():
         yield
 
 
-def _child(task_name: str, path: str, scale: str, budget_s: float, conn) -> None:
+def _child(task_name: str, path: str, scale: str, budget_s: float, conn, env: dict | None = None) -> None:
     import multiprocessing
     # a process the fork server started inherits its start method: a submission's DataLoader workers would then be
     # started by a server of their own (about 1 s for the first batch of 2 workers, against 30 ms forked)
     multiprocessing.set_start_method(multiprocessing.get_all_start_methods()[0], force=True)
     try:
-        conn.send(_grade(task_name, path, scale, budget_s))
+        conn.send(_grade(task_name, path, scale, budget_s, env))
     except BaseException as err:           # noqa: BLE001 -- the parent must hear something
         with contextlib.suppress(Exception):
             conn.send({"task": task_name, "state": "error", "why": [f"the grader itself failed: "
@@ -539,7 +551,8 @@ def grade(task_name: str, path: str, *, scale: str, budget_s: float = 20.0, time
     ctx = _context()
     parent, child = ctx.Pipe(duplex=False)
     # not a daemon: a submission may start processes of its own (DataLoader workers); it is killed on a time limit
-    proc = ctx.Process(target=_child, args=(task_name, path, scale, budget_s, child), daemon=False)
+    env = {key: os.environ.get(key) for key in COURSE_ENV}
+    proc = ctx.Process(target=_child, args=(task_name, path, scale, budget_s, child, env), daemon=False)
     wall0 = time.perf_counter()
     proc.start()
     child.close()
