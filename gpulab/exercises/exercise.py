@@ -23,6 +23,7 @@ import builtins
 import inspect
 import math
 import os
+import shutil
 import tempfile
 import textwrap
 import types
@@ -236,9 +237,10 @@ class Exercise:
         path.write_text(source)
         scale = resolve_scale(scale)
         budget = budget_s if budget_s is not None else (10.0 if scale == "full" else 0.5)
-        v = Verdict.from_dict(grade(self.task.name, str(path), scale=scale, budget_s=budget, timeout_s=timeout_s))
-        if v.state == "failed":
-            v.detail["file"] = str(path)
+        try:
+            v = Verdict.from_dict(grade(self.task.name, str(path), scale=scale, budget_s=budget, timeout_s=timeout_s))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)     # the verdict quotes the lines that matter
         record_verdict(v, self.task.lesson, who)
         if not quiet:
             print(v.text())
