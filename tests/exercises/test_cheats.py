@@ -215,7 +215,7 @@ def test_the_kernel_survives_a_crash_an_exit_and_a_hang():
     assert crash.state == "failed" and "signal" in crash.why[-1], crash.why
     gone = grade(FN, "import os\ndef fused(x, y):\n    os._exit(3)\n")
     assert gone.state == "failed" and "without a verdict" in gone.why[-1], gone.why
-    hang = grade(FN, "import time\ndef fused(x, y):\n    time.sleep(60)\n", timeout_s=4)
+    hang = grade(FN, "import time\ndef fused(x, y):\n    time.sleep(60)\n", timeout_s=2)
     assert hang.state == "failed" and "time limit" in hang.why[-1], hang.why
 
 

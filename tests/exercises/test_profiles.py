@@ -10,11 +10,23 @@ from gpulab.exercises.registry import tasks
 REPRESENTATIVES = ("t4", "rtx4090")
 
 
+def branching() -> list[str]:
+    """The exercises whose module reads the device's facts (the portability matrix's test, on the exercise's own
+    module): the others take the same path under every profile."""
+    import inspect
+    from test_portability import BRANCHES
+    return [name for name, t in sorted(tasks().items()) if BRANCHES.search(inspect.getsource(inspect.getmodule(t.slow)))]
+
+
+def test_the_branching_exercises_include_the_16_bit_ones():
+    assert {"06.amp", "13.capstone"} <= set(branching())
+
+
 @pytest.mark.parametrize("profile", REPRESENTATIVES)
 def test_every_exercise_runs_under_the_profile(profile, monkeypatch):
     monkeypatch.setenv("GPULAB_PROFILE", profile)
     problems = []
-    for name in sorted(tasks()):
+    for name in branching():
         ex = exercise(name)
         v = ex.check(ex.task.reference, quiet=True, who="reference")
         if v.state == "cannot run" and v.why:
