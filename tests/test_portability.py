@@ -64,7 +64,7 @@ def branching_notebooks() -> list[Path]:
     return chosen
 
 
-GRADED = ("exercise(", "ex.check(", "ex.hint(", "ex.show(", "ex.solution(")
+GRADED = ("exercise(", "ex.check(", "ex.hint(", "ex.show(", "ex.solution(", "speedrun(")
 
 
 def run_notebook(path: Path, profile: str, timeout: int = 600) -> None:

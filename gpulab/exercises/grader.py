@@ -423,7 +423,7 @@ def _grade(task_name: str, path: str, scale: str, budget_s: float, env: dict | N
     os.environ["GPULAB_SCALE"] = scale
     device = pick_device()
     import torch._inductor.config as inductor_config
-    inductor_config.compile_threads = 1        # no worker pool in a forked process (see _context)
+    inductor_config.compile_threads = 1        # no worker pool in a forked process (see fork_server)
     result: dict[str, Any] = {"task": task.name, "scale": scale, "device": str(device), "torch": torch.__version__,
                               "tier": task.tier, "why": [], "speed_judged": False,
                               "profile": os.environ.get("GPULAB_PROFILE") or None}
@@ -526,7 +526,7 @@ def _child(task_name: str, path: str, scale: str, budget_s: float, conn, env: di
 _CONTEXT = None
 
 
-def _context():
+def fork_server():
     """multiprocessing's forkserver, preloaded with torch and this module (so a grading starts in a fraction of a
     second after the first); CUDA is never initialised in the server, so every fork may use it."""
     global _CONTEXT
@@ -548,7 +548,7 @@ def _context():
 def grade(task_name: str, path: str, *, scale: str, budget_s: float = 20.0, timeout_s: float = 300.0) -> dict:
     """Grade the submission file at `path` against task `task_name` in a fresh process; the verdict as a dict.
     A crash, a hang past `timeout_s` or a silent exit is itself a verdict ("failed", with why)."""
-    ctx = _context()
+    ctx = fork_server()
     parent, child = ctx.Pipe(duplex=False)
     # not a daemon: a submission may start processes of its own (DataLoader workers); it is killed on a time limit
     env = {key: os.environ.get(key) for key in COURSE_ENV}

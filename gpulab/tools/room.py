@@ -488,6 +488,7 @@ class BoardRow:
     judged: bool        # the speed was judged (a GPU where the lesson's fix gains): a verified pass
     who: str            # "you" (the learner's own), "reference" (the solution), ...
     time: str
+    note: str = ""      # the speedrun: its mean time to the target loss, and whether it is a new best
 
 
 def exercise_board(folder: str | os.PathLike) -> list[BoardRow]:
@@ -503,6 +504,13 @@ def exercise_board(folder: str | os.PathLike) -> list[BoardRow]:
         for r in records:
             if r.name.startswith("exercise ") and r.extra.get("who", "you") == "you":
                 newest[r.name.removeprefix("exercise ")] = r
+        runs = [r for r in records if r.name == "speedrun" and r.extra.get("who", "you") == "you"]
+        if runs:
+            best = min(runs, key=lambda r: r.value)
+            e = best.extra
+            rows.append(BoardRow(path.stem, "13.speedrun", str(e.get("state", "?")), None, None, False, "you",
+                                 best.time, f"{best.value:.2f} s +- {float(e.get('ci_s') or 0):.2f} to the loss over "
+                                            f"{e.get('seeds', '?')} seeds" + (", a new best" if e.get("new_best") else "")))
         for name, r in sorted(newest.items()):
             e = r.extra
             rows.append(BoardRow(path.stem, name, str(e.get("state", "?")), r.value if e.get("state") != "failed"
@@ -513,6 +521,8 @@ def exercise_board(folder: str | os.PathLike) -> list[BoardRow]:
 
 def format_board(rows: list[BoardRow], markdown: bool = False) -> str:
     def verdict(r: BoardRow) -> str:
+        if r.note:
+            return r.note
         if r.state == "passed":
             return "verified" if r.judged else "correct (speed not judged here)"
         return {"suspicious": "SUSPICIOUS: check it", "failed": "not yet"}.get(r.state, r.state)

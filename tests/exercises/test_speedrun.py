@@ -1,0 +1,47 @@
+"""Notebook 13's speedrun: its statistics against Student's t tables, and a run of the script as given at the tiny
+size, recorded and shown on the room's board."""
+import math
+import shutil
+
+import pytest
+
+from gpulab.exercises import speedrun as S
+
+
+def test_t_distribution_matches_the_tables():
+    assert S.t_quantile(0.975, 2) == pytest.approx(4.303, abs=2e-3)
+    assert S.t_quantile(0.975, 10) == pytest.approx(2.228, abs=2e-3)
+    assert S.t_quantile(0.99, 10) == pytest.approx(2.764, abs=2e-3)
+    assert S.t_sf(0.0, 5) == pytest.approx(0.5)
+    assert S.t_sf(-2.228, 10) == pytest.approx(0.975, abs=1e-3)
+
+
+def test_a_new_best_needs_p_below_a_hundredth():
+    old = [10.0, 10.2, 9.9]
+    assert S.welch_p_faster([5.0, 5.1, 4.9], old) < S.P_NEW_BEST           # clearly faster
+    assert S.welch_p_faster([9.8, 10.1, 9.9], old) > 0.1                    # the same, by noise
+    assert S.welch_p_faster([11.0, 11.2, 10.9], old) > 0.9                  # slower
+    mean, half = S.mean_ci([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(4.303 * 1.0 / math.sqrt(3), rel=1e-3)
+
+
+def test_fewer_than_three_seeds_are_refused():
+    with pytest.raises(ValueError, match="at least 3 seeds"):
+        S.speedrun(S.make_train, seeds=2)
+
+
+def test_the_script_as_given_reaches_the_baselines_loss_and_reaches_the_board(tmp_path, monkeypatch):
+    """One run (the CI's budget): against a previous best far faster than any real run, it passes, is no new best,
+    and the board shows the learner's best."""
+    from gpulab.core.results import ResultsStore
+    from gpulab.tools import room as R
+    store = tmp_path / "ana.json"
+    monkeypatch.setenv("GPULAB_RESULTS", str(store))
+    ResultsStore(store).record("13", "speedrun", 0.011, "s", state="passed", who="you", times=[0.010, 0.011, 0.012],
+                               ci_s=0.002, target=5.0, new_best=True, seeds=3)
+    r = S.speedrun(S.make_train, quiet=True)
+    assert r.state == "passed", r.why
+    assert len(r.detail["times"]) == 3 and not r.detail["new_best"] and r.detail["p_vs_best"] > 0.5
+    assert "not a new best" in r.text()
+    rows = [row for row in R.exercise_board(tmp_path) if row.exercise == "13.speedrun"]
+    assert len(rows) == 1 and "0.01 s" in rows[0].note and "to the loss over 3 seeds" in rows[0].note
