@@ -1146,19 +1146,39 @@ def fp8_gradients(options: Options, batch: int = 2, *, config: dict | None = Non
 
 
 # -- what keeps a step from the peak -----------------------------------------------------------------
+class _Step:
+    """The step `training_step` yields; released on the way out, so a name still bound to it holds no model."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self):
+        if self.fn is None:
+            raise RuntimeError("this training step was released when its `with training_step(...)` block ended")
+        return self.fn()
+
+
 @contextlib.contextmanager
 def training_step(job: str, options: Options, batch: int | None = None, *, scale: str | None = None,
-                  seed: int = 0, device: torch.device | None = None):
+                  seed: int = 0, device: torch.device | None = None, cfg: dict | None = None):
     """`job`'s training step with `options`, as a callable with no arguments (fetch a batch, forward,
     backward, update), the step `run_job` times: for `gpulab.diagnose`, which says where its time goes.
-    Inside `memory_guard`; compiled code is forgotten on the way out. ValueError where it cannot run."""
+    `cfg`: the job's configuration (the one `Runs` fitted to this GPU, `runs.configs[job]`; default: the
+    scale's). Inside `memory_guard`; the model and compiled code are released on the way out (issue 40: a
+    notebook name left bound to the step held a 611 M-parameter GPT for the rest of notebook 13). ValueError
+    where it cannot run."""
     device = device or pick_device()
-    cfg = job_config(job, scale)
+    cfg = dict(cfg) if cfg is not None else job_config(job, scale)
     batch = batch or cfg["batch"]
     with _run(job, options, batch, device):
         _, _, train, pool = _built(job, options, cfg, batch, device, seed)
         with Inputs(pool, device, options.loader, options.channels_last) as inputs:
-            yield lambda: train(*inputs.next())
+            step = _Step(lambda: train(*inputs.next()))
+            try:
+                yield step
+            finally:
+                step.fn = None
+                del train, pool
 
 
 # -- FP8: from which size it beats bf16 --------------------------------------------------------------

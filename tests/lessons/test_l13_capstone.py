@@ -548,3 +548,27 @@ def test_fp8_gradients_pass_and_a_zeroed_weight_gradient_fails(monkeypatch):
     assert C.fp8_gradients(o, scale="tiny") > C.FP8_GRAD_CHECK
     with pytest.raises(ValueError, match="switch fp8 on"):
         C.fp8_gradients(C.Options(amp="bf16"), scale="tiny")
+
+
+def test_training_step_takes_the_fitted_config_and_releases_its_model():
+    """Issue 40: notebook 13's section 12b built the scale's default GPT, not the fitted `runs.configs["gpt"]`, and
+    the name bound to the step held the model for the rest of the notebook. A planted smaller config is the one
+    built, and after the block no GPT is left alive and the step refuses to run."""
+    import gc
+    import pytest
+    from gpulab.lessons import l13_capstone as C
+    from gpulab.models.gpt import GPT
+
+    def alive():
+        gc.collect()
+        return [o for o in gc.get_objects() if isinstance(o, GPT)]
+    before = len(alive())
+    cfg = dict(C.job_config("gpt", "tiny"), width=32, heads=2)
+    with C.training_step("gpt", C.Options(), cfg=cfg, scale="tiny") as step:
+        step()
+        [model] = alive()[before:]
+        assert model.width == 32                     # the config given, not the scale's
+        del model
+    assert len(alive()) == before, "the GPT outlived its training_step block"
+    with pytest.raises(RuntimeError, match="released"):
+        step()
