@@ -272,6 +272,21 @@ def conv_fp32_mode() -> str:
     return "tf32" if torch.backends.cudnn.allow_tf32 else "ieee"
 
 
+def fp32_math_text(device: torch.device, facts: DeviceFacts | None = None) -> str:
+    """How fp32 convolutions and matrix products actually run here, in a sentence: the switches say "tf32" or
+    "ieee", but a GPU without TF32 (before Ampere: a T4, a V100) runs both as IEEE fp32 whatever they say, and on
+    the CPU neither applies. Notebook 03."""
+    switches = f"(switches: convolutions {conv_fp32_mode()}, matrix products {matmul_fp32_mode()})"
+    if device.type != "cuda":
+        return f"fp32 math on the CPU: neither TF32 switch applies {switches}"
+    facts = facts or device_facts(device)
+    if not facts.tf32:
+        return (f"fp32 convolutions and matrix products run as IEEE fp32: {facts.name} has no TF32 (it came with "
+                f"Ampere), whatever the switches say {switches}")
+    return (f"fp32 convolutions run as: {conv_fp32_mode()} (cuDNN's default); fp32 matrix products as: "
+            f"{matmul_fp32_mode()}")
+
+
 def matmul_fp32_mode() -> str:
     """How fp32 matrix products run now: "tf32" or "ieee" (PyTorch's default is "ieee")."""
     return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"

@@ -303,3 +303,16 @@ def test_what_is_timed_on_each_gpu():
     assert L06.timed_precisions(VOLTA) == ["fp32", "fp16"]
     assert L06.timed_precisions(HOPPER) == ["fp32", "tf32", "fp16", "bf16"]
     assert L07.gemm_precisions(VOLTA) == ["fp16"] and L07.gemm_precisions(HOPPER) == ["fp16", "bf16"]
+
+
+def test_fp32_math_text_says_a_gpu_without_tf32_runs_ieee_whatever_the_switches():
+    """Issue 40: notebook 03 printed "fp32 convolutions run as: tf32" on Turing and Volta, which have no TF32."""
+    import torch
+    from gpulab.core.device import facts_for_capability
+    t4 = facts_for_capability("Tesla T4", 7, 5)
+    a100 = facts_for_capability("NVIDIA A100-SXM4-80GB", 8, 0)
+    cuda = torch.device("cuda")
+    text = P.fp32_math_text(cuda, t4)
+    assert "run as IEEE fp32" in text and "has no TF32" in text and "run as: tf32" not in text
+    assert P.fp32_math_text(cuda, a100).startswith("fp32 convolutions run as: ")
+    assert "CPU" in P.fp32_math_text(torch.device("cpu"))
