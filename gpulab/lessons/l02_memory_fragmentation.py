@@ -143,6 +143,8 @@ def run_pattern(cap_mib: int = 4096, fix: str = "none", a_mib: int = 40, b_mib: 
         raise ValueError(f"need 1 <= b_mib < a_mib (got a_mib={a_mib}, b_mib={b_mib}).")
     dev = require_cuda(NO_ALLOCATOR)
     total = torch.cuda.get_device_properties(dev).total_memory
+    if cap_mib * MiB > total:
+        raise ValueError(f"cap_mib={cap_mib} is more than this GPU's {total // MiB:,} MiB: a cap must be below it")
     torch.cuda.empty_cache()
     if torch.cuda.memory_reserved(dev):
         raise RuntimeError("run the pattern in a fresh process: this one already holds GPU memory")

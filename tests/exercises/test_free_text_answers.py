@@ -69,3 +69,15 @@ def test_15_the_records_file_exercise_5_names_is_there_and_reads():
     [path] = re.findall(r'from_record\("\.\./(results/[^"]+)"\)', text)
     assert (REPO / path).exists(), f"exercise 5 names {path}, which is not in the repository"
     assert from_record(str(REPO / path)).report()
+
+
+def test_02_a_cap_above_the_gpus_memory_is_refused_with_its_reason(monkeypatch):
+    """Issue 40: a 4096 MiB cap on a GPU with less memory was a memory fraction above 1, which raised from CUDA."""
+    import types
+    from gpulab.lessons import l02_memory_fragmentation as L
+    fake = types.SimpleNamespace(get_device_properties=lambda dev: types.SimpleNamespace(total_memory=2 * 2**30))
+    monkeypatch.setattr(L, "require_cuda", lambda why: "cuda")
+    monkeypatch.setattr(torch, "cuda", types.SimpleNamespace(**{**{k: getattr(torch.cuda, k) for k in ("OutOfMemoryError",)},
+                                                                 **vars(fake)}))
+    with pytest.raises(ValueError, match="more than this GPU's 2,048 MiB"):
+        L.run_pattern(cap_mib=4096)
