@@ -254,7 +254,10 @@ def release_cupti() -> None:
         return
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]):
+    # acc_events=True: without it torch.profiler warns "To keep events across cycles, set acc_events=True" when the
+    # session starts (torch/profiler/profiler.py, prepare_trace), and notebook 01 printed that warning under a cell
+    # whose own profile passes acc_events=True
+    with profile(activities=[ProfilerActivity.CUDA], acc_events=True):
         for _ in range(3):
             torch.cuda.synchronize()
             time.sleep(0.002)
