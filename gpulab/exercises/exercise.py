@@ -175,7 +175,9 @@ class Verdict:
             ms = d["ms"]
             lines.append(f"  - timed in turns: {d['rounds']} rounds of {d['calls']} call(s); per call slow "
                          f"{ms['slow']:.4g} ms, reference {ms['reference']:.4g} ms, yours {ms['submission']:.4g} ms "
-                         f"(host clock around a device synchronize, {d.get('device')})")
+                         f""
+                         + (f"(host clock around a device synchronize, {d.get('device')})" if d.get("device", "").startswith("cuda")
+                            else "(host clock, on the CPU)"))
         if d.get("physics"):
             lines.append(f"  - against the ceilings: {d['physics']}")
         if d.get("traceback"):

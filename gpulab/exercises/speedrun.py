@@ -15,7 +15,7 @@ Grading (grading.md's speedrun rules):
 - the target is the validation loss the script as given reaches in `budget_s` seconds of training (seed 0), measured
   in the same process first;
 - your script runs from `seeds` different weights and batch orders (at least 3); each must reach the target within
-  `cap` x `budget_s`, else the run fails with its loss;
+  STEP_CAP x the baseline's steps (and WALL_CAP x its seconds), else the run fails with its loss;
 - the result is the mean time to the target, with its 95 % confidence interval (Student's t);
 - a new best needs a one-sided Welch t-test p < 0.01 against the previous best's times (your own earlier best in
   the results store, or the lesson's fix's), as the speedrun records do.
@@ -146,18 +146,24 @@ def welch_p_faster(new: list[float], old: list[float]) -> float:
 
 
 # -- the harness -----------------------------------------------------------------------------------------------------
+STEP_CAP = 4            # a run may take at most this many times the baseline's steps to reach the target
+WALL_CAP = 10           # ... and this many times its training seconds (a host busy with other work slows both)
+
+
 def run_to_loss(factory, *, seed: int, scale: str, device: torch.device, target: float | None = None,
-                budget_s: float | None = None) -> dict:
+                budget_s: float | None = None, max_steps: int | None = None) -> dict:
     """Train lesson 13's time-to-loss GPT from `seed` with `factory(model)`'s steps. Without `target`: for `budget_s`
-    seconds (the baseline; its last loss is the target). With it: until an evaluation is at or below it, or `cap` x
-    `budget_s`. Returns steps, seconds (training only), the losses, and whether the target was reached."""
+    seconds (the baseline; its last loss is the target). With it: until an evaluation is at or below it, or
+    `max_steps`, or WALL_CAP x `budget_s` (a cap on steps, not only seconds: a slower moment of a shared host must not
+    fail a run that learns as fast). Returns steps, seconds (training only), the losses, and whether the target was
+    reached."""
     from gpulab.core.timing import stopwatch
     from gpulab.lessons.l13_capstone import JOBS, Options, config, validation_loss
     from gpulab.models import text
     knobs = config(scale)["ttl"]
     cfg = dict(knobs["gpt"])
     budget_s = knobs["budget_s"] if budget_s is None else budget_s
-    limit_s = budget_s * (knobs["cap"] if target is not None else 1.0)
+    limit_s = budget_s * (WALL_CAP if target is not None else 1.0)
     train_text, val_text = text.stdlib_source(knobs["text_bytes"])
     val = [text.windows(val_text, cfg["batch"], cfg["seq"], torch.Generator().manual_seed(10_000 + i))
            for i in range(knobs["eval_batches"])]
@@ -171,7 +177,7 @@ def run_to_loss(factory, *, seed: int, scale: str, device: torch.device, target:
     train = factory(model)
     train(*batch())                                    # the first step: compiling, not counted
     steps, seconds, losses = 1, 0.0, [validation_loss(model, val, Options(), device)]
-    while seconds < limit_s:
+    while seconds < limit_s and (max_steps is None or steps < max_steps):
         with stopwatch(device=device) as segment:
             for _ in range(knobs["eval_every"]):
                 train(*batch())
@@ -197,7 +203,8 @@ def _speedrun(path: str, scale: str, seeds: int, previous: list[float] | None, e
         return {"state": "suspicious", "why": [f"the submission replaced {', '.join(tampered())}"]}
     base = run_to_loss(make_train, seed=0, scale=scale, device=device)
     target = base["loss"]
-    runs = [run_to_loss(sub, seed=s, scale=scale, device=device, target=target) for s in range(1, seeds + 1)]
+    runs = [run_to_loss(sub, seed=s, scale=scale, device=device, target=target, max_steps=STEP_CAP * base["steps"])
+            for s in range(1, seeds + 1)]
     if tampered():
         return {"state": "suspicious", "why": [f"the submission replaced {', '.join(tampered())} while it ran"]}
     out = {"target": target, "baseline_s": base["seconds"], "runs": runs, "device": str(device), "scale": scale}
