@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat-task", default="01.sync")
     p.add_argument("--budget", type=float, default=10.0)
     p.add_argument("--no-cheats", action="store_true", help="the fix and the code as given only")
+    p.add_argument("--speedrun", action="store_true", help="also notebook 13's speedrun: the script as given, then the fix")
     a = p.parse_args(argv)
     from gpulab.core.device import resolve_scale
     names = [n for n in a.tasks.split(",") if n] or sorted(tasks())
@@ -194,6 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     result = prove(names, scale=resolve_scale(a.scale), repeat=a.repeat, budget_s=a.budget,
                    repeat_task=a.repeat_task or None, log=lambda s: print(s, flush=True),
                    cheats=not a.no_cheats)
+    if a.speedrun:
+        from gpulab.exercises import speedrun as S
+        runs = {}
+        for who, factory in (("as given", S.make_train), ("reference", S.make_train_fixed)):
+            r = S.speedrun(factory, scale=resolve_scale(a.scale), quiet=False, who=who)
+            runs[who] = r.detail
+        result["speedrun"] = runs
     stem = "exercises-proof" + ("" if not a.tasks else "-" + "-".join(n.split(".")[0] for n in names)[:40])
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
     (out / f"{stem}.md").write_text(table(result))
