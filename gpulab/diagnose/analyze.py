@@ -501,7 +501,9 @@ def innermost_frames(frames: Sequence[Event]) -> list[tuple[float, float, Event,
             stack.pop()
         emit(f.start_us)
         parent = stack[-1] if stack else None
-        under = parent is not None and (parent[1] or (not parent[0].user and not is_harness(parent[0])))
+        # a harness frame (diagnose() running the step) starts afresh: what runs the harness (pytest, ipykernel: a
+        # library) does not make the user's step "inside a library"
+        under = parent is not None and not is_harness(parent[0]) and (parent[1] or not parent[0].user)
         stack.append((f, under))
     while stack:
         emit(stack[-1][0].end_us)

@@ -726,3 +726,20 @@ def test_on_a_gpu_item_every_step_is_a_sync_on_the_host():
     assert d.facts.host_by_cause["sync"] > 0, d.report()
     assert any("test_analyze.py" in site for site, *_ in d.facts.syncs), d.facts.syncs
     assert d.busy_ms + d.idle_ms == pytest.approx(d.profiled_step_ms)
+
+
+def test_a_step_run_by_the_harness_is_not_inside_a_library_whatever_runs_the_harness():
+    """The user's Python inside `diagnose()` is the user's own work even when a library (pytest, ipykernel) called
+    the cell or test that called `diagnose()`: the harness frame starts afresh. Without that, the 3 ms of the user's
+    own Python a step of tests/diagnose/test_diagnose_cpu.py spends was counted as 'launch' (2026-12-04)."""
+    from gpulab.diagnose.analyze import innermost_frames
+    from gpulab.diagnose.events import PY, Event
+    lib = Event(PY, "runner", 0, 100, code=("/x/site-packages/_pytest/runner.py", 1, "call"), user=False)
+    test = Event(PY, "test", 1, 99, code=("/home/u/test_mine.py", 1, "test"), user=True)
+    harness = Event(PY, "diagnose", 2, 98, code=("/repo/gpulab/diagnose/core.py", 1, "diagnose"), user=False)
+    mine = Event(PY, "bookkeeping", 10, 90, code=("/home/u/test_mine.py", 5, "bookkeeping"), user=True)
+    libcall = Event(PY, "forward", 20, 30, code=("/x/site-packages/torch/nn/modules/module.py", 1, "forward"), user=False)
+    inner = Event(PY, "my_forward", 21, 29, code=("/home/u/test_mine.py", 9, "forward"), user=True)
+    under = {f.name: u for _, _, f, u in innermost_frames([lib, test, harness, mine, libcall, inner])}
+    assert under["bookkeeping"] is False            # the harness's child: the user's own
+    assert under["my_forward"] is True              # called by a library (model(x) -> forward): issuing its work
