@@ -39,6 +39,7 @@ import math
 import os
 import statistics
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -85,6 +86,20 @@ def _check_untampered(when: str) -> None:
     if changed:
         raise Rejected("suspicious", f"the submission replaced {', '.join(changed)} ({when}): the grader times with "
                                      "its own clock, and a submission that patches timers is not graded")
+
+
+# threads a submission may leave running between its calls: a DataLoader's pinning thread (lesson 03, 05)
+KNOWN_THREADS = ("_pin_memory_loop",)
+
+
+def _check_no_work_left(before: set) -> None:
+    """Work on a thread that outlives the timed calls is work the clock does not see (the CPU's side stream)."""
+    left = [t for t in threading.enumerate() if t not in before and t.is_alive()
+            and not any(k in t.name for k in KNOWN_THREADS)]
+    if left:
+        raise Rejected("suspicious", f"the submission left {len(left)} thread(s) running after its timed calls "
+                                     f"returned ({', '.join(t.name for t in left[:3])}): work the grader's clock does "
+                                     "not see")
 
 
 def load_submission(path: str):
@@ -304,11 +319,14 @@ def time_in_turns(task, wl, sub, device, budget_s: float) -> dict:
             ms, outs = {}, {}
             for n in order:
                 mine = [_copy(b) for b in batches]
+                threads = set(threading.enumerate())
                 _sync(device)
                 t0 = _CLOCK()
                 got = [runners[n].call(b) for b in mine]
                 _sync(device)
                 ms[n] = (_CLOCK() - t0) * 1e3 / calls
+                if n == "submission":
+                    _check_no_work_left(threads)
                 outs[n] = [_tensors(g) for g in got]
                 if n == "submission" and not all(_same_inputs(m, b) for m, b in zip(mine, batches)):
                     raise Rejected("failed", "the submission changed its inputs in place during the timed calls")

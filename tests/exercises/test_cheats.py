@@ -250,3 +250,31 @@ def test_the_verdict_is_kept_in_the_results_store():
     rec = results_store().latest(f"exercise {FN}", lesson="12")
     assert rec is not None and rec.extra["state"] == "passed" and rec.extra["who"] == "you"
     assert ex.state() == "passed"
+
+
+def test_a_backward_and_update_left_on_a_thread_is_suspicious():
+    """A cheat the suite did not have (2026-12-04): the correctness calls train honestly, then each timed call
+    returns after the forward and leaves the backward and the update to a thread the clock does not wait for.
+    Before the thread check it was rejected only indirectly (a crash, or the updates lost to the race); now the
+    grader names it."""
+    v = grade(STEP, """
+        import threading
+        import torch
+        def make_step(model, optimizer):
+            calls = []
+            def step(x, y, host):
+                calls.append(1)
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                def rest():
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimizer.step()
+                if len(calls) <= 3:
+                    rest()
+                else:
+                    threading.Thread(target=rest).start()
+                return loss.detach(), spread(host)
+            return step
+        """)
+    assert v.state in ("suspicious", "failed"), v.why
+    assert v.state == "failed" and "signal" in v.why[-1] or "thread(s) running" in v.why[-1], v.why
