@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from gpulab.exercises.task import Task, training, width_for
-from gpulab.models.transformer import STACK, TransformerStack, loss_fn
+from gpulab.models.transformer import TransformerStack, loss_fn
 
 N_BLOCKS = 4
 SEQ = 128               # full size; tokens per batch = 8 x width, the batch a multiple of 16 sequences

@@ -22,7 +22,6 @@ from __future__ import annotations
 import builtins
 import inspect
 import math
-import os
 import shutil
 import tempfile
 import textwrap

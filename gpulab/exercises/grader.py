@@ -492,7 +492,7 @@ def _grade(task_name: str, path: str, scale: str, budget_s: float, env: dict | N
                    "flops": flops})
     if timing["state_line"]:
         result["why"].append(timing["state_line"])
-    result["why"].append(f"outputs of every timed call checked against the reference's on the same fresh inputs")
+    result["why"].append("outputs of every timed call checked against the reference's on the same fresh inputs")
     bytes_ = None
     if wl.min_bytes is not None:
         bytes_ = float(wl.min_bytes(wl.draw(_fresh_generator(device))))
@@ -529,7 +529,7 @@ def _quiet():
         yield
 
 
-def _child(task_name: str, path: str, scale: str, budget_s: float, conn, env: dict | None = None) -> None:
+def _child(task_name: str, path: str, scale: str, budget_s: float, env: dict | None, conn) -> None:
     import multiprocessing
     # a process the fork server started inherits its start method: a submission's DataLoader workers would then be
     # started by a server of their own (about 1 s for the first batch of 2 workers, against 30 ms forked)
@@ -566,14 +566,15 @@ def fork_server():
     return _CONTEXT
 
 
-def grade(task_name: str, path: str, *, scale: str, budget_s: float = 20.0, timeout_s: float = 300.0) -> dict:
-    """Grade the submission file at `path` against task `task_name` in a fresh process; the verdict as a dict.
-    A crash, a hang past `timeout_s` or a silent exit is itself a verdict ("failed", with why)."""
+def run_forked(target, args: tuple, timeout_s: float) -> tuple[dict | None, str, float]:
+    """Run `target(*args, env, conn)` in a process forked from the fork server (`env`: the course's settings as the
+    notebook has them now); (what it sent, or None; why nothing came, or ""; wall seconds). Not a daemon: a
+    submission may start processes of its own (DataLoader workers); it is killed past `timeout_s`. The graded
+    exercises and the speedrun both run this way."""
     ctx = fork_server()
     parent, child = ctx.Pipe(duplex=False)
-    # not a daemon: a submission may start processes of its own (DataLoader workers); it is killed on a time limit
     env = {key: os.environ.get(key) for key in COURSE_ENV}
-    proc = ctx.Process(target=_child, args=(task_name, path, scale, budget_s, child, env), daemon=False)
+    proc = ctx.Process(target=target, args=(*args, env, child), daemon=False)
     wall0 = time.perf_counter()
     proc.start()
     child.close()
@@ -589,14 +590,24 @@ def grade(task_name: str, path: str, *, scale: str, budget_s: float = 20.0, time
             proc.join(5)
         parent.close()
     wall = time.perf_counter() - wall0
+    why = ""
     if result is None:
         if proc.exitcode is None or proc.exitcode == -9 and wall >= timeout_s:
-            why = f"the grading ran past its time limit of {timeout_s:.0f} s and was stopped (a hang, or far too slow)"
+            why = f"the process ran past its time limit of {timeout_s:.0f} s and was stopped (a hang, or far too slow)"
         elif proc.exitcode is not None and proc.exitcode < 0:
-            why = f"the grading process died of signal {-proc.exitcode} (a crash in the submission)"
+            why = f"the process died of signal {-proc.exitcode} (a crash in the submission)"
         else:
-            why = f"the grading process exited ({proc.exitcode}) without a verdict (the submission called exit?)"
-        return {"task": task_name, "state": "failed", "why": [why], "grading_s": wall, "scale": scale}
+            why = f"the process exited ({proc.exitcode}) without a verdict (the submission called exit?)"
+    return result, why, wall
+
+
+def grade(task_name: str, path: str, *, scale: str, budget_s: float = 20.0, timeout_s: float = 300.0) -> dict:
+    """Grade the submission file at `path` against task `task_name` in a fresh process; the verdict as a dict.
+    A crash, a hang past `timeout_s` or a silent exit is itself a verdict ("failed", with why)."""
+    result, why, wall = run_forked(_child, (task_name, path, scale, budget_s), timeout_s)
+    if result is None:
+        return {"task": task_name, "state": "failed", "why": [why.replace("the process", "the grading process", 1)],
+                "grading_s": wall, "scale": scale}
     result["wall_s"] = wall
     if result.get("timed_s", 0.0) > wall * 1.02 + 0.05:
         result["state"] = "suspicious"

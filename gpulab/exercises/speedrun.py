@@ -26,7 +26,6 @@ import math
 import os
 import statistics
 import textwrap
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -265,7 +264,7 @@ def speedrun(factory, *, seeds: int = MIN_SEEDS, scale: str | None = None, timeo
     from gpulab.core.device import resolve_scale
     from gpulab.core.results import results_store
     from gpulab.exercises.exercise import SubmissionError, submission_source
-    from gpulab.exercises.grader import COURSE_ENV, fork_server
+    from gpulab.exercises.grader import run_forked
     if seeds < MIN_SEEDS:
         raise ValueError(f"a speedrun needs at least {MIN_SEEDS} seeds, got {seeds}")
     try:
@@ -278,31 +277,13 @@ def speedrun(factory, *, seeds: int = MIN_SEEDS, scale: str | None = None, timeo
     previous = previous_best()
     folder = Path(tempfile.mkdtemp(prefix="gpulab-speedrun-"))
     (folder / "submission.py").write_text(source)
-    ctx = fork_server()
-    parent, child = ctx.Pipe(duplex=False)
-    env = {k: os.environ.get(k) for k in COURSE_ENV}
-    proc = ctx.Process(target=_child, args=(str(folder / "submission.py"), scale, seeds, previous, env, child))
-    t0 = time.perf_counter()
-    proc.start()
-    child.close()
-    d = None
     try:
-        if parent.poll(timeout_s):
-            try:
-                d = parent.recv()
-            except (EOFError, OSError):
-                d = None
+        d, why, wall = run_forked(_child, (str(folder / "submission.py"), scale, seeds, previous), timeout_s)
     finally:
-        proc.join(5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
-        parent.close()
         shutil.rmtree(folder, ignore_errors=True)
     if d is None:
-        d = {"state": "failed", "why": [f"the speedrun's process ended without a result (exit {proc.exitcode}) or ran "
-                                        f"past {timeout_s:.0f} s"]}
-    d["wall_s"] = time.perf_counter() - t0
+        d = {"state": "failed", "why": [why]}
+    d["wall_s"] = wall
     r = SpeedrunResult(d.get("state", "failed"), list(d.get("why", [])), d)
     if r.state == "passed":
         results_store().record("13", "speedrun", d["mean_s"], "s", state=r.state, who=who, times=d["times"],
