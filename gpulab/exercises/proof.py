@@ -124,9 +124,16 @@ def cheats_for(task) -> list[tuple[str, str]]:
 
 
 def prove(names: list[str], *, scale: str, repeat: int, budget_s: float, repeat_task: str | None, log=print,
-          timeout_s: float = 150.0, cheats: bool = True) -> dict:
+          timeout_s: float = 150.0, cheats: bool = True, deadline_s: float | None = None, save=None) -> dict:
+    """`save(result)` is called after every exercise, so a run stopped by its time limit still leaves what it did;
+    past `deadline_s` (seconds from the start) the exercises not yet begun are listed as not run."""
     rows = []
+    start = time.perf_counter()
+    not_run = []
     for name in names:
+        if deadline_s is not None and time.perf_counter() - start > deadline_s:
+            not_run.append(name)
+            continue
         ex = exercise(name)
         row = {"task": name, "tier": ex.task.tier}
         t0 = time.perf_counter()
@@ -142,8 +149,10 @@ def prove(names: list[str], *, scale: str, repeat: int, budget_s: float, repeat_
             log(f"  cheat {cheat!r}: {v.state}: {v.why[-1] if v.why else ''}")
         row["seconds"] = time.perf_counter() - t0
         rows.append(row)
+        if save:
+            save({"rows": rows, "stability": None, "scale": scale, "not_run": not_run})
     stability = None
-    if repeat_task and repeat > 1:
+    if repeat_task and repeat > 1 and not (deadline_s is not None and time.perf_counter() - start > deadline_s):
         ex = exercise(repeat_task)
         ratios = []
         for _ in range(repeat):
@@ -154,7 +163,10 @@ def prove(names: list[str], *, scale: str, repeat: int, budget_s: float, repeat_
         med = statistics.median(good) if good else None
         stability = {"task": repeat_task, "ratios": ratios, "median": med,
                      "worst_off_median": max(abs(r / med - 1) for r in good) if med else None}
-    return {"rows": rows, "stability": stability, "scale": scale}
+    result = {"rows": rows, "stability": stability, "scale": scale, "not_run": not_run}
+    if save:
+        save(result)
+    return result
 
 
 def table(result: dict) -> str:
@@ -174,6 +186,9 @@ def table(result: dict) -> str:
                      + ", ".join("n/a" if r is None else f"{r:.3f}" for r in s["ratios"])
                      + (f"; the farthest {s['worst_off_median']:.1%} from their median {s['median']:.3f}"
                         if s["median"] else ""))
+    if result.get("not_run"):
+        lines.append("")
+        lines.append("Not run (the run's deadline had passed): " + ", ".join(result["not_run"]))
     return "\n".join(lines) + "\n"
 
 
@@ -186,25 +201,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat-task", default="01.sync")
     p.add_argument("--budget", type=float, default=10.0)
     p.add_argument("--no-cheats", action="store_true", help="the fix and the code as given only")
-    p.add_argument("--speedrun", action="store_true", help="also notebook 13's speedrun: the script as given, then the fix")
+    p.add_argument("--speedrun", nargs="?", const="both", choices=("both", "as-given", "reference"),
+                   help="also notebook 13's speedrun: the script as given, then the fix (or one of them)")
+    p.add_argument("--deadline", type=float, default=None,
+                   help="seconds: exercises not begun by then are listed as not run (for a run with a time limit)")
     a = p.parse_args(argv)
     from gpulab.core.device import resolve_scale
     names = [n for n in a.tasks.split(",") if n] or sorted(tasks())
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    stem = "exercises-proof" + ("" if not a.tasks else "-" + "-".join(n.split(".")[0] for n in names)[:40])
+
+    def save(result):
+        (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+        (out / f"{stem}.md").write_text(table(result))
     result = prove(names, scale=resolve_scale(a.scale), repeat=a.repeat, budget_s=a.budget,
                    repeat_task=a.repeat_task or None, log=lambda s: print(s, flush=True),
-                   cheats=not a.no_cheats)
+                   cheats=not a.no_cheats, deadline_s=a.deadline, save=save)
     if a.speedrun:
         from gpulab.exercises import speedrun as S
         runs = {}
+        chosen = {"both": ("as given", "reference"), "as-given": ("as given",), "reference": ("reference",)}[a.speedrun]
         for who, factory in (("as given", S.make_train), ("reference", S.make_train_fixed)):
+            if who not in chosen:
+                continue
             r = S.speedrun(factory, scale=resolve_scale(a.scale), quiet=False, who=who)
             runs[who] = r.detail
-        result["speedrun"] = runs
-    stem = "exercises-proof" + ("" if not a.tasks else "-" + "-".join(n.split(".")[0] for n in names)[:40])
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
-    (out / f"{stem}.md").write_text(table(result))
+            result["speedrun"] = runs
+            save(result)
     print(table(result))
     return 0
 
