@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from gpulab.core.memory import free_memory
 from gpulab.exercises.task import Task, copy_rate, function
 from gpulab.lessons.l04_occupancy_and_waves import scale_with, triton_status
 
@@ -37,7 +38,7 @@ def elements(device: torch.device, scale_name: str) -> tuple[int, str]:
     if gbps is None:
         return 1 << 24, f"64 MiB: {source}"
     n = int(0.5e-3 * gbps * 1e9 / 8)
-    n = min(n, torch.cuda.mem_get_info(device)[0] // 32 // 4)
+    n = min(n, free_memory(device)[0] // 32 // 4)          # the profile's card under a GPU profile
     n = max(1 << 20, 1 << (n.bit_length() - 1))
     return n, f"~0.5 ms at {gbps:,.0f} GB/s ({source})"
 

@@ -64,7 +64,7 @@ CPU_ROUNDS = 3          # on the CPU the speed is not judged: the timing stage r
 MAX_ROUNDS = 60
 PHYSICS_MARGIN = 1.15   # a rate above the ceiling by more than this is not a measurement error
 TIMED_STATE_ABS = 1e-2  # after timing, the submission's parameters within 1 % of the movement of the reference's
-NO_GAIN = 1.05          # a reference gaining less than this (or less than twice its IQR) shows no effect here
+NO_GAIN = 1.05          # a reference gaining less than this in a quarter of the rounds or more shows no effect here
 ENTRY = "__gpulab_entry__"
 
 
@@ -120,12 +120,6 @@ def _fresh_generator(device: torch.device | None = None) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(int.from_bytes(os.urandom(8), "little") >> 2)
 
 
-def _nbytes(batch) -> int:
-    if isinstance(batch, torch.Tensor):
-        return batch.numel() * batch.element_size()
-    return sum(_nbytes(t) for t in batch) if isinstance(batch, (list, tuple)) else 0
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         _SYNC(device)
@@ -175,11 +169,18 @@ def _gap(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     """The largest |a - b| over two calls' outputs (inf where their shapes differ)."""
     if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
         return math.inf
-    return max((float((x.cpu() - y.cpu()).abs().max()) for x, y in zip(a, b) if x.numel()), default=0.0)
+    # on the device the outputs are on: a host copy of 04.blocks' 512 MiB outputs made its grading 89 s (2026-12-04)
+    return max((float((x - y.to(x.device)).abs().max()) for x, y in zip(a, b) if x.numel()), default=0.0)
 
 
 def _scale_of(b: list[torch.Tensor]) -> float:
     return max((float(y.abs().max()) for y in b if y.numel()), default=0.0)
+
+
+def _lower_quartile(values: list[float]) -> float:
+    if len(values) < 4:
+        return min(values) if values else 0.0
+    return statistics.quantiles(values, n=4)[0]
 
 
 def _iqr(values: list[float]) -> float:
@@ -340,12 +341,23 @@ def time_in_turns(task, wl, sub, device, budget_s: float) -> dict:
         probe, _ = one_round(1, False)
         target_ms = 25.0 if device.type == "cuda" else 4.0
         calls = int(min(64, max(1, round(target_ms / max(probe["slow"], 1e-3)))))
-        if device.type == "cuda":           # a round holds its inputs and a copy of them per variant: a quarter of free memory
-            one = _nbytes(wl.to_device(wl.draw(_fresh_generator(device)))) or 1
-            calls = max(1, min(calls, int(torch.cuda.mem_get_info(device)[0] * 0.25 // (one * 4))))
+        if device.type == "cuda":
+            # a round holds its inputs, a copy of them per variant and every variant's outputs: one call's round is
+            # measured, and a round may take half of what this process may still use (under a GPU profile, the
+            # emulated card's memory: the real card's free memory let 04.blocks and 12.fusion run out of the t4
+            # profile's 15 GiB on the H200, 2026-12-04)
+            from gpulab.core.memory import free_memory
+            torch.cuda.synchronize(device)
+            base = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            one_round(1, False)
+            per_call = max(1, torch.cuda.max_memory_allocated(device) - base)
+            torch.cuda.empty_cache()
+            calls = max(1, min(calls, int(free_memory(device)[0] * 0.5 // per_call)))
         samples: dict[str, list[float]] = {n: [] for n in names}
         ratios = {"submission": [], "reference": []}
         worst = {"gap": 0.0, "allowed": 0.0}
+        out_floor = 0.0     # the largest gap between the slow code's and the reference's outputs so far
         t0 = _CLOCK()
         rounds = 0
         while rounds < MAX_ROUNDS:
@@ -360,7 +372,12 @@ def time_in_turns(task, wl, sub, device, budget_s: float) -> dict:
             ratios["reference"].append(ms["slow"] / ms["reference"])
             for s, r, w in zip(outs["submission"], outs["reference"], outs["slow"]):
                 rtol = max(wl.rtol, 1e-3)      # the task's own (16-bit outputs), at least training's drift
-                allowed = wl.atol + rtol * _scale_of(r) + SAME_MAX_FLOOR * _gap(w, r)
+                # three models trained apart drift apart by chance (nondeterministic kernels): the floor is the
+                # largest slow-to-reference gap seen in any round so far, not this call's alone, which once let the
+                # reference fail against itself (03.workers under the t4 profile, 0.51 against 0.39 allowed,
+                # 2026-12-04). What the timed calls trained is checked again after them, against the final state
+                out_floor = max(out_floor, _gap(w, r))
+                allowed = wl.atol + rtol * _scale_of(r) + SAME_MAX_FLOOR * out_floor
                 gap = _gap(s, r)
                 if not gap <= allowed:
                     raise Rejected("failed", f"a timed call's output differs from the reference's on the same fresh "
@@ -502,7 +519,12 @@ def _grade(task_name: str, path: str, scale: str, budget_s: float, env: dict | N
     result["grading_s"] = _CLOCK() - t_start
     if fast:
         return {**result, "state": "suspicious", "why": [*result["why"], fast]}
-    shows = ref_ratio >= NO_GAIN and ref_ratio - 1 > 2 * ref_iqr
+    # the effect shows when the fix gains NO_GAIN or more in three rounds of four (the lower quartile of its ratios).
+    # Before 2026-12-04 it was "median - 1 above twice the IQR", which on the H200 read 05.pinned's 2.47x (IQR 0.76,
+    # the pageable copies' spread) as no effect and left the code as given unjudged
+    low = _lower_quartile(timing["ratios"]["reference"])
+    shows = ref_ratio >= NO_GAIN and low >= NO_GAIN
+    result["reference_low"] = low
     target = 1 + task.share * (ref_ratio - 1)
     result["target"] = target
     if device.type != "cuda":
@@ -511,8 +533,9 @@ def _grade(task_name: str, path: str, scale: str, budget_s: float, env: dict | N
                              + ("; torch.compile'd code ran eagerly" if result.get("compile_note") else ""))
         return {**result, "state": "passed"}
     if not shows:
-        result["why"].append(f"the lesson's fix gains {ref_ratio:.2f}x (IQR {ref_iqr:.2f}) on this GPU: no effect to "
-                             "reach, so the speed is not judged, only correctness")
+        result["why"].append(f"the lesson's fix gains {ref_ratio:.2f}x (IQR {ref_iqr:.2f}; in a quarter of the rounds "
+                             f"{low:.2f}x or less) on this GPU, under {NO_GAIN:.2f}x: no effect to reach, so the speed "
+                             "is not judged, only correctness")
         return {**result, "state": "passed"}
     result["speed_judged"] = True
     ok = sub_ratio >= target
