@@ -120,6 +120,12 @@ def _fresh_generator(device: torch.device | None = None) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(int.from_bytes(os.urandom(8), "little") >> 2)
 
 
+def _nbytes(batch) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.numel() * batch.element_size()
+    return sum(_nbytes(t) for t in batch) if isinstance(batch, (list, tuple)) else 0
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         _SYNC(device)
@@ -342,18 +348,13 @@ def time_in_turns(task, wl, sub, device, budget_s: float) -> dict:
         target_ms = 25.0 if device.type == "cuda" else 4.0
         calls = int(min(64, max(1, round(target_ms / max(probe["slow"], 1e-3)))))
         if device.type == "cuda":
-            # a round holds its inputs, a copy of them per variant and every variant's outputs: one call's round is
-            # measured, and a round may take half of what this process may still use (under a GPU profile, the
-            # emulated card's memory: the real card's free memory let 04.blocks and 12.fusion run out of the t4
-            # profile's 15 GiB on the H200, 2026-12-04)
+            # a call's share of a round: its inputs, a copy of them per variant, each variant's outputs and their fp32
+            # copies (outputs counted at the inputs' size): ten times the inputs. A round may take a quarter of what
+            # this process may still use; under a GPU profile that is the emulated card's (the real card's free
+            # memory let 04.blocks and 12.fusion run out of the t4 profile's 15 GiB on the H200, 2026-12-04)
             from gpulab.core.memory import free_memory
-            torch.cuda.synchronize(device)
-            base = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            one_round(1, False)
-            per_call = max(1, torch.cuda.max_memory_allocated(device) - base)
-            torch.cuda.empty_cache()
-            calls = max(1, min(calls, int(free_memory(device)[0] * 0.5 // per_call)))
+            one = _nbytes(wl.to_device(wl.draw(_fresh_generator(device)))) or 1
+            calls = max(1, min(calls, int(free_memory(device)[0] * 0.25 // (one * 10))))
         samples: dict[str, list[float]] = {n: [] for n in names}
         ratios = {"submission": [], "reference": []}
         worst = {"gap": 0.0, "allowed": 0.0}
