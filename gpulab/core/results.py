@@ -38,6 +38,17 @@ import torch
 
 SCHEMA = 1
 
+# What a JSON file in a results or room folder says it is (its "kind"): the one table. A results store has no kind
+# (it has "records"); each tool writes its own kind from here, and `gpulab room` reads the table to tell them apart.
+FILE_KINDS = {
+    "bench": "gpulab-bench",                        # `gpulab bench --json`: measurements, read by the room
+    "manifest": "gpulab results manifest",          # a run folder's manifest (tools.results_index): what ran
+    "roomrun": "gpulab roomrun",                    # roomrun's timings, exit codes, summary ("gpulab roomrun ...")
+    "zoo": "gpulab zoo",                            # the diagnosis zoo's labels, diagnoses, judgements ("gpulab zoo ...")
+    "suite": "gpulab diagnose suite",               # `python -m gpulab.diagnose.suite --json`
+    "proof": "gpulab exercises proof",              # `python -m gpulab.exercises.proof`: the graded exercises' verdicts
+}
+
 
 class CorruptResultsWarning(UserWarning):
     """The results file could not be read; it was kept aside under another name."""

@@ -39,6 +39,7 @@ from typing import NamedTuple
 
 import torch
 
+from gpulab.core.results import FILE_KINDS
 from gpulab.core.device import pick_device, resolve_scale
 from gpulab.diagnose import RULES, diagnose
 from gpulab.diagnose.analyze import changes
@@ -472,7 +473,7 @@ def _worker(name: str, scale: str, out: str) -> int:
 
 
 # what `--json` files say they are (gpulab room skips them: diagnoses, not a lesson's measurements)
-SUITE_KIND = "gpulab diagnose suite"
+SUITE_KIND = FILE_KINDS["suite"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from gpulab.core.results import FILE_KINDS
+
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
 # A fix that buys less than this is not worth a verdict: the "no verdict promises more than 10 %" bar of
 # the tuned steps, and the least gain that makes a fix a step's label.
@@ -521,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(a, "only", None) and a.cmd != "judge":
         wanted = set(a.only.split(","))
         files = [f for f in files if f.stem in wanted]
-    stamp = {"kind": f"gpulab zoo {a.cmd}",
+    stamp = {"kind": f"{FILE_KINDS['zoo']} {a.cmd}",
              "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              "torch": torch.__version__, "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU"}
     if a.cmd == "label":
@@ -573,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         result = judge(labels, diagnoses, a.only)
         print(matrix_text(result))
         if a.json:
-            Path(a.json).write_text(json.dumps({"kind": "gpulab zoo judge", **result}, indent=1, default=str))
+            Path(a.json).write_text(json.dumps({"kind": f"{FILE_KINDS['zoo']} judge", **result}, indent=1, default=str))
         return 0
     if a.cmd == "records":
         rows = []

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from gpulab.core.results import FILE_KINDS
 from gpulab.exercises.exercise import exercise
 from gpulab.exercises.registry import tasks
 
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     stem = "exercises-proof" + ("" if not a.tasks else "-" + "-".join(n.split(".")[0] for n in names)[:40])
 
     def save(result):
-        (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+        (out / f"{stem}.json").write_text(json.dumps({"kind": FILE_KINDS["proof"], **result}, indent=1, default=str))
         (out / f"{stem}.md").write_text(table(result))
     result = prove(names, scale=resolve_scale(a.scale), repeat=a.repeat, budget_s=a.budget,
                    repeat_task=a.repeat_task or None, log=lambda s: print(s, flush=True),

@@ -31,14 +31,14 @@ import torch
 from gpulab.core.bands import Band, Bands, gpu_class, judged_low, load_bands
 from gpulab.core.device import device_facts, pick_device, resolve_scale
 from gpulab.core.measured import Measured, Skipped
-from gpulab.core.results import Record, ResultsStore, current_gpu_name, results_store
+from gpulab.core.results import FILE_KINDS, Record, ResultsStore, current_gpu_name, results_store
 from gpulab.lessons import (l00_gpu_ceilings as L00, l01_measuring_time as L01, l03_input_pipeline as L03,
                             l04_occupancy_and_waves as L04, l05_pcie_transfers as L05, l06_mixed_precision as L06,
                             l07_tensor_core_alignment as L07, l08_cuda_streams as L08,
                             l09_activation_checkpointing as L09, l10_gradient_accumulation as L10,
                             l11_cuda_graphs as L11, l12_kernel_fusion as L12, l13_capstone as L13)
 
-BENCH_KIND = "gpulab-bench"
+BENCH_KIND = FILE_KINDS["bench"]
 BENCH_SCHEMA = 1
 MiB, GiB = 2**20, 2**30
 

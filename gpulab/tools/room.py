@@ -30,7 +30,7 @@ from typing import Any, Iterable
 from matplotlib.figure import Figure
 from gpulab.tools.bench import BENCH_KIND, ERROR, REGISTRY, WRONG, Experiment
 from gpulab.core.bands import load_bands
-from gpulab.core.results import Record, ResultsFileError, read_records, record_profile
+from gpulab.core.results import FILE_KINDS, Record, ResultsFileError, read_records, record_profile
 
 
 README_START = "<!-- measured-on:start -->"
@@ -180,13 +180,13 @@ def read_store(records: list[Record], source: str,
     return out
 
 
-# The files of gpulab.diagnose.zoo (labels, diagnoses, checks, kernel names) say "gpulab zoo ...": kept in
-# results/ beside the stores, read by `python -m gpulab.diagnose.zoo judge`, not by the room.
-ZOO_KIND = "gpulab zoo"
-DIAGNOSIS_KINDS = (ZOO_KIND, "gpulab diagnose suite")
-# A run folder's manifest (gpulab.tools.results_index): what ran, not measurements.
-MANIFEST_KIND = "gpulab results manifest"
-from gpulab.tools.roomrun import KIND as ROOMRUN_KIND   # noqa: E402 - roomrun's own files (timings, exit codes, summary)
+# Files that hold no lesson's measurements, by their kind (gpulab.core.results.FILE_KINDS): the diagnosis zoo's and
+# suite's verdicts and the exercises' proof (read by `python -m gpulab.diagnose.zoo judge`), a run folder's manifest (results_index), and
+# roomrun's timings, exit codes and summary (its learners' stores hold the records)
+ZOO_KIND = FILE_KINDS["zoo"]
+DIAGNOSIS_KINDS = (FILE_KINDS["zoo"], FILE_KINDS["suite"], FILE_KINDS["proof"])
+MANIFEST_KIND = FILE_KINDS["manifest"]
+ROOMRUN_KIND = FILE_KINDS["roomrun"]
 
 
 def read_file(path: str | os.PathLike, registry: Iterable[Experiment] | None = None) -> tuple[str, list[Measurement], int]:

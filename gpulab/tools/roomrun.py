@@ -34,6 +34,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from gpulab.core.results import FILE_KINDS
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -48,7 +50,7 @@ def _notebooks(spec: str) -> list[Path]:
 
 
 # roomrun's own files (what ran, not measurements): `gpulab room` reads a room folder's stores and skips these
-KIND = "gpulab roomrun"
+KIND = FILE_KINDS["roomrun"]
 TIMINGS_KIND, CODES_KIND, SUMMARY_KIND = f"{KIND} timings", f"{KIND} exit codes", f"{KIND} summary"
 
 
