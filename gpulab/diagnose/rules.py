@@ -342,7 +342,7 @@ def host_code(f: Facts) -> Verdict | None:
                    "take it off the step: do it every N steps, in a DataLoader worker or a thread, or on the GPU")
 
 
-def allocator(f: Facts) -> Verdict | None:
+def memory_pressure(f: Facts) -> Verdict | None:
     """The host waits in cudaMalloc / cudaFree (the caching allocator asking the driver, its retries, an
     `empty_cache()`). Share: that host time, at most the idle."""
     m = f.memory
@@ -693,41 +693,49 @@ def compute_bound(f: Facts) -> Verdict | None:
                    actionable=False)
 
 
-# memory_pressure's function is `allocator` (the name says what it reads); the rule keeps its name.
-allocator.__name__ = "memory_pressure"
+@dataclass(frozen=True)
+class Rule:
+    """One rule's facts, in one row of `TABLE`: adding a rule is its function and a row here."""
+    check: Callable[[Facts], "Verdict | None"]      # the rule; its name is the function's
+    short: str                                      # the diagnosis suite's column head
+    tie: int | None                                 # among fixes expected to buy about as much (TIE), the lower
+                                                    # first (the smaller fix); None: a note, no fix
+    gpu_only: str | None                            # why it cannot run on the CPU, where it reads what only a GPU records
 
-RULES: list[Callable[[Facts], Verdict | None]] = [
-    input_bound, host_sync, pageable_copy, launch_bound, host_code, periodic_stall, fp32_matmuls, misaligned_gemm,
-    layout_transposes, attention_math, optimizer_unfused, elementwise_unfused, allocator, memory_full,
-    copy_not_overlapped, comm_not_overlapped, no_sync_accumulation, data_parallel, compile_recompiles,
-    compile_graph_breaks, cudagraphs_skipped, compute_bound,
-]
+    @property
+    def name(self) -> str:
+        return self.check.__name__
 
 
-# Rules that read what only a GPU records, and why they cannot run on the CPU.
-GPU_ONLY = {
-    "host_sync": "needs a GPU: on the CPU the host never waits for a device",
-    "pageable_copy": "needs a GPU: on the CPU there are no host<->device copies",
-    "launch_bound": "needs a GPU: on the CPU there are no kernels to launch or time",
-    "fp32_matmuls": "needs a GPU: Tensor Cores and their kernel names exist only there",
-    "misaligned_gemm": "needs a GPU: Tensor Core tile alignment matters only there",
-    "layout_transposes": "needs a GPU: cuDNN's layout conversions run only there",
-    "attention_math": "needs a GPU: the fused attention kernels it compares with run there",
-    "optimizer_unfused": "needs a GPU: fused optimizers are CUDA kernels",
-    "elementwise_unfused": "needs a GPU: kernel times exist only there",
-    "memory_pressure": "needs a GPU: the CUDA caching allocator's statistics exist only there",
-    "memory_full": "needs a GPU: the CUDA caching allocator's statistics exist only there",
-    "copy_not_overlapped": "needs a GPU: on the CPU there are no host<->device copies",
-    "comm_not_overlapped": "needs a GPU: NCCL communication kernels run only there",
-    "no_sync_accumulation": "needs a GPU: NCCL communication kernels run only there",
-    "cudagraphs_skipped": "needs a GPU: CUDA graphs exist only there",
-}
-
-# Among verdicts expected to buy about as much (TIE), the smaller fix first.
-FIX_ORDER = ("host_sync", "pageable_copy", "misaligned_gemm", "layout_transposes", "optimizer_unfused",
-             "attention_math", "host_code", "periodic_stall", "input_bound", "fp32_matmuls", "memory_pressure",
-             "copy_not_overlapped", "no_sync_accumulation", "compile_graph_breaks", "compile_recompiles",
-             "cudagraphs_skipped", "elementwise_unfused", "launch_bound", "comm_not_overlapped", "data_parallel")
+# The rules in the order they are run (the suite's columns' order)
+TABLE: tuple[Rule, ...] = (
+    Rule(input_bound, "input", 8, None),
+    Rule(host_sync, "sync", 0, "needs a GPU: on the CPU the host never waits for a device"),
+    Rule(pageable_copy, "pageable", 1, "needs a GPU: on the CPU there are no host<->device copies"),
+    Rule(launch_bound, "launch", 17, "needs a GPU: on the CPU there are no kernels to launch or time"),
+    Rule(host_code, "host", 6, None),
+    Rule(periodic_stall, "stall", 7, None),
+    Rule(fp32_matmuls, "fp32", 9, "needs a GPU: Tensor Cores and their kernel names exist only there"),
+    Rule(misaligned_gemm, "misalign", 2, "needs a GPU: Tensor Core tile alignment matters only there"),
+    Rule(layout_transposes, "layout", 3, "needs a GPU: cuDNN's layout conversions run only there"),
+    Rule(attention_math, "attn", 5, "needs a GPU: the fused attention kernels it compares with run there"),
+    Rule(optimizer_unfused, "optim", 4, "needs a GPU: fused optimizers are CUDA kernels"),
+    Rule(elementwise_unfused, "eltwise", 16, "needs a GPU: kernel times exist only there"),
+    Rule(memory_pressure, "memory", 10, "needs a GPU: the CUDA caching allocator's statistics exist only there"),
+    Rule(memory_full, "full", None, "needs a GPU: the CUDA caching allocator's statistics exist only there"),
+    Rule(copy_not_overlapped, "copy", 11, "needs a GPU: on the CPU there are no host<->device copies"),
+    Rule(comm_not_overlapped, "comm", 18, "needs a GPU: NCCL communication kernels run only there"),
+    Rule(no_sync_accumulation, "nosync", 12, "needs a GPU: NCCL communication kernels run only there"),
+    Rule(data_parallel, "dp", 19, None),
+    Rule(compile_recompiles, "recomp", 14, None),
+    Rule(compile_graph_breaks, "breaks", 13, None),
+    Rule(cudagraphs_skipped, "cgskip", 15, "needs a GPU: CUDA graphs exist only there"),
+    Rule(compute_bound, "compute", None, None),
+)
+RULES: list[Callable[[Facts], Verdict | None]] = [r.check for r in TABLE]
+GPU_ONLY = {r.name: r.gpu_only for r in TABLE if r.gpu_only}
+FIX_ORDER = tuple(r.name for r in sorted((r for r in TABLE if r.tie is not None), key=lambda r: r.tie))
+SHORT = {r.name: r.short for r in TABLE}
 
 
 def rank(verdicts: list[Verdict]) -> list[Verdict]:

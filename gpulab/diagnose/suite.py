@@ -44,17 +44,9 @@ from gpulab.core.device import pick_device, resolve_scale
 from gpulab.diagnose import RULES, diagnose
 from gpulab.diagnose.analyze import changes
 from gpulab.diagnose.cases import CASES, Case, same_model
-from gpulab.diagnose.rules import PROMISE_KEPT_MIN, judge_gain
+from gpulab.diagnose.rules import PROMISE_KEPT_MIN, SHORT, judge_gain   # SHORT: the matrix's column heads
 
 RULE_NAMES = tuple(r.__name__ for r in RULES)
-# Column heads of the matrix (a rule not listed shows its own name)
-SHORT = {"input_bound": "input", "host_sync": "sync", "pageable_copy": "pageable", "launch_bound": "launch",
-         "host_code": "host", "periodic_stall": "stall", "fp32_matmuls": "fp32", "misaligned_gemm": "misalign",
-         "layout_transposes": "layout", "attention_math": "attn", "optimizer_unfused": "optim",
-         "elementwise_unfused": "eltwise", "memory_pressure": "memory", "memory_full": "full",
-         "copy_not_overlapped": "copy", "comm_not_overlapped": "comm", "no_sync_accumulation": "nosync",
-         "data_parallel": "dp", "compile_recompiles": "recomp", "compile_graph_breaks": "breaks",
-         "cudagraphs_skipped": "cgskip", "compute_bound": "compute"}
 # The top verdict must name the case's lesson on at least this share of the bad cases (issue 17).
 LESSON_HITS_MIN = 0.90
 # On the capstone no verdict that proposes a fix may promise more than 10 % (bound 1 / (1 - 0.1) ~ 1.11;

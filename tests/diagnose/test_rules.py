@@ -54,7 +54,7 @@ HOST_RULES = [
     (R.input_bound, "input_bound", "input", R.INPUT_SHARE_MIN, "03"),
     (R.host_sync, "host_sync", "sync", R.SYNC_SHARE_MIN, "01"),
     (R.pageable_copy, "pageable_copy", "pageable_copy", R.PAGEABLE_SHARE_MIN, "05"),
-    (R.allocator, "memory_pressure", "allocator", R.ALLOCATOR_SHARE_MIN, "02"),
+    (R.memory_pressure, "memory_pressure", "allocator", R.ALLOCATOR_SHARE_MIN, "02"),
     (R.host_code, "host_code", "host_code", R.HOST_CODE_SHARE_MIN, "03"),
     (R.launch_bound, "launch_bound", "launch", R.LAUNCH_SHARE_MIN, "11"),
 ]
@@ -193,13 +193,12 @@ def test_host_code_names_the_users_lines():
 
 # -- memory ----------------------------------------------------------------------------------------------
 def test_memory_pressure_fires_on_retries_or_allocator_time():
-    assert R.allocator.__name__ == "memory_pressure"
-    assert R.allocator(facts(memory=memory())) is None
-    assert R.allocator(facts()) is None                                   # no statistics, no allocator time
-    v = R.allocator(facts(memory=memory(retries=1)))
+    assert R.memory_pressure(facts(memory=memory())) is None
+    assert R.memory_pressure(facts()) is None                                   # no statistics, no allocator time
+    v = R.memory_pressure(facts(memory=memory(retries=1)))
     assert v.rule == "memory_pressure" and v.share == 0 and v.bound == 1 and "1 allocation retries in 5 steps" in v.evidence
     # reserved memory near full is not pressure any more (memory_full reads allocated memory)
-    assert R.allocator(facts(memory=memory(reserved=1.0, allocated=0.5))) is None
+    assert R.memory_pressure(facts(memory=memory(reserved=1.0, allocated=0.5))) is None
 
 
 def test_memory_full_reads_allocated_memory_and_is_a_note():
@@ -510,7 +509,7 @@ def test_every_rule_is_listed_ranked_and_every_gpu_only_name_is_a_rule():
 
 def test_every_rule_has_an_edge_test_here():
     source = inspect.getsource(inspect.getmodule(test_every_rule_has_an_edge_test_here))
-    untested = [r.__name__ for r in R.RULES if f"R.{r.__qualname__}(" not in source]     # allocator: memory_pressure
+    untested = [r.__name__ for r in R.RULES if f"R.{r.__qualname__}(" not in source]
     assert not untested, f"rules without a test at their threshold: {untested}"
 
 
@@ -632,3 +631,15 @@ def test_judge_gain_against_the_promise():
     assert R.judge_gain(100.0, 49.5, 2.0)["within"]          # within the noise floor
     assert R.judge_gain(100.0, 48.0, 2.0, 0.02, 0.01)["within"]
     assert R.judge_gain(100.0, 50.0, None)["bound"] == math.inf
+
+
+def test_one_row_per_rule_holds_its_name_column_order_and_gpu_reason():
+    """Issue 42: a rule's facts are one row of rules.TABLE; RULES, GPU_ONLY, FIX_ORDER and the suite's column
+    heads are read from it, and a rule's name is its function's (no renaming)."""
+    from gpulab.diagnose import suite
+    assert [r.name for r in R.TABLE] == [f.__name__ for f in R.RULES]
+    assert suite.RULE_NAMES == tuple(r.name for r in R.TABLE) and suite.SHORT is R.SHORT
+    ties = [r.tie for r in R.TABLE if r.tie is not None]
+    assert sorted(ties) == list(range(len(ties))), "each fix has its own place in the tie order"
+    assert len(set(R.SHORT.values())) == len(R.TABLE), "two rules share a column head"
+    assert all(r.gpu_only.startswith("needs a GPU") for r in R.TABLE if r.gpu_only)
