@@ -278,10 +278,19 @@ def test_stall_facts_the_probe_chunk_does_not_dilute_the_excess():
 
 def test_the_users_own_python_in_a_diagnosed_step_is_host_code():
     inner = mlp_step()
+    took = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        inner()
+        took.append(time.perf_counter() - t0)
+    # the user's own Python every step: 3 ms, or as long as the step's ops where this CPU runs them slower (a
+    # busy machine: the ops took 40 ms a step on this machine under load, 2026-12-04, and 3 ms fell under the
+    # threshold, so compute_bound came first though host_code was measured right)
+    spin_s = max(0.003, sorted(took)[1])
 
     def bookkeeping():
-        deadline = time.perf_counter() + 0.003
-        while time.perf_counter() < deadline:     # 3 ms of the user's own Python every step
+        deadline = time.perf_counter() + spin_s
+        while time.perf_counter() < deadline:
             pass
 
     def step():
@@ -290,5 +299,5 @@ def test_the_users_own_python_in_a_diagnosed_step_is_host_code():
 
     d = diagnose(step, warmup=1, steps=2, device=CPU, flops_per_step=1.0, peak_tflops=1.0, window_s=WINDOW_S,
                  confirm=False)
-    assert d.facts.host_by_cause["host_code"] >= 2.5, d.report()
+    assert d.facts.host_by_cause["host_code"] >= 0.8 * spin_s * 1e3, d.report()
     assert d.top is not None and d.top.rule == "host_code"
