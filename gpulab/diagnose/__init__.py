@@ -6,21 +6,17 @@
     d.plot()                    # the profiled steps' timeline
 
 - `events.py`: the neutral event model (`Event`) and the torch.profiler parser (`from_profiler`);
-- `analyze.py`: facts from events (`analyze` -> `Facts`): busy/idle, idle causes, kernel classes, GEMMs;
-- `rules.py`: the rules (`RULES`), their thresholds with reasons, `Verdict`, `run_rules`;
+- `facts.py`: the `Facts` contract, what the analysis finds and the rules read (readable alone);
+- `kernels.py`: kernel classes (GEMM or not, Tensor Cores or not), the op and call names, GEMM shapes;
+- `analyze.py`: facts from events (`analyze` -> `Facts`): busy/idle, the host's time by cause, the patterns;
+- `rules.py`: the rules (one row each in `TABLE`), their thresholds with reasons, `Verdict`, `run_rules`;
 - `core.py`: `diagnose()` and `Diagnosis` (report, plot, to_dict).
 """
 import sys
 import types
 
-from gpulab.diagnose.analyze import (
-    CAUSES,
-    CLASSES,
-    Facts,
-    GemmFact,
-    MemoryFacts,
-    analyze,
-)
+from gpulab.diagnose.analyze import analyze
+from gpulab.diagnose.facts import CAUSES, CLASSES, Facts, GemmFact, MemoryFacts
 from gpulab.diagnose.core import DiagnoseError, Diagnosis, diagnose
 from gpulab.diagnose.events import Event, Record, from_profiler, parse
 from gpulab.diagnose.rules import GPU_ONLY, RULES, Verdict, run_rules

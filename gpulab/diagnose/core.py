@@ -38,7 +38,8 @@ import torch
 from gpulab.core.device import pick_device, sync
 from gpulab.core.memory import fmt_bytes, free_memory
 from gpulab.core.timing import benchmark, summarize
-from gpulab.diagnose.analyze import CAUSES, CLASSES, Facts, MemoryFacts, StallFacts, analyze
+from gpulab.diagnose.analyze import analyze
+from gpulab.diagnose.facts import CAUSES, CLASSES, Facts, MemoryFacts, StallFacts
 from gpulab.diagnose.events import STEP_RANGE, Record
 from gpulab.diagnose.rules import Verdict, run_rules
 

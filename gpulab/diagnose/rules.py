@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, replace
 
 from gpulab.core.memory import fmt_bytes
 from gpulab.core.timing import GPU_PACED_MIN
-from gpulab.diagnose.analyze import Facts
+from gpulab.diagnose.facts import Facts
 
 # -- thresholds ------------------------------------------------------------------------------------
 # A DataLoader wait of 5 % of the step or more: the TensorBoard PyTorch profiler plugin

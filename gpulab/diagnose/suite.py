@@ -42,7 +42,7 @@ import torch
 from gpulab.core.results import FILE_KINDS
 from gpulab.core.device import pick_device, resolve_scale
 from gpulab.diagnose import RULES, diagnose
-from gpulab.diagnose.analyze import changes
+from gpulab.diagnose.facts import changes
 from gpulab.diagnose.cases import CASES, Case, same_model
 from gpulab.diagnose.rules import PROMISE_KEPT_MIN, SHORT, judge_gain   # SHORT: the matrix's column heads
 

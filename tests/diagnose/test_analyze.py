@@ -5,7 +5,6 @@ import json
 import pytest
 
 from gpulab.diagnose.analyze import (
-    ALIGN_ELEMENTS,
     ATTENTION_MIN_T,
     BATCH_COPY_MIN_BYTES,
     CAUSES,
@@ -16,20 +15,15 @@ from gpulab.diagnose.analyze import (
     PAGEABLE_MIN_BYTES,
     analyze,
     conv_flops,
-    dtype_of,
     frame_site,
-    gemm_flops,
     host_causes,
     innermost_frames,
-    kernel_class,
-    kernel_math,
-    misaligned,
-    mnk,
     stall_site,
     step_windows,
-    uses_tensor_cores,
 )
 from gpulab.diagnose.events import GPU, OP, PY, RUNTIME, STEP_RANGE, Event
+from gpulab.diagnose.kernels import (ALIGN_ELEMENTS, dtype_of, gemm_flops, kernel_class, kernel_math, misaligned, mnk,
+                                     uses_tensor_cores)
 
 BF16 = ("c10::BFloat16", "c10::BFloat16")
 FP32 = ("float", "float")

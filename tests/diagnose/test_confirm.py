@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from gpulab.diagnose import confirm as C
-from gpulab.diagnose.analyze import CAUSES, CLASSES, Facts
+from gpulab.diagnose.facts import CAUSES, CLASSES, Facts
 from gpulab.diagnose.core import Diagnosis
 from gpulab.diagnose.rules import verdict
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from gpulab.diagnose import rules as R
-from gpulab.diagnose.analyze import CAUSES, CLASSES, Facts, GemmFact, MemoryFacts, StallFacts
+from gpulab.diagnose.facts import CAUSES, CLASSES, Facts, GemmFact, MemoryFacts, StallFacts
 
 WINDOW = 100.0          # ms: a share of x % is x ms
 BELOW = 0.01            # ms under a threshold's edge

@@ -1,0 +1,151 @@
+"""Kernel classes and GEMM shapes: which kernels are matrix products, which run on the Tensor Cores (by the
+kernel's name in cuBLAS / cuBLASLt / CUTLASS / cuDNN naming, the launching op's dtypes and the TF32 switches), the
+names of the profiler's ops and runtime calls that `analyze` sorts the host's time by, and a product's M, N, K, its
+FLOPs and whether it suits the Tensor Cores' tiles. Read alone: nothing here reads a whole trace."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from gpulab.diagnose.events import DATA_RANGE
+
+# 16-bit GEMMs whose M, N or K is not a multiple of 8 elements (16 bytes) miss the Tensor Cores' tile
+# shape: cuBLAS before CUDA 11 did not use Tensor Cores for them at all, later versions pad and lose
+# efficiency (NVIDIA, "Matrix Multiplication Background User's Guide", Tensor Core requirements).
+# Lesson 07 pads the vocabulary to a multiple of 64 for the best tiles; 8 is the requirement we check.
+ALIGN_ELEMENTS = 8
+
+
+# -- names -----------------------------------------------------------------------------------------
+INPUT_RANGES = ("enumerate(DataLoader)", DATA_RANGE)      # a DataLoader's __next__, or the learner's range
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+              "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2",
+              "aten::item", "aten::_local_scalar_dense")
+SCALAR_READS = ("aten::item", "aten::_local_scalar_dense")
+# The runtime calls in which the host waits for the GPU (the blocked time a sync costs).
+BLOCKING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+                  "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2",
+                  "cudaStreamWaitEvent_host")
+ALLOC_CALLS = ("cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsync", "cudaHostAlloc", "cudaFreeHost",
+               "cuMemAlloc_v2", "cuMemFree_v2", "cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemRelease",
+               "cuMemAddressReserve", "cuMemAddressFree", "cuMemSetAccess")
+COPY_OPS = ("aten::copy_", "aten::_copy_from", "aten::to", "aten::_to_copy")
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm", "aten::addmv",
+              "aten::mv", "aten::dot", "aten::_addmm_activation")
+CONV_OPS = ("aten::cudnn_convolution", "aten::cudnn_convolution_transpose", "aten::convolution_backward",
+            "aten::_convolution", "aten::convolution", "aten::miopen_convolution")
+ATTENTION_OPS = ("aten::_flash_attention_forward", "aten::_flash_attention_backward",
+                 "aten::_efficient_attention_forward", "aten::_efficient_attention_backward",
+                 "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_flash_attention",
+                 "aten::_scaled_dot_product_efficient_attention")
+
+# Kernel names (lower case) of matrix products: cuBLAS ("ampere_sgemm_128x64_nn", "gemv2T_kernel",
+# "splitKreduce_kernel", "gemmSN_TN_kernel"), cuBLASLt on Hopper ("nvjet_hsh_..."), CUTLASS
+# ("cutlass_80_tensorop_bf16_s16816gemm_..."), the xmma kernels of cuBLAS/cuDNN ("sm90_xmma_gemm_...",
+# "sm80_xmma_fprop_implicit_gemm_..."), cuDNN's own ("implicit_convolve_sgemm", "cudnn::..."), and
+# attention (flash / memory-efficient, "fmha_cutlass...").
+GEMM_NAMES = ("gemm", "gemv", "splitk", "xmma", "cutlass", "nvjet", "winograd", "s16816", "s1688", "h884", "h1688",
+              "h16816", "hmma", "wmma", "tensorop", "dot_kernel", "convolve", "fprop", "dgrad", "wgrad",
+              "flash", "fmha", "triton_tem_")
+# ...that never run on Tensor Cores: fp32 SIMT kernels and matrix-vector products.
+# On Hopper (H200, torch 2.11, CUDA 13: results/zoo/kernels-h200-2026-12-01.json) an IEEE fp32 product is
+# "sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_..." (FFMA: fused multiply-add on the CUDA cores) and an fp32
+# convolution's weight gradient "cudnn::winograd_nonfused::winogradWgrad..."; with TF32 the same products
+# are "sm90_xmma_gemm_f32f32_tf32f32_f32_..." and "..._tf32f32_tf32f32_f32_..._tensor16x8x8_...".
+NO_TENSOR_CORE_NAMES = ("sgemm", "simt", "gemv", "dgemm", "dot_kernel", "gemmsn", "gemmk1", "convolve_sgemm", "ffma",
+                        "winograd")
+# ...that run TF32 (an fp32 op on the Tensor Cores, whatever switch was read when): cuBLAS / cuDNN names.
+TF32_NAMES = ("tf32",)
+# ...that do: the MMA instruction shapes in cuBLAS/CUTLASS names (s16816 = bf16/fp16 m16n8k16,
+# s1688 = tf32 m16n8k8, h884/h1688 = Volta/Turing fp16), Hopper's nvjet, and the input precision.
+TENSOR_CORE_NAMES = ("s16816", "s1688", "h884", "h1688", "h16816", "i8816", "hmma", "wmma", "tensorop",
+                     "nvjet", "bf16", "f16", "fp16", "tf32", "e4m3", "e5m2", "flash", "fmha")
+
+
+
+# -- kernel classes --------------------------------------------------------------------------------
+def dtype_of(dtypes: Sequence[str]) -> str:
+    """The precision of an op from its recorded input dtypes: that of its first tensor input."""
+    names = {"float": "fp32", "c10::bfloat16": "bf16", "c10::half": "fp16", "double": "fp64"}
+    for d in dtypes:
+        low = str(d).lower()
+        if low in names:
+            return names[low]
+        if "float8" in low:
+            return "fp8"
+    return ""
+
+
+def is_gemm(name: str, op: str = "") -> bool:
+    """A matrix product (or convolution / attention, which run as one), by kernel name or launching op."""
+    low = name.lower()
+    if low.startswith(("memcpy", "memset")) or "nccl" in low:
+        return False
+    return any(t in low for t in GEMM_NAMES) or (op in MATMUL_OPS + ATTENTION_OPS and "elementwise" not in low)
+
+
+def uses_tensor_cores(name: str, dtype: str = "", tf32: bool = False) -> bool | None:
+    """Whether a GEMM kernel ran on Tensor Cores: the name first where it says (an fp32 SIMT kernel, a
+    TF32 or 16-bit MMA shape), then the launching op's dtype and TF32 switch (fp32 without TF32 cannot;
+    16-bit, fp8 and fp32 with TF32 do); None when neither tells (a kernel whose op was not recorded)."""
+    low = name.lower()
+    if any(t in low for t in NO_TENSOR_CORE_NAMES):
+        return False
+    if any(t in low for t in TF32_NAMES):
+        return True
+    if dtype in ("fp32", "fp64") and not (dtype == "fp32" and tf32):
+        return False
+    if any(t in low for t in TENSOR_CORE_NAMES):
+        return True
+    if dtype in ("bf16", "fp16", "fp8") or (dtype == "fp32" and tf32):
+        return True
+    return None
+
+
+def kernel_math(name: str, dtype: str = "", tf32: bool = False) -> str:
+    """How a GEMM kernel computed: "fp32" (CUDA cores), "tf32", "bf16", "fp16", "fp8", or "" (unknown)."""
+    tc = uses_tensor_cores(name, dtype, tf32)
+    if dtype == "fp32":
+        return "" if tc is None else "tf32" if tc else "fp32"
+    return dtype if tc else ""
+
+
+def kernel_class(name: str, op: str = "", dtype: str = "", tf32: bool = False) -> str:
+    """One of CLASSES for a GPU event. Copies by name ("Memcpy ...", "Memset ..."), NCCL collectives by
+    name, GEMMs by `is_gemm` and then `uses_tensor_cores`; everything else is elementwise/normalization."""
+    low = name.lower()
+    if low.startswith(("memcpy", "memset")):
+        return "copy"
+    if "nccl" in low:
+        return "communication"
+    if is_gemm(name, op):
+        tc = uses_tensor_cores(name, dtype, tf32)
+        return "gemm_unknown" if tc is None else "gemm_tensor_core" if tc else "gemm_no_tensor_core"
+    return "elementwise_norm"
+
+
+# -- GEMM shapes -----------------------------------------------------------------------------------
+def mnk(op: str, shapes: Sequence[tuple]) -> tuple[int, int, int, int] | None:
+    """(batch, M, N, K) of a matrix-product op from its recorded input shapes; None if unknown."""
+    first = {"aten::mm": 0, "aten::addmm": 1, "aten::_addmm_activation": 1, "aten::bmm": 0,
+             "aten::baddbmm": 1, "aten::_scaled_mm": 0}.get(op)
+    if first is None or len(shapes) < first + 2:
+        return None
+    a, b = shapes[first], shapes[first + 1]
+    if len(a) == 2 and len(b) == 2 and a[1] == b[0]:
+        return 1, a[0], b[1], a[1]
+    if len(a) == 3 and len(b) == 3 and a[2] == b[1]:
+        return a[0], a[1], b[2], a[2]
+    return None
+
+
+def gemm_flops(op: str, shapes: Sequence[tuple]) -> float:
+    """2 * batch * M * N * K from the shapes (0 if unknown)."""
+    dims = mnk(op, shapes)
+    return 0.0 if dims is None else 2.0 * math.prod(dims)
+
+
+def misaligned(op: str, shapes: Sequence[tuple], dtype: str) -> bool:
+    """A 16-bit matrix product with M, N or K not a multiple of ALIGN_ELEMENTS."""
+    dims = mnk(op, shapes)
+    return dtype in ("bf16", "fp16") and dims is not None and any(d % ALIGN_ELEMENTS for d in dims[1:])
