@@ -2,23 +2,14 @@
 step with the course's fix, built from the lessons' own code. `suite.py` diagnoses both and checks
 that the rule fires on the first and stays silent on the second.
 
-    from gpulab.diagnose.cases import CASES, same_model
+    from gpulab.diagnose.cases import CASES
+    from gpulab.diagnose.suite import same_model
     ok, why = same_model(CASES["host_sync"], "tiny", torch.device("cpu"))   # correct before fast
     pair = CASES["host_sync"].build("tiny", torch.device("cpu"))
     pair.bad(); pair.fixed()     # one training step each (fetch a batch, forward, backward, update)
     pair.cleanup()
 
-| case | bad step | fixed step | rule | lesson |
-|---|---|---|---|---|
-| input | DataLoader, 0 workers | DataLoader workers | input_bound | 03 |
-| host_sync | `.item()` on the loss every step | the loss kept on the GPU | host_sync | 01 |
-| pageable_copy | batch copied from pageable memory | pinned, `non_blocking=True` | pageable_copy | 05 |
-| launch_bound | small MLP step, eager | the same step replayed from a CUDA graph | launch_bound | 11 |
-| fp32_no_tensor_cores | fp32 matmuls, TF32 off | bf16 autocast (fp16 + GradScaler without bf16) | fp32_no_tensor_cores | 06 |
-| misaligned_gemm | GPT head over 50257 tokens, 16-bit | vocabulary padded to 50304 | misaligned_gemm | 07 |
-| memory_pressure | `torch.cuda.empty_cache()` every step | the caching allocator keeps its blocks | memory_pressure | 02 |
-| comm_not_overlapped | DDP, one gradient bucket (all-reduce after backward) | DDP's 25 MiB buckets (overlap) | comm_not_overlapped | 14 |
-| capstone | lesson 13's fastest GPT step | (nothing to fix) | none may promise > 10 % | 13 |
+`CASES` (at the end) lists each case: its rule, its lesson, the bad step and the fixed step.
 
 Each case is sized at "tiny" to run on the CPU in well under a second a step (so the code is tested in
 CI) and at "full" for a GPU, from this GPU's measured step times or ceilings where the lesson sizes
@@ -29,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,83 +86,11 @@ class Case:
         return None
 
 
-def loss_value(out) -> float:
-    """The loss a step returned, as a float (a tensor is read with .item(): only for checks)."""
-    if isinstance(out, (tuple, list)):
-        out = out[0]
-    return float(out.item()) if isinstance(out, torch.Tensor) else float(out)
-
-
 # Correct before fast: parameters after K_UPDATES updates against a measured noise floor. The check, its
-# constants and its arithmetic live in `gpulab.models.same` (the grader of the exercises uses them too).
-from gpulab.models.same import FLOOR_MAX, K_UPDATES, SAME_ABS, SAME_MAX_FLOOR, compare, distance, parameters  # noqa: E402,F401
-
-
-def trained(step, k: int = K_UPDATES) -> tuple[list, list]:
-    """(the parameters before, after k calls of `step`) of a step that carries its model (`step.model`);
-    its `close()`, if it has one, runs afterwards. The zoo's and notebook 15's correctness checks."""
-    try:
-        p0 = parameters(step.model)
-        for _ in range(k):
-            step()
-        return p0, parameters(step.model)
-    finally:
-        close = getattr(step, "close", None)
-        if close is not None:
-            close()
-
-
-def _outputs(out) -> list[torch.Tensor]:
-    """A step's returned tensors (its loss, and its gradients where it returns them), copied."""
-    items = out if isinstance(out, (tuple, list)) else [out]
-    return [t.detach().float().clone().reshape(-1) for t in items if isinstance(t, torch.Tensor)]
-
-
-def _trained(case: Case, scale: str, device: torch.device, reorder: bool, k: int) -> tuple[list, list, list, list, list]:
-    """(the bad model's parameters at the start, after k bad steps, after k fixed steps, and the last bad and
-    fixed step's returned tensors) of a fresh pair."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*[Aa]utocast.*")
-        torch.manual_seed(0)           # every build the same weights and the same random batches
-        pair = case.build(scale, device, reorder=reorder)
-        try:
-            p0 = parameters(pair.models[0])
-            for _ in range(k):
-                out_bad = _outputs(pair.bad())
-            for _ in range(k):
-                out_fixed = _outputs(pair.fixed())
-            return p0, parameters(pair.models[0]), parameters(pair.models[-1]), out_bad, out_fixed
-        finally:
-            pair.cleanup()
-
-
-def same_model(case: Case, scale: str, device: torch.device, k: int = K_UPDATES) -> tuple[bool, str]:
-    """Correct before fast: does the case's fixed step train the same model as its bad step? Parameters
-    after k updates (`compare`); for a step that updates nothing (it returns its gradients), the gradients
-    it returns. (True, why) for a case without a fixed step where its loss is finite."""
-    from gpulab.models.precision import fp32_only
-
-    if case.rule is None:
-        pair = case.build(scale, device)
-        try:
-            loss = loss_value(pair.bad())
-        finally:
-            pair.cleanup()
-        return math.isfinite(loss), f"first loss {loss:.6g} ({'finite' if math.isfinite(loss) else 'NOT finite'}); nothing to compare with"
-    p0, bad, fixed, out_bad, out_fixed = _trained(case, scale, device, False, k)
-    _, bad_r, fixed_r, out_bad_r, out_fixed_r = _trained(case, scale, device, True, k)
-    with fp32_only():
-        _, bad_32, fixed_32, out_bad_32, out_fixed_32 = _trained(case, scale, device, False, k)
-    if distance(bad, p0) > 0:
-        result = compare(p0, bad, fixed, [(bad_r, bad), (fixed_r, fixed), (bad_32, bad), (fixed_32, fixed)], k)
-    else:                           # no update: its gradients, relative to their size
-        zero = [torch.zeros_like(t) for t in out_bad]
-        result = compare(zero, out_bad, out_fixed, [(out_bad_r, out_bad), (out_fixed_r, out_fixed),
-                                                    (out_bad_32, out_bad), (out_fixed_32, out_fixed)], k)
-        result["why"] = result["why"].replace("the parameters' movement", "the gradients' size")
-    return result["ok"], result["why"]
+# constants, its arithmetic and `trained` live in `gpulab.models.same` (the exercises' grader, the zoo and
+# lessons 14 and 15 use them too); re-exported here for the suite and older callers
+from gpulab.models.same import (FLOOR_MAX, K_UPDATES, SAME_ABS, SAME_MAX_FLOOR, compare, distance,  # noqa: E402,F401
+                                loss_value, parameters, trained)
 
 
 def _half(device: torch.device) -> torch.dtype:
@@ -275,7 +193,6 @@ def build_input(scale: str, device: torch.device, reorder: bool = False) -> Pair
     while 0 workers take W/2 GPU steps per batch: input-bound with 0 workers on any GPU, not with W."""
     from gpulab.lessons.l03_input_pipeline import (
         SyntheticImages,
-        calibrate_passes,
         config,
         make_loader,
         usable_workers,
@@ -322,7 +239,6 @@ def build_host_sync(scale: str, device: torch.device, reorder: bool = False) -> 
     the sync the GPU stays busy, with it a third of each step is idle."""
     from gpulab.lessons.l03_input_pipeline import (
         SyntheticImages,
-        calibrate_passes,
         config,
     )
 
@@ -376,7 +292,6 @@ def build_pageable_copy(scale: str, device: torch.device, reorder: bool = False)
     Full size: the batch is lesson 05's largest copy (256 MiB); the MLP is as wide as a row."""
     from gpulab.lessons.l05_pcie_transfers import config, random_bytes
     from gpulab.lessons.l11_cuda_graphs import MLP
-    from gpulab.models.precision import half_dtype
 
     cfg = dict(PAGEABLE[resolve_scale(scale)])
     nbytes = cfg["nbytes"] or config(scale)["largest_bytes"]
@@ -426,7 +341,6 @@ def build_launch_bound(scale: str, device: torch.device, reorder: bool = False) 
     Full size: lesson 11's MLP (width 512, depth 8) on four of its batches (1024 rows; see
     LAUNCH_BATCHES): each kernel runs for a few microseconds, less than launching it takes."""
     from gpulab.lessons.l11_cuda_graphs import MLP, capture, config, make_mlp_step
-    from gpulab.models.precision import half_dtype
 
     cfg = config(scale)
     w, b = cfg["mlp_width"], LAUNCH_BATCHES * cfg["mlp_batch"]
@@ -477,7 +391,7 @@ def build_fp32(scale: str, device: torch.device, reorder: bool = False) -> Pair:
     fp32 matmul ceiling (notebook 00), a multiple of 64 rows, at least 256."""
     from gpulab.core.ceilings import ceilings
     from gpulab.lessons.l11_cuda_graphs import MLP
-    from gpulab.models.precision import best_half, make_scaler
+    from gpulab.models.precision import make_scaler
     from gpulab.models.step import train_step
 
     cfg = dict(FP32[resolve_scale(scale)])
@@ -524,7 +438,7 @@ def build_misaligned(scale: str, device: torch.device, reorder: bool = False) ->
     padding's gain hides behind the host. Twice the rows double the GPU's work, not the host's."""
     from gpulab.lessons.l07_tensor_core_alignment import config
     from gpulab.models.gpt import GPT, padded_copy, token_batches
-    from gpulab.models.precision import best_half, language_model_loss, make_scaler
+    from gpulab.models.precision import language_model_loss, make_scaler
     from gpulab.models.step import train_step
 
     lm = config(scale)["lm"]
@@ -614,7 +528,6 @@ def build_ddp(scale: str, device: torch.device, reorder: bool = False) -> Pair:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from gpulab.lessons.l11_cuda_graphs import MLP
-    from gpulab.models.precision import half_dtype
 
     own_group = not dist.is_initialized()
     if own_group:

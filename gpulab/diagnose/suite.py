@@ -43,7 +43,8 @@ from gpulab.core.results import FILE_KINDS
 from gpulab.core.device import pick_device, resolve_scale
 from gpulab.diagnose import RULES, diagnose
 from gpulab.diagnose.facts import changes
-from gpulab.diagnose.cases import CASES, Case, same_model
+from gpulab.diagnose.cases import CASES, Case
+from gpulab.models.same import K_UPDATES, compare, distance, loss_value, parameters
 from gpulab.diagnose.rules import PROMISE_KEPT_MIN, SHORT, judge_gain   # SHORT: the matrix's column heads
 
 RULE_NAMES = tuple(r.__name__ for r in RULES)
@@ -55,6 +56,60 @@ CAPSTONE_BOUND_MAX = 1.10
 
 
 # -- what the suite keeps of a diagnosis ------------------------------------------------------------
+# -- correct before fast: a case's fixed step trains the same model ---------------------------------
+def _outputs(out) -> list[torch.Tensor]:
+    """A step's returned tensors (its loss, and its gradients where it returns them), copied."""
+    items = out if isinstance(out, (tuple, list)) else [out]
+    return [t.detach().float().clone().reshape(-1) for t in items if isinstance(t, torch.Tensor)]
+
+
+def _trained(case: Case, scale: str, device: torch.device, reorder: bool, k: int) -> tuple[list, list, list, list, list]:
+    """(the bad model's parameters at the start, after k bad steps, after k fixed steps, and the last bad and
+    fixed step's returned tensors) of a fresh pair."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Aa]utocast.*")
+        torch.manual_seed(0)           # every build the same weights and the same random batches
+        pair = case.build(scale, device, reorder=reorder)
+        try:
+            p0 = parameters(pair.models[0])
+            for _ in range(k):
+                out_bad = _outputs(pair.bad())
+            for _ in range(k):
+                out_fixed = _outputs(pair.fixed())
+            return p0, parameters(pair.models[0]), parameters(pair.models[-1]), out_bad, out_fixed
+        finally:
+            pair.cleanup()
+
+
+def same_model(case: Case, scale: str, device: torch.device, k: int = K_UPDATES) -> tuple[bool, str]:
+    """Correct before fast: does the case's fixed step train the same model as its bad step? Parameters
+    after k updates (`compare`); for a step that updates nothing (it returns its gradients), the gradients
+    it returns. (True, why) for a case without a fixed step where its loss is finite."""
+    from gpulab.models.precision import fp32_only
+
+    if case.rule is None:
+        pair = case.build(scale, device)
+        try:
+            loss = loss_value(pair.bad())
+        finally:
+            pair.cleanup()
+        return math.isfinite(loss), f"first loss {loss:.6g} ({'finite' if math.isfinite(loss) else 'NOT finite'}); nothing to compare with"
+    p0, bad, fixed, out_bad, out_fixed = _trained(case, scale, device, False, k)
+    _, bad_r, fixed_r, out_bad_r, out_fixed_r = _trained(case, scale, device, True, k)
+    with fp32_only():
+        _, bad_32, fixed_32, out_bad_32, out_fixed_32 = _trained(case, scale, device, False, k)
+    if distance(bad, p0) > 0:
+        result = compare(p0, bad, fixed, [(bad_r, bad), (fixed_r, fixed), (bad_32, bad), (fixed_32, fixed)], k)
+    else:                           # no update: its gradients, relative to their size
+        zero = [torch.zeros_like(t) for t in out_bad]
+        result = compare(zero, out_bad, out_fixed, [(out_bad_r, out_bad), (out_fixed_r, out_fixed),
+                                                    (out_bad_32, out_bad), (out_fixed_32, out_fixed)], k)
+        result["why"] = result["why"].replace("the parameters' movement", "the gradients' size")
+    return result["ok"], result["why"]
+
+
 @dataclass
 class Outcome:
     """One step's diagnosis, as the suite keeps it."""

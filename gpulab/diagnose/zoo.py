@@ -99,7 +99,7 @@ def _release(device: torch.device) -> None:
 def _run_k(module, fix, scale, device, reorder: bool, k: int | None = None) -> tuple[list, list]:
     import warnings
 
-    from gpulab.diagnose.cases import K_UPDATES, trained      # here: `records` runs with older gpulabs too
+    from gpulab.models.same import K_UPDATES, trained      # here: `records` runs with older gpulabs too
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Aa]utocast.*")
         try:

@@ -96,7 +96,7 @@ _fp32_only = [False]
 def fp32_only() -> Iterator[None]:
     """Inside, `best_half()` is "fp32" and `half_dtype()` torch.float32 (autocast to fp32 disables itself):
     the correctness checks of the diagnosis suite and of notebook 15 run a 16-bit step so, to see how far
-    its rounding alone moves the parameters (`gpulab.diagnose.cases.same_model`)."""
+    its rounding alone moves the parameters (`gpulab.diagnose.suite.same_model`)."""
     _fp32_only[0] = True
     try:
         yield

@@ -65,3 +65,24 @@ def compare(p0: list, bad: list, fixed: list, floors: list[tuple[list, list]], k
                    + (f"the floor is {floor:.2g} of the movement itself: noise this large cannot tell two models "
                       "apart" if floor >= FLOOR_MAX else
                       f"{'within' if ok else 'MORE than'} {SAME_MAX_FLOOR:g}x the floor")}
+
+
+def loss_value(out) -> float:
+    """The loss a step returned, as a float (a tensor is read with .item(): only for checks)."""
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    return float(out.item()) if isinstance(out, torch.Tensor) else float(out)
+
+
+def trained(step, k: int = K_UPDATES) -> tuple[list, list]:
+    """(the parameters before, after k calls of `step`) of a step that carries its model (`step.model`);
+    its `close()`, if it has one, runs afterwards. The zoo's and notebook 15's correctness checks."""
+    try:
+        p0 = parameters(step.model)
+        for _ in range(k):
+            step()
+        return p0, parameters(step.model)
+    finally:
+        close = getattr(step, "close", None)
+        if close is not None:
+            close()

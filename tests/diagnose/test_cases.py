@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from gpulab.diagnose import RULES
-from gpulab.diagnose.cases import (CASES, FLOOR_MAX, SAME_MAX_FLOOR, Case, case, compare, distance, loss_value,
-                                   same_model)
+from gpulab.diagnose.cases import CASES, Case, case
+from gpulab.diagnose.suite import same_model
+from gpulab.models.same import FLOOR_MAX, SAME_MAX_FLOOR, compare, distance, loss_value
 
 CPU = torch.device("cpu")
 

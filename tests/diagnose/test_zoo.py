@@ -90,7 +90,7 @@ def test_matrix_text_marks_the_label_and_the_checks():
 
 def test_distance_compares_the_rows_two_models_share():
     """The zoo's correctness check (`same_model`) compares parameters with the suite's `cases.distance`."""
-    from gpulab.diagnose.cases import distance
+    from gpulab.models.same import distance
 
     a = [torch.zeros(10, 4), torch.zeros(10), torch.tensor(1.0)]
     b = [torch.cat([torch.zeros(10, 4), torch.full((2, 4), 9.0)]), torch.cat([torch.zeros(10), torch.ones(2)]),

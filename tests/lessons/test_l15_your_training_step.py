@@ -133,9 +133,9 @@ def test_param_copies_is_the_most_copies_alive_at_once_with_the_slow_step_beside
     list still referenced (weakly held, so a forgotten holder counts), and every live step's weights, momentum
     and gradients, at each parameter copy and each optimizer step. The most at once is at most PARAM_COPIES."""
     import weakref
-    import gpulab.diagnose.cases as cases
+    import gpulab.models.same as same     # where `trained` takes its copies of the parameters
     lists, steps, peak = [], weakref.WeakSet(), [0]
-    copy, init, sgd_step = cases.parameters, L.TrainingStep.__init__, torch.optim.SGD.step
+    copy, init, sgd_step = same.parameters, L.TrainingStep.__init__, torch.optim.SGD.step
 
     def alive():
         n = sum(r() is not None for r in lists)
@@ -158,7 +158,7 @@ def test_param_copies_is_the_most_copies_alive_at_once_with_the_slow_step_beside
         alive()                                            # the gradients are there, the momentum from step 2
         return sgd_step(self, *a, **k)
 
-    monkeypatch.setattr(cases, "parameters", counting_copy)
+    monkeypatch.setattr(same, "parameters", counting_copy)
     monkeypatch.setattr(L.TrainingStep, "__init__", counting_init)
     monkeypatch.setattr(torch.optim.SGD, "step", counting_step)
     cfg = L.config("tiny")
