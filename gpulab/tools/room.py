@@ -513,8 +513,9 @@ def exercise_board(folder: str | os.PathLike) -> list[BoardRow]:
                                             f"{e.get('seeds', '?')} seeds" + (", a new best" if e.get("new_best") else "")))
         for name, r in sorted(newest.items()):
             e = r.extra
-            rows.append(BoardRow(path.stem, name, str(e.get("state", "?")), r.value if e.get("state") != "failed"
-                                 or r.value else None, e.get("target"), bool(e.get("speed_judged")),
+            # a verdict reached before timing (a patched timer, not the same training) has no ratio: stored as 0
+            rows.append(BoardRow(path.stem, name, str(e.get("state", "?")), r.value or None,
+                                 e.get("target"), bool(e.get("speed_judged")),
                                  str(e.get("who", "you")), r.time))
     return rows
 

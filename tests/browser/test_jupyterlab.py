@@ -7,7 +7,8 @@ which opens the learner's git-ignored working copy my-notebooks/. Drives Debian'
 Chromium through Playwright: checks notebook 00's tables; in 01 waits for the
 widget panel to render, changes a toggle, presses Run and checks that a new run
 appears; runs the other showcase lessons (06, 13) through and saves each, as a
-learner's autosave would; then checks that the clone is still clean
+learner's autosave would; shows the instructor's live exercises' board (`room_board`) of a room
+where two learners were graded in the test process, a pass and a cheat; then checks that the clone is still clean
 (`git status --porcelain` empty, notebooks/ as committed) while my-notebooks/ holds
 the outputs.
 
@@ -341,6 +342,69 @@ def test_a_lesson_panel_renders_and_reacts_to_a_toggle(lab, browser):
 def test_the_other_showcase_lessons_run_through_in_jupyterlab(lab, browser, notebook):
     with ran_notebook(browser, lab, notebook):
         pass
+
+
+# A learner's submission that patches the grader's clock (as tests/workshop/test_hub_load.py's cheat): suspicious
+CHEAT = ("import time\ntime.perf_counter = lambda: 0.0\n"
+         "def make_step(model, optimizer):\n    return lambda x, y, host: None\n")
+
+
+def test_the_instructors_board_shows_the_rooms_graded_exercises(lab, browser, tmp_path, monkeypatch):
+    """Two learners really graded on 01.sync at tiny size (the lesson's fix, and a clock-patching cheat) into a
+    room folder; a notebook in JupyterLab calls `room_board(folder)`: the page shows both, passed and SUSPICIOUS
+    (format_board's words), and the "updated" line moves on as the background thread reads the folder again."""
+    import json
+    import re
+
+    from gpulab.exercises import exercise
+    room = tmp_path / "room"
+    room.mkdir()
+    ex = exercise("01.sync")
+    for learner, submission, want in (("ana", ex.task.reference, "passed"), ("ben", CHEAT, "suspicious")):
+        monkeypatch.setenv("GPULAB_RESULTS", str(room / f"{learner}.json"))
+        verdict = ex.check(submission, scale="tiny", quiet=True)
+        assert verdict.state == want, f"{learner}'s submission graded {verdict.state}, not {want}:\n{verdict}"
+    notebook = "room_board.ipynb"
+    cell = f"from gpulab.tools.board import room_board\nboard = room_board({str(room)!r}, every_s=1)"
+    (lab["clone"] / "my-notebooks" / notebook).write_text(json.dumps({
+        "cells": [{"cell_type": "code", "id": "board", "metadata": {}, "source": cell, "outputs": [],
+                   "execution_count": None}],
+        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}},
+        "nbformat": 4, "nbformat_minor": 5}))
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    steps = Steps(page, "room_board")
+    try:
+        open_and_run_all(page, lab, notebook, steps)
+        assert_no_errors(page, steps)
+        table = page.locator(".widget-html table.gpulab-board")
+        table.wait_for(timeout=30_000)
+        rows = table.locator("tr").all_inner_texts()
+        ana = [r for r in rows if r.startswith("ana")]
+        ben = [r for r in rows if r.startswith("ben")]
+        assert len(rows) == 3 and len(ana) == len(ben) == 1, f"the board's rows: {rows}"
+        assert "01.sync" in ana[0] and "passed" in ana[0] and "SUSPICIOUS" not in ana[0], ana[0]
+        assert "01.sync" in ben[0] and "SUSPICIOUS" in ben[0], ben[0]
+        assert table.locator("tr.gpulab-suspicious").count() == 1
+        assert "1 passed" in page.locator(".widget-html", has_text="submission(s) by 2 learner(s)").inner_text()
+        status = page.locator(".widget-html", has_text="updated")
+        first = re.search(r"updated \d\d:\d\d:\d\d", status.inner_text())
+        assert first, f"no 'updated HH:MM:SS' line: {status.inner_text()!r}"
+        steps.shot("board")
+        page.wait_for_function(   # the background thread's next look reaches the page
+            "[...document.querySelectorAll('.widget-html')].some(e => /updated \\d\\d:\\d\\d:\\d\\d/.test("
+            f"e.textContent) && !e.textContent.includes({first.group(0)!r}))", timeout=15_000)
+        page.locator(".jupyter-widgets button", has_text="Stop").click()
+        page.wait_for_function("[...document.querySelectorAll('.widget-html')].some(e => "
+                               "e.textContent.includes('(stopped)'))", timeout=15_000)
+        steps.shot("stopped")
+    except Exception:
+        steps.shot("failed")
+        raise
+    finally:
+        try:        # not saved: the notebook is this test's own, not a lesson of the working copy
+            page.evaluate("window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+        finally:
+            page.close()
 
 
 def test_the_clone_is_still_clean_after_jupyterlab_ran_the_lessons(lab):

@@ -284,3 +284,13 @@ def test_the_board_shows_each_learners_newest_own_verdict(tmp_path, monkeypatch)
     text = R.format_board(rows)
     assert "verified" in text and "SUSPICIOUS" in text and "1.40x" in text
     assert "2 submission(s) by 2 learner(s): 1 passed (1 verified by speed on a GPU), 1 suspicious" in text
+
+
+def test_a_verdict_reached_before_timing_shows_no_ratio(tmp_path):
+    """A patched timer is suspicious before anything is timed: its stored 0 is no ratio, and the board says '-'."""
+    from gpulab.core.results import ResultsStore
+    from gpulab.tools import room as R
+    ResultsStore(tmp_path / "ben.json").record("01", "exercise 01.sync", 0.0, "x", state="suspicious", who="you",
+                                                target=None, speed_judged=False)
+    [row] = R.exercise_board(tmp_path)
+    assert row.ratio is None and "0.00x" not in R.format_board([row])
