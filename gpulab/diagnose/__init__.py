@@ -9,7 +9,8 @@
 - `facts.py`: the `Facts` contract, what the analysis finds and the rules read (readable alone);
 - `kernels.py`: kernel classes (GEMM or not, Tensor Cores or not), the op and call names, GEMM shapes;
 - `analyze.py`: facts from events (`analyze` -> `Facts`): busy/idle, the host's time by cause, the patterns;
-- `rules.py`: the rules (one row each in `TABLE`), their thresholds with reasons, `Verdict`, `run_rules`;
+- `rules.py`: the host-side rules and `TABLE` (one row per rule), the ranking, `run_rules`; `kernel_rules.py`:
+  the GPU-side rules; `verdicts.py`: `Verdict` and how a measured fix is judged against its promise;
 - `core.py`: `diagnose()` and `Diagnosis` (report, plot, to_dict).
 """
 import sys
