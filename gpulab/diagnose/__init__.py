@@ -11,7 +11,7 @@
 - `analyze.py`: facts from events (`analyze` -> `Facts`): busy/idle, the host's time by cause, the patterns;
 - `rules.py`: the host-side rules and `TABLE` (one row per rule), the ranking, `run_rules`; `kernel_rules.py`:
   the GPU-side rules; `verdicts.py`: `Verdict` and how a measured fix is judged against its promise;
-- `core.py`: `diagnose()` and `Diagnosis` (report, plot, to_dict).
+- `core.py`: `diagnose()` and `Diagnosis` (report, plot, to_dict); `report.py`: its report and timeline.
 """
 import sys
 import types
