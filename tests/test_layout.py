@@ -1,6 +1,7 @@
 """The package's layout is its architecture, and each lesson's measurement exists once.
 
-- `gpulab/core` imports nothing from the rest of gpulab;
+- `gpulab/core` imports nothing from the rest of gpulab, and every folder imports only from the floors below it
+  (`LAYERS`; the one declared exception: lesson 15 stands on `diagnose/`), as the README's table says;
 - every `gpulab bench` row is a lesson module's `headline(scale)`, and the bench builds no workload itself;
 - every benched lesson's notebook runs its self-check on that same `headline()`;
 - no private name of a gpulab module is used from another module;
@@ -42,6 +43,61 @@ def test_core_imports_nothing_else_from_gpulab():
             wrong += [f"{path.relative_to(ROOT)}:{line} imports {t}" for t in targets
                       if not t.startswith("gpulab.core")]
     assert not wrong, "gpulab.core must not depend on the rest of gpulab:\n" + "\n".join(wrong)
+
+
+# The package's floors, lowest first: a folder may import from the floors below it, not from above (the
+# exercises stand on the diagnosis: notebook 15's answers diagnose a step)
+LAYERS = [("core",), ("models",), ("lessons",), ("notebook",), ("diagnose",), ("exercises",), ("tools",)]
+# Arrows that run up, declared: (the file, the folder it imports), each with why
+DECLARED_UP = {("lessons/l15_your_training_step.py", "diagnose"): "lesson 15 is the diagnosis's own lesson"}
+
+
+def folder_arrows() -> list[tuple[str, str, int, str]]:
+    """(file under gpulab/, the gpulab folder it imports, line, module) for every import across folders."""
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if len(rel.parts) < 2:
+            continue
+        for line, module, names in gpulab_imports(path):
+            targets = [module] if module != "gpulab" else [f"gpulab.{n}" for n in names]
+            for t in targets:
+                parts = t.split(".")
+                if len(parts) > 1 and parts[1] != rel.parts[0]:
+                    out.append((rel.as_posix(), parts[1], line, t))
+    return out
+
+
+def arrows_up(arrows) -> tuple[list[str], set]:
+    """(the arrows that run up or sideways, not declared; the declared ones found)."""
+    floor = {name: i for i, names in enumerate(LAYERS) for name in names}
+    wrong, used = [], set()
+    for file, target, line, module in arrows:
+        source = file.split("/")[0]
+        if floor[target] < floor[source]:
+            continue
+        if (file, target) in DECLARED_UP:
+            used.add((file, target))
+            continue
+        wrong.append(f"gpulab/{file}:{line} imports {module}: {source} is on floor {floor[source]}, {target} on "
+                     f"{floor[target]} (a folder imports only from the floors below it)")
+    return wrong, used
+
+
+def test_every_folder_imports_only_from_the_floors_below_it():
+    folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert sorted(n for names in LAYERS for n in names) == folders, "LAYERS must name every package folder once"
+    wrong, used = arrows_up(folder_arrows())
+    assert not wrong, "\n".join(wrong)
+    assert used == set(DECLARED_UP), f"declared arrows no longer there: {sorted(set(DECLARED_UP) - used)}"
+
+
+def test_the_layering_check_sees_an_arrow_up_and_a_sideways_one():
+    wrong, used = arrows_up([("lessons/l13_capstone.py", "notebook", 1, "gpulab.notebook"),      # up
+                             ("lessons/l03_input_pipeline.py", "models", 2, "gpulab.models.cnn"),  # down: fine
+                             ("lessons/l15_your_training_step.py", "diagnose", 3, "gpulab.diagnose")])  # declared
+    assert len(wrong) == 1 and "l13_capstone.py:1 imports gpulab.notebook" in wrong[0]
+    assert used == {("lessons/l15_your_training_step.py", "diagnose")}
 
 
 def test_every_package_folder_is_what_the_readme_says():

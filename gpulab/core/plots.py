@@ -16,7 +16,8 @@ shows it, and a widget panel displays it in its output area.
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+import math
+from typing import Any, Mapping, Sequence
 import matplotlib
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
@@ -406,3 +407,48 @@ def waterfall_plot(rows: Sequence[tuple[str, float | None]], notes: Sequence[str
         ax.set_ylabel(ylabel)
         ax.set_title(title)
     return styled(fig)
+
+
+def sig(value: float | None, unit: str = "", digits: int = 3) -> str:
+    """`value` to `digits` significant figures, never in fixed decimals that print 0.0 for a small number:
+    sig(0.01234, "TFLOP/s") -> "0.0123 TFLOP/s", sig(693.4) -> "693", sig(51234.5) -> "51,235";
+    below 1e-4, scientific notation. None, NaN or infinity give "-"."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    if value != 0 and abs(value) >= 10 ** (digits - 1):
+        return f"{value:,.0f}" + (f" {unit}" if unit else "")    # whole numbers keep all their digits
+    value = float(f"{value:.{digits}g}")           # round to the significant figures first
+    if value == 0:
+        text = "0"
+    else:
+        mag = math.floor(math.log10(abs(value)))
+        if mag >= digits - 1:
+            text = f"{value:,.0f}"
+        elif mag >= -4:
+            text = f"{value:.{digits - 1 - mag}f}"
+        else:
+            text = f"{value:.{digits - 1}e}"
+    return f"{text} {unit}" if unit else text
+
+
+def _cell(v) -> str:
+    """A table cell: a float to 4 significant figures, anything else as it prints."""
+    return sig(v, digits=4) if isinstance(v, float) else str(v)
+
+
+def table_html(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None, notes: Sequence[str] = ()) -> str:
+    """Rows as an HTML table (numbers to 4 significant figures), `notes` as lines below it; under a GPU profile a
+    last note says whose timings the table holds. `gpulab.notebook.lesson.show_table` displays it.
+
+    Keep the cells short: a long sentence in one column of a wide table is squeezed to a word per
+    line. Put it in `notes` and refer to it from the cell.
+    """
+    import html
+    from gpulab.core.device import device_facts, device_label
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header) if header else ""
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(c))}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    if device_facts().profile:       # every table under a profile says whose timings it holds
+        notes = [*notes, f"{device_label()}: that class's features and memory, this GPU's timings."]
+    below = "".join(f"<div style='margin:2px 0'>{html.escape(n)}</div>" for n in notes)
+    return f"<table>{'<tr>' + head + '</tr>' if head else ''}{body}</table>{below}"

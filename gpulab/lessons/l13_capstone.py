@@ -1297,16 +1297,16 @@ def crossover(rows: Sequence[Fp8Row], scaled: bool = True, margin: float = FP8_M
 def fp8_table(rows: Sequence[Fp8Row], on_gpu: bool) -> None:
     """Notebook 13's table of `fp8_crossover`'s rows, and its plot (TFLOP/s against n, both axes log)."""
     from gpulab.core import plots
-    from gpulab.notebook import lesson
+    from IPython.display import HTML, display
     f = lambda v: "-" if v is None else v
-    lesson.show_table([(r.n, r.bf16_tflops, r.fp8_tflops, r.fp8_eager_tflops, f(r.fp8_compiled_tflops),
+    display(HTML(plots.table_html([(r.n, r.bf16_tflops, r.fp8_tflops, r.fp8_eager_tflops, f(r.fp8_compiled_tflops),
                         f"{r.speedup:.2f}x", f"{r.scaled_speedup:.2f}x", f"{r.fp8_error:.1e}", f"{r.bf16_error:.1e}")
                        for r in rows],
                       header=("n", "bf16 TFLOP/s", "FP8 alone", "FP8 + eager scaling", "FP8 + compiled scaling",
                               "alone / bf16", "scaled / bf16", "FP8 error", "bf16 error"),
                       notes=["scaled / bf16: with the faster of the two scalings (compiled where it ran, eager); error: "
                              "||C - C_fp32|| / ||C_fp32|| on the same bf16 inputs (FP8 rounds them to 3 mantissa bits first)"]
-                      + ([] if on_gpu else ["CPU run: the code path, not a GPU's rates; no compiled scaling"]))
+                      + ([] if on_gpu else ["CPU run: the code path, not a GPU's rates; no compiled scaling"]))))
     series = {"bf16": [r.bf16_tflops for r in rows], "FP8 product alone": [r.fp8_tflops for r in rows],
               "FP8 + eager scaling": [r.fp8_eager_tflops for r in rows]}
     if any(r.fp8_compiled_tflops for r in rows):

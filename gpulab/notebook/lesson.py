@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 from IPython.display import HTML, Markdown, display
 from gpulab.core.device import describe, pick_device
+from gpulab.core.plots import sig, table_html  # noqa: F401 - sig: the notebooks call lesson.sig
 
 
 _started = False   # start() has run in this process: the notebook's setup cell got that far
@@ -259,19 +260,9 @@ def expect_band(lesson: str, measured: float | None, applies: bool = True, why_n
 
 def show_table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None,
                notes: Sequence[str] = ()) -> None:
-    """Display rows as an HTML table (numbers to 4 significant figures), `notes` as lines below it.
-
-    Keep the cells short: a long sentence in one column of a wide table is squeezed to a word per
-    line. Put it in `notes` and refer to it from the cell.
-    """
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header) if header else ""
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>"
-                   for row in rows)
-    from gpulab.core.device import device_facts, device_label
-    if device_facts().profile:       # every table under a profile says whose timings it holds
-        notes = [*notes, f"{device_label()}: that class's features and memory, this GPU's timings."]
-    below = "".join(f"<div style='margin:2px 0'>{html.escape(n)}</div>" for n in notes)
-    display(HTML(f"<table>{'<tr>' + head + '</tr>' if head else ''}{body}</table>{below}"))
+    """Display rows as an HTML table (`gpulab.core.plots.table_html`: numbers to 4 significant figures, `notes`
+    as lines below it; keep the cells short and put sentences in `notes`)."""
+    display(HTML(table_html(rows, header, notes)))
 
 
 def show_beside_reference(lesson: str) -> list[dict]:
@@ -379,28 +370,6 @@ def what_you_saw(rows: Sequence[tuple[str, Any]], title: str = "What you saw") -
                + ("" if pick_device().type == "cuda" else " — CPU: illustrative only"))
     display(HTML(f"<b>{html.escape(title)}</b> <i>({html.escape(caption)})</i>"
                  f"<table>{body}</table>"))
-
-
-def sig(value: float | None, unit: str = "", digits: int = 3) -> str:
-    """`value` to `digits` significant figures, never in fixed decimals that print 0.0 for a small number:
-    sig(0.01234, "TFLOP/s") -> "0.0123 TFLOP/s", sig(693.4) -> "693", sig(51234.5) -> "51,235";
-    below 1e-4, scientific notation. None, NaN or infinity give "-"."""
-    if value is None or not math.isfinite(value):
-        return "-"
-    if value != 0 and abs(value) >= 10 ** (digits - 1):
-        return f"{value:,.0f}" + (f" {unit}" if unit else "")    # whole numbers keep all their digits
-    value = float(f"{value:.{digits}g}")           # round to the significant figures first
-    if value == 0:
-        text = "0"
-    else:
-        mag = math.floor(math.log10(abs(value)))
-        if mag >= digits - 1:
-            text = f"{value:,.0f}"
-        elif mag >= -4:
-            text = f"{value:.{digits - 1 - mag}f}"
-        else:
-            text = f"{value:.{digits - 1}e}"
-    return f"{text} {unit}" if unit else text
 
 
 def _fmt(v: Any) -> str:
