@@ -226,3 +226,19 @@ def test_a_probes_figure_says_it_is_reference_only_and_its_script_is_committed()
     refs = [Rec("00", "layout_probe", 795.0, source="results/x.json")]
     row, = beside("13", [], "NVIDIA H200", refs, markdown=md)
     assert row["yours"] is None and row["regime"].startswith("reference only") and "peak-probe.py" in row["regime"]
+
+
+def test_a_quoted_range_narrower_than_its_records_fails():
+    """Issue 40: a prose range must cover the committed records it names ("6.5-9.5x" against 6.47-17.1x)."""
+    recs = [Rec("11", "tiny_ops_speedup", v) for v in (6.47, 8.0, 17.11)]
+    [problem] = check_markdown("It ran 6.5–9.5×<!-- fig 11 tiny_ops_speedup --> faster.", recs)
+    assert "narrower than its 3 records" in problem and "6.47..17.11" in problem
+    assert check_markdown("It ran 6.5–17×<!-- fig 11 tiny_ops_speedup --> faster.", recs) == []
+    assert check_markdown("It ran 9×<!-- fig 11 tiny_ops_speedup --> faster once.", recs) == []   # one figure: in range
+
+
+def test_a_filter_value_with_spaces_is_quoted():
+    recs = [Rec("14", "samples_per_s", 622.0, extra={"variant": "1 device, plain"}),
+            Rec("14", "samples_per_s", 1120.0, extra={"variant": "DDP, 2 processes"})]
+    assert check_markdown('ran 620–625 samples/s<!-- fig 14 samples_per_s variant="1 device, plain" --> here', recs) == []
+    assert check_markdown("ran 620–625 samples/s<!-- fig 14 samples_per_s --> here", recs)      # both variants

@@ -66,7 +66,11 @@ def number(text: str) -> float:
 
 def parse_tag(body: str) -> Tag | str:
     """The inside of `<!-- fig ... -->` as a Tag, or the reason it cannot be read."""
-    words = body.split()
+    import shlex
+    try:
+        words = shlex.split(body)          # a KEY="value with spaces" filter stays one word
+    except ValueError as err:
+        return f"an unreadable fig tag ({err}): <!--{body}-->"
     if len(words) < 3 or words[0] != "fig":
         return f"a fig tag needs a lesson and a record name: <!--{body}-->"
     from dataclasses import replace
@@ -76,7 +80,7 @@ def parse_tag(body: str) -> Tag | str:
             tag = replace(tag, k=float(m.group(1)))
         elif m := re.fullmatch(r"tol=(\d+(?:\.\d+)?)%?", opt):
             tag = replace(tag, tol_pct=float(m.group(1)))
-        elif m := re.fullmatch(r"([A-Za-z_]\w*)=(\S+)", opt):
+        elif m := re.fullmatch(r"([A-Za-z_]\w*)=(.+)", opt):
             tag = replace(tag, where=tag.where + ((m.group(1), m.group(2)),))
         else:
             return f"unknown option {opt!r} in <!--{body}-->"
@@ -201,6 +205,15 @@ def check_markdown(md: str, records: Iterable[Rec], where: str = "markdown") -> 
                         f"{where}: {end}{scaled} in {plain(sentence)!r} is outside "
                         f"[{lo:.4g}, {hi:.4g}] (records {lo_v:.4g}..{hi_v:.4g} ±{tag.tol_pct:g} %) of "
                         f"{len(found)} records {tag.lesson}/{tag.name} in files {', '.join(files)}")
+            if len(ends) == 2:
+                # a quoted range covers its records (issue 40: "6.5-9.5x" against records of 6.47-17.1x)
+                a, b = sorted(number(e) / tag.k for e in ends)
+                if a > lo_v + abs(lo_v) * tag.tol_pct / 100 or b < hi_v - abs(hi_v) * tag.tol_pct / 100:
+                    files = sorted({Path(s).name for _, s in found})
+                    problems.append(
+                        f"{where}: the range {shown} in {plain(sentence)!r} is narrower than its {len(found)} records "
+                        f"{tag.lesson}/{tag.name} ({lo_v:.4g}..{hi_v:.4g}, ±{tag.tol_pct:g} %) in files "
+                        f"{', '.join(files)}: quote the records' range")
         # untagged measured-looking figures
         if not TRIGGER.search(re.sub(r"\x00[FN]\d*\x00", "", sentence)):
             continue
