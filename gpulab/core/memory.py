@@ -103,6 +103,19 @@ def free_memory(device: torch.device | None = None) -> tuple[int, int] | None:
     return free, total
 
 
+def usable_memory(device: torch.device | None = None) -> tuple[int, int] | None:
+    """(usable, total) bytes for this process: the driver's free memory (`free_memory`) plus what PyTorch's
+    caching allocator holds reserved but unallocated, which this process reuses without asking the driver.
+    Sizing from the driver's free memory alone shrinks after any step has filled the cache (issue 40:
+    notebook 10's budget, computed after its fp32 check, halved on a 15 GiB card). None on the CPU."""
+    free = free_memory(device)
+    if free is None:
+        return None
+    device = device or pick_device()
+    cached = max(0, torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    return min(free[0] + cached, free[1]), free[1]
+
+
 def release(device: torch.device | None = None) -> None:
     """Collect Python garbage, drop cuBLAS's cached workspaces and hand cached,
     unused blocks back to the driver."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 import torch
 from torch import nn
-from gpulab.core.memory import free_memory, release, track_peak
+from gpulab.core.memory import release, track_peak, usable_memory
 from gpulab.models.step import train_step
 from gpulab.models.transformer import make_batch, param_bytes
 
@@ -90,7 +90,7 @@ def predicted_batch(n_blocks: int, batch: int, seq: int, width: int, params: int
     """`batch`, halved until the predicted peak of a step on `times` x batch samples (`predicted_memory`,
     no checkpointing) fits `fraction` of the GPU's free memory now; `batch` unchanged on the CPU.
     Notebooks 09 and 10 (and gpulab bench) size their GPU runs with it before anything is allocated."""
-    free = free_memory(device)
+    free = usable_memory(device)
     if free is None:
         return batch
     while batch > 1 and predicted_memory(n_blocks, batch * times, seq, width, params, 0, half)[1] > fraction * free[0]:
@@ -99,8 +99,9 @@ def predicted_batch(n_blocks: int, batch: int, seq: int, width: int, params: int
 
 
 def memory_budget(cap: int, fraction: float = 0.5, device: torch.device | None = None) -> int | None:
-    """min(cap, fraction x the GPU's free memory now), in bytes; None on the CPU. Notebook 09."""
-    free = free_memory(device)
+    """min(cap, fraction x the memory this process can use now (`usable_memory`)), in bytes; None on the CPU.
+    Notebooks 09 and 10."""
+    free = usable_memory(device)
     return None if free is None else int(min(cap, fraction * free[0]))
 
 

@@ -79,6 +79,18 @@ def test_free_memory_and_release_on_cpu(monkeypatch):
     memory.release(CPU)
 
 
+def test_usable_memory_counts_the_allocators_cache(monkeypatch):
+    # issue 40: notebook 10 sized its budget from the driver's free memory after a step had filled the cache
+    assert memory.usable_memory(CPU) is None
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(memory, "free_memory", lambda device=None: (4 * 2**30, 16 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 6 * 2**30)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 1 * 2**30)
+    assert memory.usable_memory(gpu) == (9 * 2**30, 16 * 2**30)       # 4 free + 5 cached, unallocated
+    monkeypatch.setattr(memory, "free_memory", lambda device=None: (14 * 2**30, 16 * 2**30))
+    assert memory.usable_memory(gpu) == (16 * 2**30, 16 * 2**30)      # never more than the card
+
+
 # -- track_peak ----------------------------------------------------------------------
 def test_track_peak_on_cpu_yields_none():
     with track_peak(CPU) as mem:

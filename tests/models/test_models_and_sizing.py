@@ -218,9 +218,9 @@ def test_predicted_batch_halves_until_half_the_free_memory_fits(monkeypatch):
     cfg = dict(n_blocks=12, seq=1024, width=1024, params=152_206_336)
     assert W.predicted_batch(**cfg, batch=32, device=torch.device("cpu")) == 32          # CPU: unchanged
     peak32 = W.predicted_memory(**cfg, batch=32)[1]
-    monkeypatch.setattr(W, "free_memory", lambda device=None: (peak32 * 2, peak32 * 4))
+    monkeypatch.setattr(W, "usable_memory", lambda device=None: (peak32 * 2, peak32 * 4))
     assert W.predicted_batch(**cfg, batch=32) == 32                       # fits half of the free memory
-    monkeypatch.setattr(W, "free_memory", lambda device=None: (peak32, peak32 * 4))
+    monkeypatch.setattr(W, "usable_memory", lambda device=None: (peak32, peak32 * 4))
     got = W.predicted_batch(**cfg, batch=32)
     assert got < 32 and W.predicted_memory(**cfg, batch=got)[1] <= peak32 / 2
     assert W.predicted_memory(**cfg, batch=2 * got)[1] > peak32 / 2       # the largest halving that fits
