@@ -62,45 +62,57 @@ class Datasheet:
     fp8: float | None
     mem_gbps: float     # GB/s
     source: str
+    board_w: float | None = None    # the board's power limit (TDP), W, from the same datasheet; None: not given
+
+    @property
+    def power_capped(self) -> bool:
+        """A low-power board (under POWER_CAPPED_W: a T4's 70 W, an L4's 72 W): its Tensor Cores cannot hold the
+        boost clock at that power, so a long product runs well below the datasheet's peak on a healthy card."""
+        return self.board_w is not None and self.board_w < POWER_CAPPED_W
+
+
+# The 70-75 W low-profile class (T4, L4, A2), powered from the PCIe slot alone; every other board in the table draws
+# 150 W or more. At that power a card cannot keep all of its Tensor Cores at the boost clock the peak assumes.
+POWER_CAPPED_W = 100
 
 
 # Order matters: the first entry whose `match` is in the device name wins,
 # so the more specific names (H100 PCIe, H200 NVL) come before the plain ones.
 DATASHEETS: tuple[Datasheet, ...] = (
     Datasheet("H200 NVL", "H200 NVL", 60, 417, 835, 835, 1670, 4800,
-              "NVIDIA H200 Tensor Core GPU datasheet (2024); sparse figures halved"),
+              "NVIDIA H200 Tensor Core GPU datasheet (2024); sparse figures halved", board_w=600),
     Datasheet("H200", "H200 SXM", 67, 495, 989, 989, 1979, 4800,
-              "NVIDIA H200 Tensor Core GPU datasheet (2024); sparse figures halved"),
+              "NVIDIA H200 Tensor Core GPU datasheet (2024); sparse figures halved", board_w=700),
     Datasheet("H100 PCIe", "H100 PCIe", 51, 378, 756, 756, 1513, 2000,
-              "NVIDIA H100 Tensor Core GPU datasheet (2023); sparse figures halved"),
+              "NVIDIA H100 Tensor Core GPU datasheet (2023); sparse figures halved", board_w=350),
     Datasheet("H100 NVL", "H100 NVL", 60, 418, 835, 835, 1670, 3900,
-              "NVIDIA H100 Tensor Core GPU datasheet (2023); sparse figures halved"),
+              "NVIDIA H100 Tensor Core GPU datasheet (2023); sparse figures halved", board_w=400),
     Datasheet("H100", "H100 SXM", 67, 495, 989, 989, 1979, 3350,
-              "NVIDIA H100 Tensor Core GPU datasheet (2023); sparse figures halved"),
+              "NVIDIA H100 Tensor Core GPU datasheet (2023); sparse figures halved", board_w=700),
     Datasheet("A100-SXM4-80GB", "A100 SXM 80GB", 19.5, 156, 312, 312, None, 2039,
-              "NVIDIA A100 Tensor Core GPU datasheet (2021)"),
+              "NVIDIA A100 Tensor Core GPU datasheet (2021)", board_w=400),
     Datasheet("A100 80GB PCIe", "A100 PCIe 80GB", 19.5, 156, 312, 312, None, 1935,
-              "NVIDIA A100 Tensor Core GPU datasheet (2021)"),
+              "NVIDIA A100 Tensor Core GPU datasheet (2021)", board_w=300),
     Datasheet("A100", "A100 40GB", 19.5, 156, 312, 312, None, 1555,
               "NVIDIA A100 Tensor Core GPU datasheet (2021)"),
     Datasheet("L40S", "L40S", 91.6, 183, 362, 362, 733, 864,
-              "NVIDIA L40S datasheet (2023); sparse figures halved"),
+              "NVIDIA L40S datasheet (2023); sparse figures halved", board_w=350),
     Datasheet("L4", "L4", 30.3, 60, 121, 121, 242, 300,
-              "NVIDIA L4 Tensor Core GPU datasheet (2023); sparse figures halved"),
+              "NVIDIA L4 Tensor Core GPU datasheet (2023); sparse figures halved", board_w=72),
     Datasheet("A10", "A10", 31.2, 62.5, 125, 125, None, 600,
-              "NVIDIA A10 Tensor Core GPU datasheet (2021); sparse figures halved"),
+              "NVIDIA A10 Tensor Core GPU datasheet (2021); sparse figures halved", board_w=150),
     Datasheet("RTX 4090", "GeForce RTX 4090", 82.6, 82.6, 165.2, 165.2, 330.3, 1008,
               "NVIDIA Ada Lovelace GPU architecture whitepaper v1.1, appendix table "
-              "(fp16/bf16 with fp32 accumulate)"),
+              "(fp16/bf16 with fp32 accumulate)", board_w=450),
     Datasheet("RTX 3090", "GeForce RTX 3090", 35.6, 35.6, 71, 71, None, 936,
               "NVIDIA Ampere GA102 GPU architecture whitepaper v2.0, appendix table "
-              "(fp16/bf16 with fp32 accumulate)"),
+              "(fp16/bf16 with fp32 accumulate)", board_w=350),
     Datasheet("T4", "T4", 8.1, None, 65, None, None, 320,
-              "NVIDIA T4 Tensor Core GPU datasheet (2019)"),
+              "NVIDIA T4 Tensor Core GPU datasheet (2019)", board_w=70),
     Datasheet("V100-SXM2", "V100 SXM2", 15.7, None, 125, None, None, 900,
-              "NVIDIA V100 Tensor Core GPU datasheet (2020)"),
+              "NVIDIA V100 Tensor Core GPU datasheet (2020)", board_w=300),
     Datasheet("V100", "V100 PCIe", 14, None, 112, None, None, 900,
-              "NVIDIA V100 Tensor Core GPU datasheet (2020)"),
+              "NVIDIA V100 Tensor Core GPU datasheet (2020)", board_w=250),
 )
 
 

@@ -446,6 +446,22 @@ def datasheet_ratio(name: str, bf16: bool = True) -> float | None:
     return half / sheet.fp32 if half and sheet.fp32 else None
 
 
+# The least share of its datasheet's 16-bit peak a healthy GPU's best product reaches: half on a board with
+# the power to hold its clocks (the H200 reached 759 of 989, results/h200-2026-11-30*/), a quarter on a
+# power-capped one (gpulab.core.specs.POWER_CAPPED_W: a 70 W T4's clocks drop to its power limit under a
+# long product, which is where a healthy T4 runs, not a fault).
+DATASHEET_SHARE_LOW = 0.5
+DATASHEET_SHARE_LOW_POWER_CAPPED = 0.25
+
+
+def datasheet_share_low(sheet) -> tuple[float, str]:
+    """The least measured / datasheet 16-bit rate notebook 00 accepts for the GPU of datasheet `sheet`, and why."""
+    if sheet.power_capped:
+        return DATASHEET_SHARE_LOW_POWER_CAPPED, (f"a {sheet.board_w:g} W board cannot hold the boost clock "
+                                                  "the datasheet's peak assumes")
+    return DATASHEET_SHARE_LOW, "a board with the power to hold its clocks"
+
+
 def band_floor(scale: str | None = None) -> tuple[float, str]:
     """The headline's least ratio on this GPU: DATASHEET_RATIO_KEPT of its own datasheet ratio (an A10 or L4,
     whose datasheet ratio is 4.0, is not held to a band set for 8-16x parts); +inf (no change) for a GPU

@@ -251,3 +251,15 @@ def test_copy_experiment_launch_free_says_how_it_timed():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: on the CPU there is no launch to remove")
 def test_a_small_copy_launch_free_is_faster_than_one_launch_per_copy():
     assert copy_experiment(1, launch_free=True)["GB/s"] > 2 * copy_experiment(1)["GB/s"]
+
+
+def test_a_power_capped_board_is_held_to_a_lower_share_of_its_datasheet():
+    # issue 40: a healthy 70 W T4 runs a long fp16 product at its power limit, well under half of 65 TFLOP/s
+    from gpulab.core.specs import datasheet_for
+    from gpulab.lessons.l00_gpu_ceilings import DATASHEET_SHARE_LOW, datasheet_share_low
+    t4, l4, h200 = datasheet_for("Tesla T4"), datasheet_for("NVIDIA L4"), datasheet_for("NVIDIA H200")
+    assert t4.power_capped and l4.power_capped and not h200.power_capped
+    low_t4, why = datasheet_share_low(t4)
+    assert low_t4 < DATASHEET_SHARE_LOW and "70 W" in why
+    assert datasheet_share_low(h200)[0] == DATASHEET_SHARE_LOW
+    assert not datasheet_for("NVIDIA L40S").power_capped            # "L4" is not "L40S"
