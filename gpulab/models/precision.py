@@ -338,6 +338,17 @@ def make_scaler(precision: str, device: torch.device | None = None) -> torch.amp
     return torch.amp.GradScaler(device.type) if SPECS[precision].scaler else None
 
 
+def _datasheet_speedups(facts: DeviceFacts) -> tuple[float | None, float | None, str]:
+    """(16-bit / fp32, tf32 / fp32) rates of this GPU's datasheet (gpulab.core.specs: bf16 where native, else
+    fp16, both with fp32 accumulation), None where it is not in the table, and the datasheet's name."""
+    from gpulab.core.specs import datasheet_for
+    sheet = datasheet_for(facts.name) if facts.name else None
+    if sheet is None or not sheet.fp32:
+        return None, None, ""
+    half = (sheet.bf16 if facts.bf16 else None) or sheet.fp16
+    return (half / sheet.fp32 if half else None), (sheet.tf32 / sheet.fp32 if sheet.tf32 else None), sheet.source
+
+
 def what_to_expect(facts: DeviceFacts | None = None) -> list[str]:
     """What mixed precision can do on this device, and why, from its architecture. Notebook 06."""
     facts = facts or device_facts()
@@ -353,16 +364,35 @@ def what_to_expect(facts: DeviceFacts | None = None) -> list[str]:
                      "at best twice fp32 (P100), and on most consumer Pascal cards fp16 arithmetic is far "
                      "slower than fp32. Expect little or no speed-up; the memory saving remains.")
     else:
+        half_x, tf32_x, from_ = _datasheet_speedups(facts)
+        if half_x is not None:
+            whose = f"the {facts.profile} profile's datasheet" if facts.profile else "this GPU's datasheet"
+            rate = f"about {half_x:.2g}x fp32's rate on {whose} ({from_})"
+        elif facts.geforce:
+            rate = ("about twice fp32's rate, as on the GeForce cards NVIDIA's Ampere GA102 and Ada whitepapers list "
+                    "(16-bit products with fp32 accumulation, what PyTorch uses, at half the data-centre parts' "
+                    "rate)")
+        else:
+            rate = "several times fp32's rate on a data-centre part (this GPU is not in gpulab.core.specs)"
         lines.append(f"{arch} (compute capability {cc[0]}.{cc[1]}) has generation-"
-                     f"{facts.tensor_core_generation} Tensor Cores: matrix products and convolutions in "
-                     "fp16 run several times faster than in fp32. Layers limited by memory traffic "
-                     "(normalization, activations, the optimizer) gain at most 2x from 16-bit data.")
+                     f"{facts.tensor_core_generation} Tensor Cores: 16-bit matrix products and convolutions run "
+                     f"at {rate}; notebook 00 measured what they reach here. Layers limited by memory traffic "
+                     "(normalization, activations, the optimizer) gain at most 2x from 16-bit data, so a whole "
+                     "step gains less than its products.")
     if not facts.tf32:
         lines.append("No TF32 and no bf16 here: both arrived with Ampere (8.0). fp16 with a GradScaler "
                      "is the mixed precision this GPU runs; tf32 and bf16 are refused below.")
     else:
-        lines.append("TF32 (fp32 tensors, Tensor Core math with a 10-bit mantissa) speeds up fp32 code "
-                     "without changing the model; bf16 has fp32's exponent range, so it needs no scaler.")
+        if tf32_x is not None and tf32_x < 1.5:
+            tf32 = (f"runs here at {tf32_x:.2g}x the fp32 rate ({from_}), so it hardly speeds up fp32 code; ")
+        elif tf32_x is not None:
+            tf32 = f"runs here at {tf32_x:.2g}x the fp32 rate ({from_}) without changing the model's code; "
+        elif facts.geforce:
+            tf32 = "runs at about the fp32 rate on GeForce cards (NVIDIA's whitepapers), so it hardly helps there; "
+        else:
+            tf32 = "speeds up fp32 products on a data-centre part without changing the model's code; "
+        lines.append("TF32 (fp32 tensors, Tensor Core math with a 10-bit mantissa) " + tf32 +
+                     "bf16 has fp32's exponent range, so it needs no scaler.")
     if facts.fp8:
         lines.append("This GPU also has FP8 Tensor Cores (Ada, Hopper, Blackwell); training in FP8 needs "
                      "scaling (per tensor or per row: torchao's float8 training, NVIDIA Transformer Engine): notebook 13 "

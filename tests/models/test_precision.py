@@ -316,3 +316,18 @@ def test_fp32_math_text_says_a_gpu_without_tf32_runs_ieee_whatever_the_switches(
     assert "run as IEEE fp32" in text and "has no TF32" in text and "run as: tf32" not in text
     assert P.fp32_math_text(cuda, a100).startswith("fp32 convolutions run as: ")
     assert "CPU" in P.fp32_math_text(torch.device("cpu"))
+
+
+def test_what_to_expect_gives_this_gpus_rates_not_a_data_centre_parts():
+    # issue 40, 06[5]: "fp16 several times faster" and "TF32 speeds up fp32" were printed for every class
+    from gpulab.core.specs import datasheet_for
+    ada = facts_for_capability("NVIDIA GeForce RTX 4090", 8, 9)
+    text = " ".join(P.what_to_expect(ada))
+    sheet = datasheet_for("NVIDIA GeForce RTX 4090")
+    assert f"about {sheet.bf16 / sheet.fp32:.2g}x fp32" in text and "several times" not in text
+    assert "hardly speeds up fp32" in text                            # TF32 at the fp32 rate on GeForce
+    hopper = " ".join(P.what_to_expect(HOPPER))
+    assert "about 15x fp32" in hopper and "7.4x the fp32 rate" in hopper   # 989 / 67, 495 / 67
+    unknown = " ".join(P.what_to_expect(facts_for_capability("NVIDIA GeForce RTX 5070", 12, 0)))
+    if facts_for_capability("NVIDIA GeForce RTX 5070", 12, 0).geforce:
+        assert "about twice fp32" in unknown and "about the fp32 rate" in unknown
