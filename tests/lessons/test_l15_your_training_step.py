@@ -165,8 +165,8 @@ def test_param_copies_is_the_most_copies_alive_at_once_with_the_slow_step_beside
     slow = L.TrainingStep(L.Options(), cfg, torch.device("cpu"), width=cfg["width"], passes=1)
     slow()
     slow()                                                 # the notebook's slow step: weights and momentum
-    ok, why = L.same_training(L.Options(workers=1), cfg, torch.device("cpu"), cfg["width"], 1, k=2)
-    assert ok, why
+    ok, why = L.same_training(L.Options(precision="16-bit"), cfg, torch.device("cpu"), cfg["width"], 1, k=2)
+    assert ok, why                                         # a change of precision: the fp32 floors too, six lists
     assert 2 + 6 + 3 <= peak[0] <= L.PARAM_COPIES, peak[0]
     slow.close()
     assert slow.model is None and slow.optimizer is None   # a closed step holds no copy
@@ -192,3 +192,25 @@ def test_the_width_says_what_set_it(monkeypatch):
     w, why = L.model_width_why(cfg, cfg["sample_ms"], gpu)
     assert w < L.width_for(cfg, 1e18, 15 * 2 ** 30) and why.startswith("set by the step's time") and "4.5 TFLOP/s" in why
     assert L.model_width_why(L.config("tiny"), 0.05, gpu)[1] == "the config's width at this scale"
+
+
+def test_each_round_is_compared_with_the_round_before_it(monkeypatch):
+    """Issue 40: after the 16-bit round, a round compared with the fp32 slow step had the 16-bit rounding in its
+    floor and could hardly fail. Against the previous round, with no change of precision, the floor is the
+    reordering alone: a real change (another learning rate) fails, more workers pass."""
+    from dataclasses import replace
+    cfg = L.config("tiny")
+    cpu = torch.device("cpu")
+    half = L.Options(precision="16-bit")
+    ok, why = L.same_training(replace(half, workers=1), cfg, cpu, cfg["width"], 1, k=2, before=half)
+    assert ok and "16-bit rounding" not in why and "previous round" in why, why
+    init = L.TrainingStep.__init__
+
+    def planted(self, options=L.Options(), *a, **k):       # the 2-worker step learns 1 % faster: a real change
+        init(self, options, *a, **k)
+        if options.workers == 2:
+            for g in self.optimizer.param_groups:
+                g["lr"] *= 1.01
+    monkeypatch.setattr(L.TrainingStep, "__init__", planted)
+    real = L.same_training(replace(half, workers=2), cfg, cpu, cfg["width"], 1, k=2, before=half)
+    assert not real[0], real[1]
