@@ -62,3 +62,21 @@ def test_answer_prints_the_text_and_refuses_a_number_not_there(capsys):
     graded = [n for n, t in exercise_items("01").items() if is_graded(t)]
     assert graded and answer("01", graded[0]) is None
     assert "graded one" in capsys.readouterr().out
+
+
+def test_the_runner_records_each_answer_and_fails_on_a_failed_claim(tmp_path, monkeypatch):
+    import json
+    from dataclasses import replace
+    from gpulab.exercises import answers as A
+    from gpulab.exercises.answers.__main__ import main
+    out = tmp_path / "a.json"
+    assert main(["--scale", "tiny", "--out", str(out), "--notebooks", "04"]) == 0
+    recs = json.loads(out.read_text())["answers"]
+    assert {r["number"] for r in recs} == set(answers("04"))
+    assert all(r.get("held") or "needs a CUDA GPU" in r.get("skipped", "") for r in recs)
+    first = answers("04")[1]
+    monkeypatch.setattr(A, "answers", lambda nb: {1: replace(first, expect=lambda f: "planted: the claim is false")})
+    import gpulab.exercises.answers.__main__ as M
+    monkeypatch.setattr(M, "answers", A.answers)
+    assert main(["--scale", "tiny", "--out", str(out), "--notebooks", "04"]) == 1
+    assert json.loads(out.read_text())["answers"][0]["failed"] == "planted: the claim is false"
