@@ -3,7 +3,7 @@
     python -m gpulab.exercises.answers --scale full --out answers.json [--notebooks 04,05] [--deadline 300]
 
 One JSON record per answer: notebook, number, seconds, the measurement, "held" (the claim held), "failed" (why it
-did not), "skipped" (why it could not run here) or "error" (the exception). An answer not begun by the deadline is
+did not, or the GPU memory it kept), "skipped" (why it could not run here) or "error" (the exception). An answer not begun by the deadline is
 listed as not run. The exit status is 1 when a claim failed or an answer raised.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sys
 import time
 import traceback
 
+from gpulab.core.memory import memory_guard
 from gpulab.exercises.answers import answers
 
 
@@ -52,12 +53,18 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 t0 = time.monotonic()
                 try:
-                    found_ = a.run(args.scale)
+                    with memory_guard(quiet=True) as mem:          # GPU memory returns to where it was
+                        found_ = a.run(args.scale)
+                    if mem.leaked:
+                        rec["leaked_bytes"] = mem.leaked
+                    if not mem.ok:
+                        rec["failed"] = f"kept {mem.leaked / 2**20:.1f} MiB of GPU memory after its run"
+                        bad += 1
                     rec["measured"] = _plain(found_)
                     why = a.expect(found_) if a.expect is not None else None
                     rec["held"] = why is None
                     if why is not None:
-                        rec["failed"] = why
+                        rec["failed"] = why + ("; " + rec["failed"] if "failed" in rec else "")
                         bad += 1
                 except Exception as err:                      # noqa: BLE001 -- recorded, the next answer runs
                     rec["error"] = f"{type(err).__name__}: {err}"
@@ -65,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                     bad += 1
                 rec["seconds"] = round(time.monotonic() - t0, 2)
             records.append(rec)
-            state = ("held" if rec.get("held") else "FAILED: " + rec["failed"] if "failed" in rec
+            state = ("held" if rec.get("held") and "failed" not in rec else "FAILED: " + rec["failed"] if "failed" in rec
                      else "ERROR: " + rec["error"] if "error" in rec else "skipped: " + rec.get("skipped", ""))
             print(f"{nb}.{n}: {state} ({rec.get('seconds', 0)} s)", flush=True)
             with open(args.out, "w", encoding="utf-8") as f:

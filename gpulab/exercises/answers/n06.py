@@ -75,6 +75,8 @@ def _ex2(scale: str) -> dict:
                                              precision=None), warmup=2, repeat=cfg["repeat"])
             rate["conv switch only"] = t.per_second(batch)
             work.model.zero_grad(set_to_none=True)
+            del optimizer, cycle, t
+        del work                  # inside the guard: the CNN, its optimizer and batches go before it reads
         out["restored"] = (P.conv_fp32_mode(), P.matmul_fp32_mode()) == before
     out |= {f"{k} img/s": v for k, v in rate.items()}
     gain = rate["tf32 (both switches)"] - rate["fp32 (TF32 off)"]
@@ -111,6 +113,7 @@ def _ex3(scale: str) -> dict:
             out[f"{label}: skipped steps"] = curve.skipped
             out[f"{label}: final scale"] = scaler.get_scale()
             out[f"{label}: last loss"] = curve[-1]
+            del optimizer, scaler, curve
         work.model.zero_grad(set_to_none=True)
         del work, batches
     out["steps"] = steps
@@ -132,6 +135,7 @@ def _expect3(f: dict) -> str | None:
 
 
 def _ex4(scale: str) -> dict:
+    import torch
     from gpulab.core.memory import memory_guard
     from gpulab.lessons.l06_mixed_precision import config, lost_fraction, unscaled_gradients
     from gpulab.models import precision as P
@@ -147,12 +151,14 @@ def _ex4(scale: str) -> dict:
         bf16 = unscaled_gradients(work.model, x, y, P.classification_loss, "bf16")
         alive = ref != 0
         rel = ((bf16 - ref).abs() / ref.abs())[alive]
+        sample = rel[torch.randperm(rel.numel(), generator=torch.Generator().manual_seed(0))[:2**20].to(rel.device)]
         out = {"entries": ref.numel(), "bf16 entries lost (zero where fp32 is not)": lost_fraction(bf16, ref),
                "median relative difference bf16 vs fp32": rel.median().item(),
-               "90th percentile relative difference": rel.quantile(0.9).item() if rel.numel() <= 2**24 else float("nan"),
+               "90th percentile relative difference (2^20 entries drawn)": sample.quantile(0.9).item(),
+               "whole gradient: |bf16 - fp32| / |fp32|": ((bf16 - ref).norm() / ref.norm()).item(),
                "median relative difference fp32 run twice": ((again - ref).abs() / ref.abs())[alive].median().item(),
                "bf16 unit roundoff 2^-8": 2.0 ** -8}
-        del work, x, y, ref, again, bf16, rel, alive
+        del work, x, y, ref, again, bf16, rel, alive, sample
     return out
 
 
@@ -317,9 +323,13 @@ ANSWERS = [
     Answer("06", 4, run=_ex4, expect=_expect4, text=(
         "Take section 8's batch and compute `unscaled_gradients` in fp32 and in bf16 at loss weight 1, then "
         "compare entry by entry. bf16 has fp32's 8 exponent bits, so almost nothing underflows to zero; but "
-        "it keeps only 8 significant bits, so every entry carries a rounding error of about 2^-8 relative, "
-        "larger after it accumulates through the backward pass. The run prints the lost share and the median "
-        "relative difference, against fp32 computed twice (which differs by nothing or almost nothing).")),
+        "it keeps only 8 significant bits, so every product and sum of the backward pass rounds at about 2^-8 "
+        "relative. Entry by entry the difference can be far larger than that: most weight-gradient entries are "
+        "sums over the batch and the image of many terms that nearly cancel (batch norm removes each channel's "
+        "mean), and a small error in the terms is large against a small sum. The run prints the lost share, the "
+        "median and 90th-percentile relative difference per entry, and the whole gradient's relative "
+        "difference (what the update's direction sees), against fp32 computed twice (which differs by nothing "
+        "or almost nothing). The claim checked: almost nothing is lost to zero, and bf16's rounding shows.")),
     Answer("06", 5, run=_ex5, expect=_expect5, text=(
         "On a V100 with the cuDNN of its day, 'AMP + Tensor Core' meant making the shapes Tensor-Core friendly: "
         "channel counts, batch and hidden sizes padded to multiples of 8 in fp16 (NVIDIA's mixed-precision "

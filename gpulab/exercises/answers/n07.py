@@ -81,8 +81,15 @@ def _ex3(scale: str) -> dict:
     out[f"head size {gpt['width'] // gpt['heads']}: multiple of 64"] = (gpt["width"] // gpt["heads"]) % 64 == 0
     device = pick_device()
     precision = P.best_half() if device.type == "cuda" else "fp32"
+    dtype = P.SPECS[precision].dtype or torch.float32
+    repeat = config(scale)["repeat"]
     with memory_guard():
         for vocab in (gpt["vocab"], gpt["vocab"] - 1):          # one token fewer: less work, odd rows
+            # the output layer's forward product alone: (batch x seq, width) @ (width, vocab), GPU-bound
+            h = torch.randn(batch * gpt["seq"], gpt["width"], device=device, dtype=dtype)
+            w = torch.randn(vocab, gpt["width"], device=device, dtype=dtype)
+            out[f"vocab {vocab}: logits product ms"] = benchmark(lambda: h @ w.T, warmup=2, repeat=repeat).median_ms
+            del h, w
             torch.manual_seed(0)
             model = GPT(vocab, gpt["n_blocks"], gpt["width"], gpt["heads"], gpt["seq"], device=device)
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -94,11 +101,13 @@ def _ex3(scale: str) -> dict:
             out[f"vocab {vocab}: ms per step"] = benchmark(
                 lambda: train_step(model, *next(cycle), loss=P.language_model_loss, optimizer=optimizer,
                                    precision=precision, scaler=scaler),
-                warmup=1, repeat=config(scale)["repeat"]).median_ms
+                warmup=1, repeat=repeat).median_ms
             model.zero_grad(set_to_none=True)
+            del model, optimizer, scaler, cycle, loss
     out["precision"] = precision
     out["tensor cores"] = _tensor_cores()
     out["aligned vocab"] = gpt["vocab"]
+    out["device"], out["scale"] = device.type, scale
     return out
 
 
@@ -108,8 +117,10 @@ def _expect3(f: dict) -> str | None:
         return f"the vocabulary {v} is not a multiple of 64"
     if not (f[f"vocab {v}: first loss finite"] and f[f"vocab {v - 1}: first loss finite"]):
         return "a training step gave a non-finite loss"
-    if f["tensor cores"] and not f[f"vocab {v - 1}: ms per step"] > f[f"vocab {v}: ms per step"]:
-        return f"the odd vocabulary {v - 1} (less arithmetic) was not slower than {v}"
+    if (f["tensor cores"] and f["scale"] == "full"
+            and not f[f"vocab {v - 1}: logits product ms"] > f[f"vocab {v}: logits product ms"]):
+        return (f"the logits product with the odd vocabulary {v - 1} (less arithmetic) was not slower than with {v} "
+                f"({f[f'vocab {v - 1}: logits product ms']:.3g} against {f[f'vocab {v}: logits product ms']:.3g} ms)")
     return None
 
 
@@ -245,9 +256,14 @@ ANSWERS = [
     Answer("07", 3, run=_ex3, expect=_expect3, text=(
         "Vocabulary 8192, width 768 and sequence 512 are multiples of 64; the 12 heads are a count, and what "
         "the products see is the head size 768 / 12 = 64, also a multiple. Build the GPT with one dimension "
-        "odd, for instance the vocabulary 8191, and time its training step beside 8192 with `benchmark`. On a "
-        "GPU with Tensor Cores the odd vocabulary is slower although it does slightly less arithmetic: the "
-        "logits' rows are misaligned, so the output layer's three products run on slower kernels.")),
+        "odd, for instance the vocabulary 8191, and time its training step beside 8192 with `benchmark`, and "
+        "the output layer's product alone. On a GPU with Tensor Cores the odd vocabulary's product is slower "
+        "although it does slightly less arithmetic: a 16-bit row of 8191 entries is not a multiple of 16 bytes, "
+        "so cuBLAS cannot use its fastest kernels (section 1's rule). Whether the whole step shows it depends on "
+        "what paces the step: where the host's launches set the pace (this GPT on a fast GPU: compare the "
+        "step's time with the product's), a slower product hides inside the wait, and the two steps' times "
+        "differ by no more than their noise. The claim checked is the product's, on a GPU at full size; the "
+        "run prints both.")),
     Answer("07", 4, run=_ex4, expect=_expect4, text=(
         "Time training steps of the NCHW and the channels_last copy of the CNN with precision 'fp32' (TF32 "
         "off), and again in 16-bit, and compare the ratios; the run also checks that both layouts give the "
