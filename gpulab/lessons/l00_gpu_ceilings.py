@@ -345,10 +345,18 @@ def transfer_experiment(direction: str = "h2d", pinned: bool = True, mib: int = 
 
     Pinned (page-locked) memory lets the GPU's copy engine read host memory
     directly; pageable memory is first staged through a pinned driver buffer.
+
+    Which clock (the rule of notebook 01, as notebook 05's `transfer_bandwidth` times it): a pinned copy is
+    the copy engine's work alone, timed on CUDA events. From pageable memory the CPU copies the data between
+    the pageable buffer and the driver's staging buffer (device->host, that copy out of the staging buffer is
+    done after the GPU's part, and the call returns only then: CUDA's "API synchronization behavior"), work
+    that events on the GPU's stream do not see whole: it is timed on the host clock between two
+    synchronizations (`benchmark(..., clock="host")`). The Timing's `method` says which.
     """
     if direction not in ("h2d", "d2h"):
         raise ValueError(f"direction must be 'h2d' or 'd2h' (got {direction!r}).")
     device = require_cuda("host<->device copies cross a bus the CPU does not have.")
+    clock = "auto" if pinned else "host"          # events for the copy engine's work, the host clock for the CPU's
     n = mib * 2**20 // 4
     host = torch.randn(n)
     if pinned:
@@ -357,12 +365,12 @@ def transfer_experiment(direction: str = "h2d", pinned: bool = True, mib: int = 
     if direction == "h2d":
         gpu.copy_(host)
         ok = torch.equal(gpu.cpu(), host)
-        t = benchmark(lambda: gpu.copy_(host, non_blocking=pinned))
+        t = benchmark(lambda: gpu.copy_(host, non_blocking=pinned), device=device, clock=clock)
     else:
         gpu.normal_()
         host.copy_(gpu)
         ok = torch.equal(gpu.cpu(), host)
-        t = benchmark(lambda: host.copy_(gpu, non_blocking=pinned))
+        t = benchmark(lambda: host.copy_(gpu, non_blocking=pinned), device=device, clock=clock)
     if not ok:
         raise AssertionError(f"{direction} copy produced different data")
     del host, gpu
@@ -411,7 +419,7 @@ def measure_ceilings(store: ResultsStore | None = None, sizes: dict | None = Non
                 r = transfer_experiment(direction, pinned, transfer_mib)
                 found[name] = r["GB/s"]
                 store.record("00", name, r["GB/s"], "GB/s", mib=transfer_mib,
-                             median_ms=r["ms"].median_ms)
+                             median_ms=r["ms"].median_ms, clock=r["ms"].method)
                 progress(f"{name:>12} {transfer_mib} MiB: {r['GB/s']:8.1f} GB/s  ({r['ms']})")
     return found
 

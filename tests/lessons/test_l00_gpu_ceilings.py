@@ -121,6 +121,20 @@ def test_transfer_experiment_refuses_bad_direction():
         transfer_experiment("sideways")
 
 
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+def test_transfer_experiment_times_pageable_copies_on_the_host_clock(monkeypatch, direction):
+    """A pageable copy's staging is CPU work that CUDA events do not see whole (issue 40): it is timed on the
+    host clock between synchronizations; a pinned copy, the copy engine's work alone, is not. Run on the CPU
+    with the GPU check bypassed and pinning a no-op, so only the choice of clock is under test."""
+    monkeypatch.setattr(L00, "require_cuda", lambda why, device=None: torch.device("cpu"))
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
+    pageable = transfer_experiment(direction, pinned=False, mib=1)
+    pinned = transfer_experiment(direction, pinned=True, mib=1)
+    assert pageable["ms"].method == "host clock, synchronized", pageable["ms"].method
+    assert pinned["ms"].method != "host clock, synchronized", pinned["ms"].method   # events on a GPU
+    assert pageable["GB/s"] > 0 and pinned["GB/s"] > 0
+
+
 # -- measure_ceilings and ceilings() ----------------------------------------------------------
 def test_measure_ceilings_on_cpu_records_its_ceilings(store):
     """Per precision the n x n product and the sweep's best (the ceiling, never below the n x n one);
