@@ -139,3 +139,25 @@ def test_expect_band_lowers_its_low_end_to_a_lower_prediction_and_says_so(capsys
     assert lesson.expect_band("03", 1.6).status == "FAIL"                                   # never raised
     monkeypatch.delattr(L03, "band_floor")
     assert lesson.expect_band("03", 1.6).status == "FAIL"
+
+
+def test_headline_runs_the_configuration_it_is_given(monkeypatch):
+    """Notebook 03's self-check passes section 1's passes and section 2's width (issue 40: recalibrated, the
+    headline once ran 5 passes where the table had used 10): given them, it neither recalibrates nor resizes."""
+    from types import SimpleNamespace
+    import gpulab.lessons.l03_input_pipeline as L03
+    monkeypatch.setattr(L03, "calibrate_passes", lambda *a, **k: pytest.fail("headline recalibrated the passes"))
+    monkeypatch.setattr(L03, "size_model", lambda *a, **k: pytest.fail("headline resized the model"))
+    ran = []
+
+    def fake_run(step, k, *, passes, **kw):
+        ran.append((k, passes))
+        return SimpleNamespace(step_ms=10.0 / (1 + k))
+
+    monkeypatch.setattr(L03, "loader_run", fake_run)
+    monkeypatch.setattr(L03, "batches_match", lambda ds, batch, num_workers: (ds.passes == 7, 3))
+    m = L03.headline("tiny", passes=7, width=8)
+    assert ran and {p for _, p in ran} == {7}, ran
+    assert m.correct and "7 passes, width 8" in m.baseline_label, m.baseline_label
+    with pytest.raises(ValueError, match="passes >= 0"):
+        L03.headline("tiny", passes=-1, width=8)
