@@ -60,6 +60,8 @@ def test_train_from_loader_times_the_steps_after_warmup():
     assert r.step_ms > 0 and r.host_wait_ms >= 0 and r.end_s > r.start_s
     assert r.images_per_s == pytest.approx(4 / (r.step_ms / 1e3))
     assert len(r.losses) == 5
+    assert len(r.waits_ms) == 3 and sum(r.waits_ms) / 3 == pytest.approx(r.host_wait_ms)
+    assert 0 <= r.wait_share <= 1      # the waits lie inside the timed loop
     assert live_workers() == 0
     with pytest.raises(ValueError, match="warmup"):
         train_from_loader(make_loader(SyntheticImages(4, size=16), 4), step, warmup=1,
