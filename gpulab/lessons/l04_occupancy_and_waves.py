@@ -9,7 +9,8 @@
   compiled with `triton.jit` on first use (Triton is imported only where a CUDA GPU is present).
 - `scale_kernel_resources`: what `scale_kernel` compiled for this GPU uses (registers...) for one
   BLOCK_SIZE / num_warps, read at run time: the numbers notebook 04 predicts occupancy from.
-- `bandwidth_experiment`: achieved GB/s of `scale_kernel` for one BLOCK_SIZE / num_warps.
+- `bandwidth_experiment`: achieved GB/s of `scale_kernel` for one BLOCK_SIZE / num_warps; `latency_bound`:
+  the upper bound a sweep of them puts on the memory's latency under load.
 - `WaveKernel`, `waves`: fixed work per program; run time against the number of programs.
 - `CONFIG`, `config(scale)`: the lesson's sizes, shared by the notebook and `gpulab bench`.
 - `headline(scale)`: one program past a full wave against a full wave, what notebook 04's
@@ -478,6 +479,23 @@ def bandwidth_experiment(block_size: int = 1024, num_warps: int = 4, n: int | No
             "blocks/SM": occ.active_blocks, "limited by": occ.limiter,
             "registers": res.registers_per_thread, "spills": res.spills,
             "KiB in flight/SM": resident * block_size * 4 / KiB}
+
+
+def latency_bound(runs: dict, sm_count: int, within: float = 0.9) -> dict:
+    """The upper bound a bandwidth sweep puts on the memory's latency under load (Little's law). Notebook 04.
+
+    `runs`: `bandwidth_experiment` results keyed by (BLOCK_SIZE, num_warps). The knee is the configuration
+    with the least "KiB in flight/SM" among those within `within` of the best GB/s. A load's mean latency is
+    the bytes in flight over the rate they arrive at; the column is the most that configuration can have in
+    flight (every resident program's loads outstanding at once: fewer may be), and half of its traffic is
+    reads. So in-flight x SMs / its read rate is the longest a load can have taken on average at that rate:
+    a bound from above, not a measurement. Returns {"knee", "KiB in flight/SM", "read GB/s", "us"}."""
+    if not runs or sm_count < 1 or not 0 < within <= 1:
+        raise ValueError(f"need runs, sm_count >= 1 and 0 < within <= 1 (got {len(runs or {})} runs, {sm_count}, {within})")
+    best = max(r["GB/s"] for r in runs.values())
+    knee = min((k for k, r in runs.items() if r["GB/s"] >= within * best), key=lambda k: runs[k]["KiB in flight/SM"])
+    kib, reads = runs[knee]["KiB in flight/SM"], runs[knee]["GB/s"] / 2
+    return {"knee": knee, "KiB in flight/SM": kib, "read GB/s": reads, "us": kib * KiB * sm_count / (reads * 1e9) * 1e6}
 
 
 # -- waves -----------------------------------------------------------------------

@@ -201,6 +201,22 @@ def test_the_kernels_are_readable_source_on_any_machine():
     assert "acc * a + b" in inspect.getsource(wave_kernel)
 
 
+# -- the latency bound -----------------------------------------------------------------
+def test_latency_bound_takes_the_knee_at_its_own_rate():
+    """Little's law at the knee (issue 40: it was called the latency the GPU 'really has', and divided by notebook
+    00's copy ceiling rather than the knee's own rate, which is not a bound where the knee ran slower)."""
+    runs = {(128, 4): {"GB/s": 300.0, "KiB in flight/SM": 8},
+            (1024, 4): {"GB/s": 950.0, "KiB in flight/SM": 64},       # within 10 % of the best: the knee
+            (4096, 4): {"GB/s": 1000.0, "KiB in flight/SM": 256}}
+    got = occ_mod.latency_bound(runs, sm_count=10)
+    assert got["knee"] == (1024, 4) and got["KiB in flight/SM"] == 64 and got["read GB/s"] == 475.0
+    assert got["us"] == pytest.approx(64 * KiB * 10 / 475e9 * 1e6)           # 1.38 us: its rate, not the best's
+    assert occ_mod.latency_bound(runs, sm_count=10, within=1.0)["knee"] == (4096, 4)
+    for bad in (dict(runs={}, sm_count=10), dict(runs=runs, sm_count=0), dict(runs=runs, sm_count=10, within=0)):
+        with pytest.raises(ValueError):
+            occ_mod.latency_bound(**bad)
+
+
 # -- waves -----------------------------------------------------------------------------
 def test_waves_and_the_staircase():
     assert [waves(p, 132) for p in (1, 131, 132, 133, 264, 265, 396)] == [1, 1, 1, 2, 2, 3, 3]
