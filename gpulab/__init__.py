@@ -1,7 +1,7 @@
 """gpulab: the helper package of the gpulab course. The layout is the architecture:
 
     core/      shared services: device, specs, timing, memory, monitor, results, ceilings, bands,
-               measured, plots, children (imports nothing else from gpulab)
+               measured, plots, children, launcher (imports nothing else from gpulab)
     notebook/  what a notebook uses around its lesson: lesson (template helpers), widgets (the panel)
     models/    what the lessons train: cnn, gpt, transformer, precision, sizing, step (one train_step)
     lessons/   one module per notebook (l00_gpu_ceilings ... l14_multi_gpu): knobs, experiments, headline

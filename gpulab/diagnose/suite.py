@@ -481,7 +481,7 @@ def run_distributed(case: Case, scale: str, nproc: int, progress=None, timeout_s
     """`case` in `nproc` processes, one per GPU (torchrun, NCCL, lesson 14's environment: NVLink
     multicast off); every rank runs the steps, rank 0 alone under the profiler, and reports. A failure
     becomes an "error" result."""
-    from gpulab.lessons.l14_multi_gpu import launch_env
+    from gpulab.core.launcher import launch_env
 
     (progress or (lambda _: None))(f"{case.name}: {nproc} processes")
     with tempfile.TemporaryDirectory(prefix="gpulab-suite-") as tmp:

@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpulab.exercises.task import Runner, Task, training, width_for
 from gpulab.lessons.l11_cuda_graphs import MLP
-from gpulab.lessons.l14_multi_gpu import FIXED_ENV
+from gpulab.core.launcher import FIXED_ENV
 
 DEPTH = 32              # Linear layers: 2 parameter tensors each
 STEP_MS = 2.0

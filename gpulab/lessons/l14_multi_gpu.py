@@ -7,7 +7,7 @@ Everything a worker process runs lives here (importable), so the notebook only s
     result = launch("allreduce", nproc=2, backend="nccl", timeout_s=120, sizes=[2**20, 2**26])
 
 `launch` runs `python -m torch.distributed.run --standalone --nproc-per-node N -m gpulab.lessons.l14_multi_gpu
-EXPERIMENT ...` in a child process with a time limit (NVLink multicast off: NCCL_NVLS_ENABLE=0),
+EXPERIMENT ...` in a child process with a time limit (`gpulab.core.launcher`: NVLink multicast off, NCCL_NVLS_ENABLE=0),
 and returns rank 0's JSON. A failure or a timeout raises `LaunchError` with the failing rank's
 error and the last lines the processes printed; the notebook kernel never joins a process group.
 
@@ -26,11 +26,6 @@ import gc
 import json
 import math
 import os
-import re
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,20 +34,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from gpulab.core.predict import Plan, Work
-from gpulab.core.device import cpu_cores, float32_matmul, pick_device, resolve_scale, scale
+from gpulab.core.device import float32_matmul, pick_device, resolve_scale, scale
+# LaunchError, launch_env and FIXED_ENV stay importable from here for the lesson's callers
+from gpulab.core.launcher import (BACKENDS, FIXED_ENV, OUT, LaunchError, die_with_parent, launch_env,  # noqa: F401
+                                   torchrun, write_rank_error)
 from gpulab.core.timing import (Timing, benchmark, gpu_kernels, intersect, merge_intervals, release_cupti, stopwatch,
                                  summarize)
 from gpulab.models.transformer import TransformerStack, loss_fn
 
 
 MiB = 2**20
-
-
-BACKENDS = ("gloo", "nccl")
-
-
-# NVLink SHARP (multicast through the NVSwitch) stays off in everything this module starts.
-FIXED_ENV = {"NCCL_NVLS_ENABLE": "0"}
 
 
 # Problem sizes. "tiny" runs on 2 CPU processes (gloo) in seconds; "full" is for 2+ GPUs.
@@ -310,70 +301,7 @@ def placement(device_count: int | None = None) -> Placement:
                 ("DataParallel needs CUDA GPUs: on the CPU it wraps nothing and is not timed.",) + notes)
 
 
-# -- the launcher ---------------------------------------------------------------------------
-class LaunchError(RuntimeError):
-    """A launched experiment failed, timed out or printed no result."""
-
-
-def _package_root() -> str:
-    return str(Path(__file__).resolve().parent.parent)
-
-
-def launch_env(backend: str, nproc: int) -> dict[str, str]:
-    """The environment of a launch: NVLS off, few OpenMP threads, gpulab importable."""
-    env = dict(os.environ)
-    env.update(FIXED_ENV)
-    cores = cpu_cores()
-    env["OMP_NUM_THREADS"] = "1" if backend == "gloo" else str(max(1, min(8, cores // max(1, nproc))))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    if backend == "gloo":
-        env["CUDA_VISIBLE_DEVICES"] = ""            # gloo parts stay off the GPUs
-    else:
-        env.setdefault("NCCL_DEBUG", "INFO")        # so the transport NCCL chose can be read back
-        env.setdefault("NCCL_DEBUG_SUBSYS", "INIT")
-    return env
-
-
-def _tail(path: Path, lines: int = 12) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    keep = [ln for ln in text.splitlines() if ln.strip() and " NCCL INFO " not in ln]
-    return "\n".join(keep[-lines:])
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop the launcher: SIGTERM first (torchrun then stops its workers), SIGKILL if it lingers."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)     # its own session: start_new_session below
-        proc.wait(timeout=15)
-
-
-def _first_error(folder: Path) -> str:
-    """The message of the rank that failed first (each .err file starts with the time it was written)."""
-    found = []
-    for path in folder.glob("result.json.rank*.err"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            when, message = path.read_text().split("\n", 1)
-            found.append((float(when), message.strip().splitlines()[0]))
-    return min(found)[1] if found else ""
-
-
-def nccl_report(text: str) -> dict[str, Any]:
-    """NCCL's version and the transports its channels use, from NCCL_DEBUG=INFO output."""
-    version = re.search(r"NCCL version (\S+)", text)
-    transports = sorted({m.group(1) for m in re.finditer(r"Channel \S+ : .* via (\S+)", text)})
-    return {"version": version.group(1) if version else None, "transports": transports}
-
-
+# -- the launcher (gpulab.core.launcher) ----------------------------------------------------
 def launch(experiment: str, nproc: int, backend: str, timeout_s: float = 120, **params: Any) -> dict:
     """Run `experiment` in `nproc` processes (torchrun) and return rank 0's result.
 
@@ -382,44 +310,9 @@ def launch(experiment: str, nproc: int, backend: str, timeout_s: float = 120, **
     """
     if experiment not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {experiment!r}; choose from {', '.join(EXPERIMENTS)}.")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)} (got {backend!r}).")
-    if nproc < 1:
-        raise ValueError(f"nproc must be at least 1 (got {nproc}).")
-    with tempfile.TemporaryDirectory(prefix="gpulab-dist-") as tmp:
-        tmp_path = Path(tmp)
-        out = tmp_path / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-               "-m", "gpulab.lessons.l14_multi_gpu", experiment, "--backend", backend, "--out", str(out),
-               "--params", json.dumps(params)]
-        stdout_path, stderr_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
-        with open(stdout_path, "w") as so, open(stderr_path, "w") as se:
-            t0 = time.perf_counter()
-            proc = subprocess.Popen(cmd, stdout=so, stderr=se, env=launch_env(backend, nproc),
-                                    cwd=_package_root(), start_new_session=True)
-            try:
-                rc = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                _stop(proc)
-                raise LaunchError(f"{experiment} ({nproc} x {backend}) did not finish within {timeout_s:g} s "
-                                  f"and was stopped. Last lines:\n{_tail(stderr_path) or _tail(stdout_path)}") \
-                    from None
-            except BaseException:          # e.g. the learner interrupts the kernel: stop the children too
-                _stop(proc)
-                raise
-            launch_s = time.perf_counter() - t0
-        if rc != 0:
-            first = _first_error(tmp_path)
-            raise LaunchError(f"{experiment} ({nproc} x {backend}) failed (exit code {rc})"
-                              + (f": {first}" if first else "") + f"\nLast lines:\n{_tail(stderr_path)}")
-        if not out.exists():
-            raise LaunchError(f"{experiment} ({nproc} x {backend}) wrote no result.\n{_tail(stderr_path)}")
-        result = json.loads(out.read_text())
-        result["launch_s"] = launch_s
-        if backend == "nccl":
-            result["nccl"] = nccl_report(stdout_path.read_text(errors="replace")
-                                         + stderr_path.read_text(errors="replace"))
-        return result
+    return torchrun("gpulab.lessons.l14_multi_gpu", [experiment, "--backend", backend, "--out", OUT,
+                                                     "--params", json.dumps(params)],
+                    nproc, backend, timeout_s, what=f"{experiment} ({nproc} x {backend})")
 
 
 def as_timing(d: dict) -> Timing:
@@ -1099,15 +992,6 @@ EXPERIMENTS: dict[str, Callable[..., dict]] = {
 }
 
 
-def _die_with_parent() -> None:
-    """Linux: end this worker if its launcher dies (so a killed launch leaves nothing behind)."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(Exception):
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gpulab.lessons.l14_multi_gpu",
                                 description="One of lesson 14's experiments, in each process torchrun starts.")
@@ -1116,7 +1000,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="rank 0 writes its JSON result here")
     p.add_argument("--params", default="{}", help="the experiment's arguments, as JSON")
     a = p.parse_args(argv)
-    _die_with_parent()
+    die_with_parent()
     params = json.loads(a.params)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -1137,8 +1021,7 @@ def main(argv: list[str] | None = None) -> int:
         result = EXPERIMENTS[a.experiment](ctx, **params)
     except Exception as err:
         if a.out:
-            # the time first: the earliest error is the cause, later ones are other ranks losing their peer
-            Path(f"{a.out}.rank{rank}.err").write_text(f"{time.time():.6f}\nrank {rank}: {type(err).__name__}: {err}\n")
+            write_rank_error(a.out, rank, err)
         raise
     result = dict(result, experiment=a.experiment, backend=a.backend, world_size=world, device=device.type,
                   torch=torch.__version__, init_s=t1 - t0, work_s=time.perf_counter() - t1)

@@ -109,14 +109,6 @@ def test_grad_check_catches_a_broken_gradient():
         D.check_grads([g * float("nan") for g in ref], ref, 1e-5, "nan")
 
 
-def test_nccl_report_parses_the_log():
-    log = ("h:1:1 [0] NCCL INFO NCCL version 2.27.3+cuda13.0\n"
-           "h:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read\n"
-           "h:1:2 [1] NCCL INFO Channel 01/0 : 1[1] -> 0[0] via P2P/CUMEM/read\n")
-    assert D.nccl_report(log) == {"version": "2.27.3+cuda13.0", "transports": ["P2P/CUMEM/read"]}
-    assert D.nccl_report("") == {"version": None, "transports": []}
-
-
 # -- plan -----------------------------------------------------------------------------------
 def _gpus(monkeypatch, n):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
@@ -151,14 +143,6 @@ def test_plan_no_gpu_and_forced_cpu(monkeypatch):
     monkeypatch.setenv("GPULAB_DEVICE", "cpu")          # honoured: the CPU path on a GPU machine
     p = D.placement()
     assert (p.gpus, p.backend, p.size) == (0, "gloo", "tiny")
-
-
-def test_launch_env_keeps_nvls_off(monkeypatch):
-    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
-    for backend in D.BACKENDS:
-        env = D.launch_env(backend, 2)
-        assert env["NCCL_NVLS_ENABLE"] == "0"
-    assert D.launch_env("gloo", 2)["OMP_NUM_THREADS"] == "1"
 
 
 # -- real launches (gloo, 2 CPU processes) ----------------------------------------------------
