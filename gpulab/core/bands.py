@@ -2,7 +2,8 @@
 
 `load_bands()` reads and checks the file (every band names its metric and its source; a class or a
 band that does not apply says why); `gpu_class(facts)` is 'tensor-core' (compute capability 7.0 and
-newer), 'pre-volta' or 'cpu'. `gpulab bench` judges each headline against its class's band.
+newer), one of the classes that narrow it ('power-capped', 'geforce', 'pre-ampere': their rates differ from a
+data-centre part's), 'pre-volta' or 'cpu'. `gpulab bench` judges each headline against its class's band.
 """
 from __future__ import annotations
 
@@ -16,9 +17,14 @@ from gpulab.core.device import device_facts
 
 
 REQUIRED_CLASSES = ("tensor-core", "pre-volta", "cpu")
-# A narrower class a bands file may add; it takes every band of the class it narrows except those it
-# sets itself (`inherits` in its table), and a file without it judges those GPUs by that class.
-OPTIONAL_CLASSES = {"geforce": "tensor-core"}
+# Narrower classes a bands file may add, each with the class it narrows. One takes every band of that class
+# except those it sets itself (`inherits` in its table; a band it sets must measure the same metric), and a
+# file without it judges those GPUs by that class. Each exists because its 16-bit / fp32 rates differ from a
+# data-centre part's (gpulab.core.specs: `half_ratio_range`):
+# - power-capped: a board under specs.POWER_CAPPED_W (T4, L4) holds well under its datasheet's 16-bit rate;
+# - geforce: 16-bit products with fp32 accumulation at half the rate, 2-4x fp32;
+# - pre-ampere: Volta and Turing (compute capability 7.x), no TF32 and no native bf16.
+OPTIONAL_CLASSES = {"power-capped": "tensor-core", "geforce": "tensor-core", "pre-ampere": "tensor-core"}
 CLASSES = REQUIRED_CLASSES + tuple(OPTIONAL_CLASSES)
 
 
@@ -106,6 +112,10 @@ def load_bands(path: str | os.PathLike | None = None) -> Bands:
         if cls in classes:
             if classes[cls].get("inherits") != parent:
                 raise BandsError(f"bands file {path}: [{cls}] needs inherits = \"{parent}\" (it narrows that class)")
+            for lesson, b in bands[cls].items():
+                if lesson in bands[parent] and b.metric != bands[parent][lesson].metric:
+                    raise BandsError(f"bands file {path}: [{cls}.{lesson}] measures '{b.metric}', but the class it "
+                                     f"narrows measures '{bands[parent][lesson].metric}': the same ratio, or none")
             bands[cls] = {**{k: dataclasses.replace(b, gpu_class=cls, source=f"as [{parent}]: {b.source}")
                              for k, b in bands[parent].items()}, **bands[cls]}
     extra = sorted(set(data) - set(CLASSES))
@@ -144,14 +154,25 @@ def _band(path: Path, cls: str, lesson: str, raw: dict) -> Band:
 
 
 def gpu_class(facts=None) -> str:
-    """'tensor-core' (compute capability >= 7.0), 'geforce' (a consumer Tensor-Core card: fp16 and bf16
-    Tensor Core math with fp32 accumulation at half rate), 'pre-volta', or 'cpu' for this device."""
+    """This device's class, from its facts (under a GPU profile the profile's: its compute capability, name
+    and datasheet): 'cpu'; 'pre-volta' (below compute capability 7.0: no Tensor Cores); 'power-capped' (a
+    board in gpulab.core.specs under POWER_CAPPED_W, a T4 or an L4: the power limit, not the architecture,
+    sets its 16-bit rate); 'geforce' (a consumer Tensor-Core card: 16-bit products with fp32 accumulation at
+    half rate); 'pre-ampere' (Volta or Turing: no TF32, no native bf16); else 'tensor-core'. The first that
+    fits wins: a T4 is power-capped and Turing, and its power limit moves its ratios most."""
     facts = facts or device_facts()
     if facts.kind != "cuda" or facts.compute_capability is None:
         return "cpu"
-    if tuple(facts.compute_capability) < (7, 0):
+    cc = tuple(facts.compute_capability)
+    if cc < (7, 0):
         return "pre-volta"
-    return "geforce" if facts.geforce else "tensor-core"
+    if facts.datasheet is not None and facts.datasheet.power_capped:
+        return "power-capped"
+    if facts.geforce:
+        return "geforce"
+    if cc < (8, 0):
+        return "pre-ampere"
+    return "tensor-core"
 
 
 def judged_low(band: "Band", module=None) -> tuple[float, str]:

@@ -448,16 +448,24 @@ def datasheet_ratio(name: str, bf16: bool = True) -> float | None:
     the GPU called `name` (gpulab.core.specs), or None for a GPU not in the table."""
     from gpulab.core.specs import datasheet_for
     sheet = datasheet_for(name)
-    if sheet is None:
-        return None
-    half = (sheet.bf16 if bf16 else None) or sheet.fp16
-    return half / sheet.fp32 if half and sheet.fp32 else None
+    return None if sheet is None else sheet.half_ratio(bf16)
+
+
+def least_ratio(name: str, bf16: bool = True) -> float | None:
+    """The least 16-bit / fp32 ratio a healthy GPU called `name` shows, from its datasheet's rates
+    (`Datasheet.half_ratio_range`): the datasheet's ratio, or on a power-capped board (a T4, an L4) its sustained
+    16-bit rate over its full fp32 rate; None for a GPU not in the table."""
+    from gpulab.core.specs import datasheet_for
+    sheet = datasheet_for(name)
+    found = None if sheet is None else sheet.half_ratio_range(bf16)
+    return None if found is None else found[0]
 
 
 # The least share of its datasheet's 16-bit peak a healthy GPU's best product reaches: half on a board with
 # the power to hold its clocks (the H200 reached 759 of 989, results/h200-2026-11-30*/), a quarter on a
 # power-capped one (gpulab.core.specs.POWER_CAPPED_W: a 70 W T4's clocks drop to its power limit under a
-# long product, which is where a healthy T4 runs, not a fault).
+# long product, which is where a healthy T4 runs, not a fault: it held about 24 of 65 TFLOP/s there,
+# specs.POWER_CAPPED_HALF_SHARE, 0.37; a quarter leaves a third of that for a shared or warm card).
 DATASHEET_SHARE_LOW = 0.5
 DATASHEET_SHARE_LOW_POWER_CAPPED = 0.25
 
@@ -471,14 +479,18 @@ def datasheet_share_low(sheet) -> tuple[float, str]:
 
 
 def band_floor(scale: str | None = None) -> tuple[float, str]:
-    """The headline's least ratio on this GPU: DATASHEET_RATIO_KEPT of its own datasheet ratio (an A10 or L4,
-    whose datasheet ratio is 4.0, is not held to a band set for 8-16x parts); +inf (no change) for a GPU
-    not in the table. `lesson.expect_band` and `gpulab bench` lower the class's low end to it."""
+    """The headline's least ratio on this GPU: DATASHEET_RATIO_KEPT of the least ratio its own datasheet allows
+    (`least_ratio`: an A10, whose datasheet ratio is 4.0, is not held to a band set for 8-16x parts, nor a T4 at
+    its power limit to its datasheet's 8x); +inf (no change) for a GPU not in the table. `lesson.expect_band` and
+    `gpulab bench` lower the class's low end to it."""
     facts = device_facts()
-    ratio = datasheet_ratio(facts.name, facts.bf16)
+    ratio = least_ratio(facts.name, facts.bf16)
     if ratio is None:
         return float("inf"), "this GPU is not in gpulab.core.specs"
-    return DATASHEET_RATIO_KEPT * ratio, (f"{DATASHEET_RATIO_KEPT:g} of this GPU's datasheet ratio {ratio:.3g} "
+    sheet_ratio = datasheet_ratio(facts.name, facts.bf16)
+    what = ("datasheet ratio" if abs(ratio - sheet_ratio) < 1e-9
+            else f"ratio at its power limit (datasheet {sheet_ratio:.3g})")
+    return DATASHEET_RATIO_KEPT * ratio, (f"{DATASHEET_RATIO_KEPT:g} of this GPU's {what} {ratio:.3g} "
                                           "(gpulab.core.specs)")
 
 

@@ -23,6 +23,7 @@ from gpulab.core.device import DeviceFacts, device_facts, pick_device, resolve_s
 from gpulab.core.measured import Measured
 from gpulab.core.memory import GiB, track_peak
 from gpulab.core.predict import Plan, Work
+from gpulab.core.rates import PRODUCT_SHARE_MIN, speedup_floor  # noqa: F401 (the notebook imports them here)
 from gpulab.core.timing import PACE_STEPS, benchmark, pace
 from gpulab.models.cnn import RESNET50, ResNetish, image_batches
 from gpulab.models.gpt import GPT, token_batches
@@ -61,25 +62,8 @@ BATCHES = 4             # distinct batches per workload, cycled
 FIRST_LOSS_TOLERANCE = {"fp32": 0.0, "tf32": 1e-2, "fp16": 1e-2, "bf16": 2e-2}
 
 
-# The least share of an fp32 training step's time that its matrix products take, for the floor below: a
-# judgement, not a measurement. A GPT block does 24 C^2 multiply-adds per token in its products against tens
-# of C elementwise operations, so in fp32 the products hold most of its time; 0.6 leaves room for the
-# memory-bound rest (norms, softmax, the optimizer). Under it a 13x faster product (H200) still gives a
-# floor of 2.2x, capped at 2; a 2x faster one (GeForce 16-bit with fp32 accumulation) 1.43x.
-PRODUCT_SHARE_MIN = 0.6
-
-
-def speedup_floor(rate_ratio: float | None, share: float = PRODUCT_SHARE_MIN, cap: float = 2.0) -> float | None:
-    """The least speed-up a step should show when its matrix products run `rate_ratio` times faster and take
-    at least `share` of its time (Amdahl: 1 / ((1 - share) + share / ratio)), capped at `cap`. From this
-    GPU's own measured ceilings (notebook 00), so a GeForce card, whose 16-bit products with fp32
-    accumulation run at twice its fp32 rate (4090: 165 against 82.6 TFLOP/s on the datasheet), and whose
-    TF32 runs at its fp32 rate, is judged by its own rates, not a datacenter part's. None: no ratio known."""
-    if rate_ratio is None or rate_ratio <= 0:
-        return None
-    return min(cap, 1.0 / ((1.0 - share) + share / rate_ratio))
-
-
+# The floors of notebook 06's GPT and TF32 checks come from gpulab.core.rates, the model the bands of lessons 06
+# and 13 are derived from (one model: the checks, the bands and `what_to_expect` cannot disagree).
 def rate_ratio(fast: str, slow: str = "fp32") -> tuple[float | None, str]:
     """(this GPU's matmul_{fast} / matmul_{slow} ceiling, where the two figures come from): notebook 00's
     measurements, else the datasheet's (never a profile's), else (None, why)."""

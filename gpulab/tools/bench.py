@@ -8,7 +8,8 @@ and returns a `Measured`); its `TITLE` and `HEADLINE` (the metric) name the row.
     report = run(select(["05", "07"]))      # what `gpulab bench --lessons 05,07` does
     print(format_table(report))
 
-Bands come from `gpulab/core/bands.toml` (one per lesson and GPU class: `tensor-core`, `pre-volta`,
+Bands come from `gpulab/core/bands.toml` (one per lesson and GPU class: `tensor-core`, the classes that narrow it
+(`power-capped`, `geforce`, `pre-ampere`: gpulab.core.bands.gpu_class), `pre-volta`,
 `cpu`), each with its source. A ratio inside its band passes; the CPU class and tiny-scale runs are
 reported "n/a", never passed or failed. Adding a lesson: README's "Adding a lesson".
 """

@@ -120,8 +120,36 @@ def test_a_missing_bands_file_is_a_clear_error(tmp_path):
 # -- classes and judging ------------------------------------------------------------------------
 def test_gpu_class_from_compute_capability():
     assert gpu_class(facts_for_capability("NVIDIA H200", 9, 0)) == "tensor-core"
-    assert gpu_class(facts_for_capability("Tesla V100", 7, 0)) == "tensor-core"
+    assert gpu_class(facts_for_capability("Tesla V100", 7, 0)) == "pre-ampere"        # no TF32, no bf16
     assert gpu_class(facts_for_capability("Tesla P100", 6, 0)) == "pre-volta"
+
+
+def test_gpu_class_from_board_power_and_brand():
+    """Issue 40: a T4 or an L4 (under 100 W in gpulab.core.specs) is power-capped before it is Turing or Ada; a
+    GeForce card of any generation is geforce; a GPU not in the table falls back on its capability."""
+    assert gpu_class(facts_for_capability("Tesla T4", 7, 5)) == "power-capped"
+    assert gpu_class(facts_for_capability("NVIDIA L4", 8, 9)) == "power-capped"
+    assert gpu_class(facts_for_capability("NVIDIA L40S", 8, 9)) == "tensor-core"
+    assert gpu_class(facts_for_capability("NVIDIA GeForce RTX 2080 Ti", 7, 5)) == "geforce"
+    assert gpu_class(facts_for_capability("NVIDIA GeForce RTX 5090", 12, 0)) == "geforce"
+    assert gpu_class(facts_for_capability("Quadro RTX 8000", 7, 5)) == "pre-ampere"     # not in the table
+    assert gpu_class(facts_for_capability("Some Future GPU", 10, 0)) == "tensor-core"
+
+
+def test_a_narrow_class_judges_by_its_parent_where_it_sets_no_band(tmp_path):
+    bands = load_bands(write(tmp_path, GOOD + '[geforce]\ninherits = "tensor-core"\n'))
+    assert bands.band("geforce", "90").low == 2.0 and bands.band("geforce", "90").source.startswith("as [tensor-core]")
+    assert bands.band("power-capped", "90") == bands.band("tensor-core", "90")      # no table: the parent's
+
+
+@pytest.mark.parametrize("extra, message", [
+    ('[pre-ampere]\n', 'needs inherits = "tensor-core"'),
+    ('[power-capped]\ninherits = "tensor-core"\n[power-capped.90]\nmetric = "another ratio"\nlow = 1.0\n'
+     'high = 2.0\nsource = "a test"\n', "measures 'another ratio'"),
+])
+def test_a_narrow_class_is_refused_unless_it_narrows_its_parent_with_the_same_ratio(tmp_path, extra, message):
+    with pytest.raises(BandsError, match=message):
+        load_bands(write(tmp_path, GOOD + extra))
 
 
 @pytest.mark.cpu_only
