@@ -11,6 +11,10 @@ of a pageable buffer, `pin_memory()`'s copy into page-locked memory), the events
 that reached the GPU's stream: those are timed on the host clock around a synchronized call
 (`benchmark(..., clock="host")`), the rule of notebook 01.
 
+`host_cache()` reads the size of the CPU's last-level cache from Linux's sysfs, and `cache_probe` times one
+pageable copy size from a host buffer reused every call against one rotated through buffers too many to stay
+in that cache: what notebook 05 tests the pageable sweep's peak with.
+
 `CONFIG` / `config(scale)` hold the copy sizes, written once for the notebook and `gpulab bench`;
 `headline(scale)` is the host->device copy of the sweep's largest size from pinned against pageable
 memory, what notebook 05's self-check and `gpulab bench` measure.
@@ -18,6 +22,7 @@ memory, what notebook 05's self-check and `gpulab bench` measure.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import torch
 from gpulab.core.device import pick_device, require_cuda, resolve_scale
@@ -87,6 +92,11 @@ def plan(scale: str | None = None) -> Plan:
     zero = cfg["zero_page_bytes"]
     moved["h2d_pageable"] += 2 * 4 * zero
     moved["d2h_pageable"] += 2 * zero
+    # cache_probe, at each direction's pageable peak (at most largest_bytes): every rotated buffer's copy checked
+    # once (at most ROTATE_MAX, read back device->host), then `calls` copies reused and `calls` rotated
+    for kind in ("h2d_pageable", "d2h_pageable"):
+        moved[kind] += ROTATE_MAX + 2 * calls * cfg["largest_bytes"]
+        moved["d2h_pageable"] += ROTATE_MAX
     # pageable copies here reach less than notebook 00's figure (H200, 256 MiB: 6.1 of 8.8 GB/s host->device,
     # 11.0 of 14.8 device->host, results/h200-2026-11-30-course/h200-2026-11-30-course.json); pinned ones all of it
     share = {"h2d_pageable": 0.7, "h2d_pinned": 1.0, "d2h_pageable": 0.7, "d2h_pinned": 1.0}
@@ -97,10 +107,12 @@ def plan(scale: str | None = None) -> Plan:
     # host_s: 14.7 s wall in the s3 run less its 2.7 s of GPU work at that run's ceilings (the plan before
     # issue 15), + 1.2 s for the host-clock budgets issue 15 added (0.3 s each: two more pin_then_copy runs,
     # the zero-page pair)
-    return Plan(host_s=12.0 + 1.2, work=work,
+    # + 0.8 s for cache_probe's budgets (issue 40: 0.2 s for each of 2 runs in 2 directions) and about 1 s for
+    # filling its rotated buffers (up to 1 GiB of random bytes a direction)
+    return Plan(host_s=12.0 + 1.2 + 0.8 + 1.0, work=work,
                 host_source="wall time of notebook 05 in results/h200-2026-11-30-s3-course/h200-2026-11-30-s3-course-timings.tsv "
                             "(H200, torch 2.11, 2026-11-30) minus its GPU work at that run's ceilings, "
-                            "plus the time budgets of the runs added since (issue 15)")
+                            "plus the time budgets of the runs added since (issues 15 and 40)")
 
 
 DIRECTIONS = ("h2d", "d2h")
@@ -268,6 +280,89 @@ def zero_page_copy(nbytes: int, device: torch.device | None = None, budget_s: fl
         out[name] = benchmark(fn, budget_s=budget_s, device=device, clock="host")
     del gpu, sources
     return {name: t.per_second(nbytes) / 1e9 for name, t in out.items()} | {"timings": out}
+
+
+def host_cache(cpu: int | None = None, root: str = "/sys/devices/system/cpu") -> dict | None:
+    """The largest CPU cache the operating system reports for `cpu` (default: the first CPU this process may
+    run on), from Linux's sysfs (`cpuN/cache/index*/`: level, type, size, shared_cpu_list): usually the L3,
+    the last-level cache. {"bytes", "level", "shared_cpus", "path"}, or None where sysfs does not say (not
+    Linux, a container that hides it). A virtual machine reports what its hypervisor tells it, and the cache
+    is shared with the other CPUs listed and whatever they run."""
+    import os
+    from pathlib import Path
+
+    if cpu is None:
+        try:
+            cpu = min(os.sched_getaffinity(0))
+        except (AttributeError, OSError, ValueError):
+            cpu = 0
+    best = None
+    for index in sorted(Path(root, f"cpu{cpu}", "cache").glob("index*")):
+        try:
+            level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip()
+            shared = (index / "shared_cpu_list").read_text().strip() if (index / "shared_cpu_list").exists() else "?"
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction":
+            continue
+        unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1:].upper(), 1)
+        try:
+            nbytes = int(size[:-1] if unit > 1 else size) * unit
+        except ValueError:
+            continue
+        if best is None or level > best["level"]:
+            best = {"bytes": nbytes, "level": level, "shared_cpus": shared, "path": str(index / "size")}
+    return best
+
+
+# The rotated buffers of `cache_probe` together hold at least this many times the cache, and at most ROTATE_MAX.
+ROTATE_FACTOR = 2
+ROTATE_MAX = 1024 * MiB
+
+
+def cache_probe(nbytes: int, direction: str = "h2d", cache_bytes: int | None = None,
+                device: torch.device | None = None, budget_s: float = 0.2) -> dict:
+    """One pageable copy size timed two ways, both on the host clock: from (device->host: into) one host
+    buffer every call, which stays in the CPU's caches between calls where it fits ("reused"), and from a
+    different buffer each call, cycling through enough of them (together over ROTATE_FACTOR x `cache_bytes`,
+    at most ROTATE_MAX) that each has left the cache before its turn comes again ("rotated"). Same bytes,
+    same driver path; only where the CPU finds the host buffer differs. Pinned memory is not involved: the
+    copy engine reads it without the CPU.
+
+    Returns {"reused", "rotated": GB/s, "timings": their Timings, "buffers": how many rotate, "rotated_bytes":
+    their total, "enough": whether that total reached ROTATE_FACTOR x cache_bytes (False where ROTATE_MAX
+    capped it, or the cache's size is unknown)}."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be 'h2d' or 'd2h' (got {direction!r}).")
+    if nbytes < 1:
+        raise ValueError(f"nbytes must be >= 1 (got {nbytes}).")
+    device = require_cuda("host<->device copies cross a bus the CPU does not have.", device or pick_device())
+    want = ROTATE_FACTOR * cache_bytes if cache_bytes else ROTATE_MAX
+    count = max(2, min(ROTATE_MAX // nbytes, math.ceil(want / nbytes) + 1))
+    hosts = [random_bytes(nbytes) for _ in range(count)]
+    gpu = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    if direction == "d2h":
+        gpu.copy_(hosts[0].flip(0).to(device))
+
+    def copy(host: torch.Tensor) -> None:
+        if direction == "h2d":
+            gpu.copy_(host)
+        else:
+            host.copy_(gpu)
+
+    for host in hosts:                         # every buffer's copy checked once, byte for byte
+        copy(host)
+        if not torch.equal(gpu.cpu(), host):
+            raise AssertionError(f"pageable {direction} copy of {nbytes} bytes produced different data")
+    turn = itertools.count()
+    runs = {"reused": lambda: copy(hosts[0]), "rotated": lambda: copy(hosts[next(turn) % count])}
+    out = {name: benchmark(fn, budget_s=budget_s, device=device, clock="host") for name, fn in runs.items()}
+    del hosts, gpu
+    return ({name: t.per_second(nbytes) / 1e9 for name, t in out.items()}
+            | {"timings": out, "buffers": count, "rotated_bytes": count * nbytes,
+               "enough": bool(cache_bytes) and count * nbytes >= ROTATE_FACTOR * cache_bytes})
 
 
 # The share of the predicted pinned / pageable ratio a host is held to (its copies also contend with

@@ -96,3 +96,44 @@ def test_the_pinned_floor_follows_the_hosts_memcpy_against_the_link():
     assert pinned_floor(12.0, 10.0)[0] == 1.0            # gen 3: pinned need only not be slower
     assert pinned_floor(5.0, 20.0)[0] == 1.0             # a memcpy faster than the link
     assert host_memcpy_gbps(8 * 2**20, repeat=2) > 0.1
+
+
+# -- the pageable peak: the CPU's cache (issue 40) --------------------------------------------------
+def _cache_dir(root, cpu, index, level, kind, size, shared="0-3"):
+    d = root / f"cpu{cpu}" / "cache" / f"index{index}"
+    d.mkdir(parents=True)
+    for name, text in (("level", f"{level}\n"), ("type", f"{kind}\n"), ("size", f"{size}\n"),
+                       ("shared_cpu_list", f"{shared}\n")):
+        (d / name).write_text(text)
+
+
+def test_host_cache_reads_the_last_level_from_sysfs(tmp_path):
+    from gpulab.lessons.l05_pcie_transfers import host_cache
+    _cache_dir(tmp_path, 2, 0, 1, "Data", "48K", "2")
+    _cache_dir(tmp_path, 2, 1, 1, "Instruction", "32K", "2")
+    _cache_dir(tmp_path, 2, 2, 2, "Unified", "2048K", "2")
+    _cache_dir(tmp_path, 2, 3, 3, "Unified", "105M", "0-55")
+    got = host_cache(cpu=2, root=str(tmp_path))
+    assert got["level"] == 3 and got["bytes"] == 105 * 2**20 and got["shared_cpus"] == "0-55"
+    assert got["path"].endswith("cpu2/cache/index3/size")
+    assert host_cache(cpu=7, root=str(tmp_path)) is None            # nothing reported: unknown, not zero
+    assert host_cache(root="/nonexistent") is None
+
+
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+def test_cache_probe_rotates_through_more_than_the_cache(monkeypatch, direction):
+    """Run on the CPU with the GPU check bypassed: the buffer count, the check and the host clock."""
+    import gpulab.lessons.l05_pcie_transfers as L05
+    monkeypatch.setattr(L05, "require_cuda", lambda why, device=None: CPU)
+    r = L05.cache_probe(4096, direction, cache_bytes=16384, budget_s=0.01)
+    assert r["buffers"] == 9 and r["rotated_bytes"] == 9 * 4096 and r["enough"]      # > 2 x 16 KiB
+    assert r["reused"] > 0 and r["rotated"] > 0
+    assert {t.method for t in r["timings"].values()} == {"host clock, synchronized"}
+    monkeypatch.setattr(L05, "ROTATE_MAX", 64 * 1024)        # unknown cache: rotate through ROTATE_MAX in all
+    unknown = L05.cache_probe(4096, direction, cache_bytes=None, budget_s=0.01)
+    assert not unknown["enough"] and unknown["rotated_bytes"] == 64 * 1024
+    with pytest.raises(ValueError, match="direction"):
+        L05.cache_probe(4096, "up")
+    with pytest.raises(ValueError, match="nbytes"):
+        L05.cache_probe(0)
+
