@@ -52,6 +52,27 @@ class Answer:
         return None
 
 
+def one_thread_on_cpu(run: Callable[[str], dict]) -> Callable[[str], dict]:
+    """`run` with PyTorch on one CPU thread when the device is the CPU, restored after: on a small shared machine
+    two threads wait for each other, and a 1 MiB copy or a 128 x 128 product jumps from microseconds to
+    milliseconds. A GPU run is left as it is."""
+    import functools
+    import torch
+    from gpulab.core.device import pick_device
+
+    @functools.wraps(run)
+    def wrapped(scale: str) -> dict:
+        if pick_device().type != "cpu":
+            return run(scale)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return run(scale)
+        finally:
+            torch.set_num_threads(threads)
+    return wrapped
+
+
 def answers(notebook: str) -> dict[int, Answer]:
     """Notebook `notebook`'s reference answers, by exercise number."""
     try:

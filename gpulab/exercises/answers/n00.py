@@ -1,7 +1,6 @@
 """Reference answers to notebook 00's free-text exercises (this GPU's ceilings)."""
 from __future__ import annotations
 
-import functools
 import math
 import time
 
@@ -11,7 +10,7 @@ from gpulab.core.bands import gpu_class, load_bands
 from gpulab.core.device import device_facts, pick_device, sync
 from gpulab.core.memory import memory_guard
 from gpulab.core.specs import Datasheet, datasheet_for
-from gpulab.exercises.answers import Answer
+from gpulab.exercises.answers import Answer, one_thread_on_cpu
 from gpulab.lessons.l00_gpu_ceilings import (config, copy_experiment, matmul_experiment, stream_experiment,
                                              supported_precisions)
 from gpulab.lessons.l07_tensor_core_alignment import alignment
@@ -23,22 +22,6 @@ def _where(scale: str, device: torch.device) -> dict:
 
 def _gpu_full(found: dict) -> bool:
     return found["device"] == "cuda" and found["scale"] == "full"
-
-
-def _one_thread_on_cpu(run):
-    """`run` with PyTorch on one CPU thread when the device is the CPU: on a small shared machine two threads
-    wait for each other and a 1 MiB copy or a 128 x 128 product jumps from microseconds to milliseconds."""
-    @functools.wraps(run)
-    def wrapped(scale: str) -> dict:
-        if pick_device().type != "cpu":
-            return run(scale)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return run(scale)
-        finally:
-            torch.set_num_threads(threads)
-    return wrapped
 
 
 # -- 1. n = 4095, 4096 and 4097 in fp16 -----------------------------------------------------------------
@@ -290,7 +273,7 @@ def _neighbour_claim(f: dict) -> str | None:
 
 
 ANSWERS = [
-    Answer("00", 1, run=_one_thread_on_cpu(_odd_sizes), expect=_odd_sizes_claim, text=(
+    Answer("00", 1, run=one_thread_on_cpu(_odd_sizes), expect=_odd_sizes_claim, text=(
         "Run the panel in fp16 at n = 4095, 4096 and 4097 (the run does the same with `matmul_experiment`; on the "
         "CPU, whose panel has no fp16, in bf16 at the panel's tiny size). 4096 is the fastest per FLOP: a row "
         "of 4096 16-bit elements is a whole number of 16-byte units, which Tensor Core kernels need to load "
@@ -300,7 +283,7 @@ ANSWERS = [
         "measures the same drop. On a GPU at full size the run checks that 4096 beats both odd "
         "sizes by at least the low end of notebook 07's band for this class of GPU; on the CPU it checks only "
         "the alignment arithmetic.")),
-    Answer("00", 2, run=_one_thread_on_cpu(_small_n), expect=_small_n_claim, text=(
+    Answer("00", 2, run=one_thread_on_cpu(_small_n), expect=_small_n_claim, text=(
         "Sweep n down from 8192 in fp32 and in 16-bit (bf16, or fp16 where the GPU has no bf16) and divide. At "
         "large n the 16-bit product runs several times faster, near the datasheet's ratio. As n falls the "
         "work per launch shrinks: the output has too few tiles to give every SM one (the run prints when n/128 "
@@ -309,7 +292,7 @@ ANSWERS = [
         "is where the matmul stops filling the GPU. On the CPU "
         "the run checks only that the smallest product uses the device far below its large-size rate; the "
         "ratio's collapse is checked on a GPU at full size.")),
-    Answer("00", 3, run=_one_thread_on_cpu(_plateau), expect=_plateau_claim, text=(
+    Answer("00", 3, run=one_thread_on_cpu(_plateau), expect=_plateau_claim, text=(
         "Take the large-size copy rate (the 1-2 GiB end of section 4's sweep, bytes read plus written per "
         "second) and divide by the datasheet's memory bandwidth. A healthy GPU reaches most of it but never "
         "all: the datasheet figure is the bus width times the pin rate with every cycle moving data, while "

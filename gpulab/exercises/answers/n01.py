@@ -1,7 +1,6 @@
 """Reference answers to notebook 01's free-text exercises (measuring GPU time right)."""
 from __future__ import annotations
 
-import functools
 import statistics
 
 import torch
@@ -9,7 +8,7 @@ import torch
 from gpulab.core.device import pick_device, sync
 from gpulab.core.memory import memory_guard
 from gpulab.core.timing import benchmark, gpu_profile
-from gpulab.exercises.answers import Answer
+from gpulab.exercises.answers import Answer, one_thread_on_cpu
 from gpulab.lessons.l01_measuring_time import config, events_vs_kernel, kernel_ms_per_call, l2_warm_vs_flushed
 
 BUDGET = {"tiny": 0.02, "full": 0.3}        # benchmark's time budget per timing, seconds
@@ -21,22 +20,6 @@ def _where(scale: str, device: torch.device) -> dict:
 
 def _gpu_full(found: dict) -> bool:
     return found["device"] == "cuda" and found["scale"] == "full"
-
-
-def _one_thread_on_cpu(run):
-    """`run` with PyTorch on one CPU thread when the device is the CPU: on a small shared machine two threads
-    take turns with whatever else runs and single calls jump tenfold; restored after."""
-    @functools.wraps(run)
-    def wrapped(scale: str) -> dict:
-        if pick_device().type != "cpu":
-            return run(scale)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return run(scale)
-        finally:
-            torch.set_num_threads(threads)
-    return wrapped
 
 
 # -- 1. torch.randn: generating against launching -----------------------------------------------------
@@ -348,7 +331,7 @@ def _l2_shares_claim(f: dict) -> str | None:
 
 
 ANSWERS = [
-    Answer("01", 1, run=_one_thread_on_cpu(_randn), expect=_randn_claim, text=(
+    Answer("01", 1, run=one_thread_on_cpu(_randn), expect=_randn_claim, text=(
         "Time `lambda: torch.randn(n, n, device=device)` with `benchmark(..., sync=False)` and with "
         "`benchmark(...)` over the sweep's sizes (the run also reads the fill kernel's own time under `aten::randn` "
         "from the profiler on a GPU). Without sync, the host clock reads only what it takes to allocate the output "
@@ -357,7 +340,7 @@ ANSWERS = [
         "launching costs more than generating, at the sweep's largest n on a GPU generating costs far more. On "
         "the CPU there is no queue: torch.randn returns when the numbers exist, so both clocks grow with n^2 "
         "alike, which the run checks.")),
-    Answer("01", 2, run=_one_thread_on_cpu(_sync_inside), expect=_sync_inside_claim, text=(
+    Answer("01", 2, run=one_thread_on_cpu(_sync_inside), expect=_sync_inside_claim, text=(
         "Time `benchmark(lambda: (a @ b, sync()), sync=False)`: the host clock now waits for the product, so for "
         "the lesson's product it reads what the CUDA events read plus one synchronize's round trip "
         "(microseconds): right. For a small product it reads launch + kernel + synchronize in series, more than the "
@@ -367,7 +350,7 @@ ANSWERS = [
         "to the GPU's instead of hiding under it. The run times a small and section 5's MLP, steps back to back "
         "against a sync after each: the time lost is at most the smaller of the two per-step times, so at most about "
         "2x, and largest where host and GPU take about as long (the graded exercise). On the CPU sync() is a no-op.")),
-    Answer("01", 3, run=_one_thread_on_cpu(_thousand), expect=_thousand_claim, text=(
+    Answer("01", 3, run=one_thread_on_cpu(_thousand), expect=_thousand_claim, text=(
         "Run `benchmark(work, repeat=100)` and `benchmark(work, repeat=1000)`. The median barely moves: it is "
         "the middle of the distribution, and 100 samples already pin it within the spread. The maximum tends to "
         "grow with the number of calls (within one run it cannot fall: compare the first 100 of the 1000 with "

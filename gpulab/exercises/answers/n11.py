@@ -8,7 +8,6 @@ about them, run on a GPU.
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import sys
 import warnings
@@ -19,7 +18,7 @@ from gpulab.core.children import at_once
 from gpulab.core.device import float32_matmul, pick_device
 from gpulab.core.memory import memory_guard
 from gpulab.core.timing import benchmark
-from gpulab.exercises.answers import Answer
+from gpulab.exercises.answers import Answer, one_thread_on_cpu
 from gpulab.lessons.l11_cuda_graphs import (MLP, capture, config, cudagraph_skips, make_mlp_step, max_difference,
                                             step_profile, tiny_ops)
 
@@ -32,22 +31,6 @@ def _where(scale: str, device: torch.device) -> dict:
 
 def _gpu_full(found: dict) -> bool:
     return found["device"] == "cuda" and found["scale"] == "full"
-
-
-def _one_thread_on_cpu(run):
-    """`run` with PyTorch on one CPU thread when the device is the CPU: on a small shared machine two threads
-    wait for each other and a step's time jumps tenfold; restored after."""
-    @functools.wraps(run)
-    def wrapped(scale: str) -> dict:
-        if pick_device().type != "cpu":
-            return run(scale)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return run(scale)
-        finally:
-            torch.set_num_threads(threads)
-    return wrapped
 
 
 def _relative(a, b) -> float:
@@ -577,7 +560,7 @@ def _catch_up_claim(f: dict) -> str | None:
 
 
 ANSWERS = [
-    Answer("11", 1, run=_one_thread_on_cpu(_launch), expect=_launch_claim, text=(
+    Answer("11", 1, run=one_thread_on_cpu(_launch), expect=_launch_claim, text=(
         "Read section 2's table: eager's time per op at 400 ops is the launch cost (the host's Python, dispatch "
         "and cudaLaunchKernel for one op), flat from 100 ops up; the replay's time per op at the most ops is "
         "the GPU's own time per tiny kernel, its single launch shared by all of them. Eager runs at the slower "
@@ -587,7 +570,7 @@ ANSWERS = [
         "max(launch, kernel) / kernel. On the CPU there are no graphs: the run checks that eager's time per op "
         "is flat and that a large enough tensor makes the op's own work take over; on a GPU at full size also "
         "that the gain starts above 2x, ends near 1x, and follows the prediction within 1.5x at every size.")),
-    Answer("11", 2, run=_one_thread_on_cpu(_wider), expect=_wider_claim, text=(
+    Answer("11", 2, run=one_thread_on_cpu(_wider), expect=_wider_claim, text=(
         "Time section 4's MLP eager and replayed at widths from 512 to 8192 (the batch and depth stay). The "
         "host issues the same kernels at every width, so eager's time stays near the host's launch time until "
         "the GPU's work per step, which grows with the square of the width, passes it; the replay takes the "
@@ -597,7 +580,7 @@ ANSWERS = [
         "launches. On the CPU the run times eager only and checks that the step grows with the width; on a GPU "
         "at full size it checks that the gain starts above 1.5x, shrinks, and follows max(host, GPU) / GPU "
         "within 1.5x.")),
-    Answer("11", 3, run=_one_thread_on_cpu(_optimizer), expect=_optimizer_claim, text=(
+    Answer("11", 3, run=one_thread_on_cpu(_optimizer), expect=_optimizer_claim, text=(
         "Follow PyTorch's whole-network capture recipe: a few eager steps on a side stream (on real batches: they "
         "train), `optimizer.zero_grad(set_to_none=True)`, then `loss.backward()` and `optimizer.step()` inside "
         "`torch.cuda.graph` on static inputs; each later step copies its batch in and replays. Plain SGD "
@@ -610,7 +593,7 @@ ANSWERS = [
         "inside the capture, their zeroing is recorded too and every replay starts Adam from scratch. The run "
         "checks on any device what each optimizer keeps and where; on a GPU it captures both, trains them "
         "against an eager twin, and shows the two wrong captures in fresh processes.")),
-    Answer("11", 4, run=_one_thread_on_cpu(_mask), expect=_mask_claim, text=(
+    Answer("11", 4, run=one_thread_on_cpu(_mask), expect=_mask_claim, text=(
         "`x[x > 0]` returns as many elements as x has positives, a number only the data knows. To size the "
         "output, PyTorch counts them on the GPU, copies the count to the host and waits for it: a "
         "synchronization, which is illegal while a stream is being captured, so CUDA refuses and the capture is "
@@ -620,7 +603,7 @@ ANSWERS = [
         "process and prints what PyTorch said, and captures the `torch.where` form and replays it on new data. "
         "Where the count itself is needed, keep it on the GPU as a tensor (`(x > 0).sum()`), or give a fixed "
         "upper bound with `torch.nonzero_static`.")),
-    Answer("11", 5, run=_one_thread_on_cpu(_first_call), expect=_first_call_claim, text=(
+    Answer("11", 5, run=one_thread_on_cpu(_first_call), expect=_first_call_claim, text=(
         "Divide the first call's time by a warm call's: the first call traces the model with TorchDynamo and "
         "compiles it (and reduce-overhead's next calls record its CUDA graphs), costing as much as very many "
         "warm steps. It pays back after (first calls - warm calls) / (eager - warm) steps; the run prints that "

@@ -1,14 +1,13 @@
 """Reference answers to notebook 12's free-text exercises (kernel fusion against the memory floor)."""
 from __future__ import annotations
 
-import functools
 
 import torch
 
 from gpulab.core.ceilings import ceilings
 from gpulab.core.device import pick_device
 from gpulab.core.timing import benchmark
-from gpulab.exercises.answers import Answer
+from gpulab.exercises.answers import Answer, one_thread_on_cpu
 from gpulab.lessons.l00_gpu_ceilings import bandwidth_ceiling, memory_floor_ms
 from gpulab.lessons.l12_kernel_fusion import (bytes_moved, check_close, compile_backend, config, fused_operation,
                                               kernels_launched)
@@ -35,22 +34,6 @@ def _floor_ms(n: int) -> float:
     rates.setdefault("copy_bandwidth", bandwidth_ceiling().value)
     return memory_floor_ms(2 * n * n * 4, n * 4, rates)[0]
 
-
-
-def _one_thread_on_cpu(run):
-    """`run` with PyTorch on one CPU thread when the device is the CPU (as notebook 12 runs there: on a small
-    shared machine more threads take turns and single calls jump to tens of milliseconds); restored after."""
-    @functools.wraps(run)
-    def wrapped(scale: str) -> dict:
-        if pick_device().type != "cpu":
-            return run(scale)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return run(scale)
-        finally:
-            torch.set_num_threads(threads)
-    return wrapped
 
 # -- 1. paying back the first call ------------------------------------------------------------------
 def _payback(scale: str) -> dict:
@@ -216,7 +199,7 @@ def _autotune_claim(f: dict) -> str | None:
 
 
 ANSWERS = [
-    Answer("12", 1, run=_one_thread_on_cpu(_payback), expect=_payback_claim, text=(
+    Answer("12", 1, run=one_thread_on_cpu(_payback), expect=_payback_claim, text=(
         "Time the compiled function's first call alone (`benchmark(..., warmup=0, repeat=1)` after "
         "`torch.compiler.reset()`), then its warm calls and eager's: the calls it takes to pay back are "
         "(first - warm) / (eager - warm), since each warm call saves eager minus warm. The first call traces the "
@@ -224,28 +207,28 @@ ANSWERS = [
         "far more than any warm call; inductor's on-disk cache shortens it on a second run. Over a 10,000-step "
         "training run the compile is a one-off, a small share of the run (printed), so it matters only for short "
         "jobs or for shapes that change and compile again. On the CPU compiling can fail to pay back at all.")),
-    Answer("12", 2, run=_one_thread_on_cpu(_fourth), expect=_fourth_claim, text=(
+    Answer("12", 2, run=one_thread_on_cpu(_fourth), expect=_fourth_claim, text=(
         "`* 0.5` is one more elementwise kernel for eager: it reads and writes n^2 floats, so eager's traffic "
         "grows from 6n^2 + n to 8n^2 + n floats, while the fused floor stays 2n^2 + n (x and y read once, n means "
         "written): the constant sits in registers. Check the compiled four-operation chain against eager first, "
         "then time both chains both ways. On a GPU at full size eager's time grows with its extra pass and the "
         "compiled one barely moves: inductor still emits one kernel (section 7's profiler count), so fusion's "
         "advantage grows with every operation you add.")),
-    Answer("12", 3, run=_one_thread_on_cpu(_dim0), expect=_dim0_claim, text=(
+    Answer("12", 3, run=one_thread_on_cpu(_dim0), expect=_dim0_claim, text=(
         "`(x + y).relu().mean(dim=0)` moves the same bytes and gives the column means, which equal the row means "
         "of the transposed inputs (the run checks that). Time both directions. Row-major storage makes a row "
         "contiguous, but a GPU reduction over columns can still read coalesced: neighbouring threads take "
         "neighbouring columns, so each step of the loop reads one contiguous row segment. If the two times are "
         "close, the reduction kernel handled both layouts at memory speed; a large gap would show a strided "
         "access pattern. On the CPU caches and vector units decide, and the ratio is only illustrative.")),
-    Answer("12", 4, run=_one_thread_on_cpu(_halving), expect=_halving_claim, text=(
+    Answer("12", 4, run=one_thread_on_cpu(_halving), expect=_halving_claim, text=(
         "Halve n from the lesson's size down to the panel's 64 and time eager and the compiled chain at each "
         "(each checked first). Each halving quarters the bytes, so while memory sets the time it falls about 4x "
         "per step; below some size it stops falling and every variant converges. What is left is fixed cost per "
         "call: kernel launches (eager launches three, compiled one) plus the host's work to issue them and, for "
         "torch.compile, its guard checks, the launch cost notebook 01 measured. On a GPU the run checks that at "
         "the smallest size eager no longer falls with the bytes and the variants are within 3x of each other.")),
-    Answer("12", 5, run=_one_thread_on_cpu(_autotune), expect=_autotune_claim, text=(
+    Answer("12", 5, run=one_thread_on_cpu(_autotune), expect=_autotune_claim, text=(
         "Compile the function twice, once by default and once with `mode=\"max-autotune\"` (it benchmarks "
         "several kernel configurations at compile time and keeps the fastest), check both against eager, and "
         "time them against section 2's memory floor. A kernel that reads x and y once is already near the "

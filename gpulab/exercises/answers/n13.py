@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -10,7 +9,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from gpulab.core.device import device_facts, pick_device
 from gpulab.core.memory import GiB, free_memory
 from gpulab.core.timing import benchmark
-from gpulab.exercises.answers import Answer
+from gpulab.exercises.answers import Answer, one_thread_on_cpu
 from gpulab.lessons import l13_capstone as C
 from gpulab.models import precision as P
 from gpulab.models.sizing import count_flops, fit_batch
@@ -38,22 +37,6 @@ def _mismatches(steps) -> list[str]:
 def _row(steps, label: str):
     return next((s for s in steps if s.label == label), None)
 
-
-
-def _one_thread_on_cpu(run):
-    """`run` with PyTorch on one CPU thread when the device is the CPU (as notebook 12 runs there: on a small
-    shared machine more threads take turns and single calls jump to tens of milliseconds); restored after."""
-    @functools.wraps(run)
-    def wrapped(scale: str) -> dict:
-        if pick_device().type != "cpu":
-            return run(scale)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return run(scale)
-        finally:
-            torch.set_num_threads(threads)
-    return wrapped
 
 # -- 1. amp before tf32 -----------------------------------------------------------------------------
 def _reversed(scale: str) -> dict:
@@ -314,7 +297,7 @@ def _speedrun_claim(f: dict) -> str | None:
 
 
 ANSWERS = [
-    Answer("13", 1, run=_one_thread_on_cpu(_reversed), expect=_reversed_claim, text=(
+    Answer("13", 1, run=one_thread_on_cpu(_reversed), expect=_reversed_claim, text=(
         "Run `C.waterfall(\"gpt\", (\"amp\", \"tf32\", \"aligned\", \"fused\", \"loader\", \"compile\"), runs)` "
         "beside the order as given: the rows after the first two, and the total, are the same runs (`Runs` "
         "memoizes them), so only the first two shares trade places. Both TF32 and 16-bit autocast speed up the "
@@ -323,21 +306,21 @@ ANSWERS = [
         "So TF32 first takes part of what bf16 would have taken, and after bf16 it adds almost nothing. On a GPU "
         "the run checks that TF32's gain after 16-bit is at most 1.15x and below its gain when first. On the CPU "
         "TF32 is refused, and every row is checked against fp32's losses.")),
-    Answer("13", 2, needs="triton", run=_one_thread_on_cpu(_cnn_compiled), expect=_cnn_compiled_claim, text=(
+    Answer("13", 2, needs="triton", run=one_thread_on_cpu(_cnn_compiled), expect=_cnn_compiled_claim, text=(
         "Run the CNN's waterfall with `compile` appended (`C.ORDERS[\"cnn\"] + (\"compile\",)`). The compile row's "
         "first step includes tracing and generating the ResNet's kernels, so it is far longer than its warm steps. "
         "Compiling pays for itself after (first step - compiled step) / (step before - compiled step) steps: the "
         "extra cost of the first step over what each later step saves. A real training run of thousands of "
         "steps pays that back many times; a notebook that times a few steps does not. On the CPU compile is "
         "refused (section 3), so this runs on a GPU with Triton only.")),
-    Answer("13", 3, needs="triton", run=_one_thread_on_cpu(_graphs), expect=_graphs_claim, text=(
+    Answer("13", 3, needs="triton", run=one_thread_on_cpu(_graphs), expect=_graphs_claim, text=(
         "Run the CNN with the panel's defaults plus `compile`, then plus `cuda_graphs`, at batch 16 and at the "
         "notebook's batch, each checked against fp32's losses. CUDA graphs remove the host's cost of launching "
         "each kernel, a fixed cost per step that does not grow with the batch (lesson 11). At a big batch every "
         "kernel runs long enough to hide its launch, so graphs buy little; at batch 16 the kernels are short and "
         "launches make up a larger part of the step, so graphs help more. On a GPU at full size the run checks "
         "that the graphs' gain at batch 16 is at least 0.95 of their gain at the big batch.")),
-    Answer("13", 4, needs="cuda", run=_one_thread_on_cpu(_largest), expect=_largest_claim, text=(
+    Answer("13", 4, needs="cuda", run=one_thread_on_cpu(_largest), expect=_largest_claim, text=(
         "With `amp`, `checkpointing` and 4-way `accumulation`, find the batch the way section 4 does: "
         "`sizing.fit_batch` measures two small steps and extrapolates the peak memory in a straight line, halving "
         "from a large batch until the prediction fits 24 GiB (or this GPU's free memory if that is less). Then time "
@@ -345,7 +328,7 @@ ANSWERS = [
         "accumulation runs more, smaller micro-batches, so the tokens per second often do not rise: the larger "
         "effective batch pays only if the training needs it (fewer optimizer steps to a loss, see section 14), "
         "not for speed. The run checks that the chosen batch's measured peak fits the budget.")),
-    Answer("13", 5, run=_one_thread_on_cpu(_hfu), expect=_hfu_claim, text=(
+    Answer("13", 5, run=one_thread_on_cpu(_hfu), expect=_hfu_claim, text=(
         "Count the padded model with `C.model_flops` on a config whose vocabulary is rounded up to a multiple of "
         "`C.ALIGN`, and count a checkpointed model's step with `count_flops` (FlopCounterMode sees the recomputed "
         "forward during backward). Hardware FLOPs = both together; HFU is hardware FLOP/s over the peak, MFU model "
@@ -353,7 +336,7 @@ ANSWERS = [
         "forward pass, a third of the step. HFU says how well the GPU is used, including work that does not train "
         "the model; MFU says how fast the model trains, and it is the one to compare between setups. On the CPU "
         "no peak is used, so only the counts are compared.")),
-    Answer("13", 6, run=_one_thread_on_cpu(_fp8_shapes), expect=_fp8_claim, text=(
+    Answer("13", 6, run=one_thread_on_cpu(_fp8_shapes), expect=_fp8_claim, text=(
         "At the GPT's shapes an input is M = batch x sequence rows of K = width, and a weight N x K: cast both with "
         "`P.to_fp8` (one scale per tensor) and multiply with `P.fp8_matmul`, against `a @ w.t()` in bf16, alone and "
         "with the scaling in front. FP8's Tensor Cores double the datasheet rate, but the scaling reads each "
@@ -361,14 +344,14 @@ ANSWERS = [
         "launches outweigh the faster product, while at 2048 the product is large enough that FP8 can win. Check "
         "the FP8 result first: it must stay within e4m3's rounding of the fp32 product. On the CPU or a GPU "
         "without FP8 the times are not a GPU's.")),
-    Answer("13", 7, run=_one_thread_on_cpu(_accumulation), expect=_accumulation_claim, text=(
+    Answer("13", 7, run=one_thread_on_cpu(_accumulation), expect=_accumulation_claim, text=(
         "Run `C.time_to_loss(C.Options(amp=half))`, then the same with `accumulation=4` and its target, and "
         "compare the validation losses at equal steps, then the tokens per second. Four micro-batches of a "
         "quarter each add up to the same gradient as the whole batch (each loss is divided by 4), so the loss "
         "curve per step is the same up to rounding; accumulation only changes the speed, slower, since four "
         "smaller kernels do the work of one larger one. 16-bit autocast changes the rounding of every product, "
         "so it changes the curve a little, within its tolerance, and speeds every step on a GPU.")),
-    Answer("13", 9, run=_one_thread_on_cpu(_speedrun), expect=_speedrun_claim, text=(
+    Answer("13", 9, run=one_thread_on_cpu(_speedrun), expect=_speedrun_claim, text=(
         "A toggle that leaves the arithmetic as it is (fused AdamW, the loader, compile, CUDA graphs, the padded "
         "vocabulary, channels_last) leaves the loss curve per step unchanged, so its step speed-up is its speed-up "
         "to the loss. The run shows it for fused AdamW: its curve matches fp32's at equal steps within fp32's "

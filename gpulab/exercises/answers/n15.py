@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 
 import gpulab
 from gpulab.core.device import pick_device
-from gpulab.exercises.answers import ROOT, Answer
+from gpulab.exercises.answers import ROOT, Answer, one_thread_on_cpu
 from gpulab.lessons.l15_your_training_step import Options, TrainingStep, config, measured_gain
 
 RECORD = ROOT / "results" / "zoo" / "records-h200-2026-12-02-h" / "lstm_fp32.json.gz"   # exercise 5's record
@@ -41,22 +40,6 @@ def _host_top(d, n: int = 3) -> str:
     causes = sorted(d.idle_by_cause.items(), key=lambda kv: -kv[1])[:n]
     return ", ".join(f"{c} {ms:.3g} ms" for c, ms in causes if ms > 0) or "none"
 
-
-
-def _one_thread_on_cpu(run):
-    """`run` with PyTorch on one CPU thread when the device is the CPU (as notebook 12 runs there: on a small
-    shared machine more threads take turns and single calls jump to tens of milliseconds); restored after."""
-    @functools.wraps(run)
-    def wrapped(scale: str) -> dict:
-        if pick_device().type != "cpu":
-            return run(scale)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return run(scale)
-        finally:
-            torch.set_num_threads(threads)
-    return wrapped
 
 # -- 1. the order of the verdicts -------------------------------------------------------------------
 def _order(scale: str) -> dict:
@@ -214,7 +197,7 @@ def _threshold_claim(f: dict) -> str | None:
 
 
 ANSWERS = [
-    Answer("15", 1, run=_one_thread_on_cpu(_order), expect=_order_claim, text=(
+    Answer("15", 1, run=one_thread_on_cpu(_order), expect=_order_claim, text=(
         "Diagnose the slow step (`gpulab.diagnose(TrainingStep(Options(), cfg, device))`) and read its verdicts "
         "in order: they are ranked by the gain a variant measured where one ran (confirm.py), else by the expected "
         "gain, and each verdict's evidence gives the share of the step it found (a wait in `next(loader)`, "
@@ -222,21 +205,21 @@ ANSWERS = [
         "machine than you thought: a fast host makes the batches keep up, a slow GPU makes fp32 products the "
         "largest share. Each expected gain stays within its bound, 1 / (1 - share): the run checks that. On the "
         "CPU the GPU-only rules are skipped, and the chain stops at the first verdict without a fix.")),
-    Answer("15", 2, needs="cuda", run=_one_thread_on_cpu(_pinned), expect=_pinned_claim, text=(
+    Answer("15", 2, needs="cuda", run=one_thread_on_cpu(_pinned), expect=_pinned_claim, text=(
         "Diagnose the slow step, then `pinned=True` alone, then with 8 workers and 16-bit, and judge pinning's "
         "speed-up with `measured_gain` against the pageable-copy verdict's bound. With 0 workers the pinning copy "
         "runs in the main thread inside `next(loader)`, so the diagnosis moves that time from 'pageable copy' to "
         "'input' rather than removing it: pinning alone buys less than its bound promised. With workers the "
         "DataLoader's pin-memory thread does it beside the step, and the host's time goes to issuing GPU work. "
         "The run checks that pinning did not save more than the bound allows, beyond the steps' spread.")),
-    Answer("15", 3, needs="cuda", run=_one_thread_on_cpu(_item), expect=_item_claim, text=(
+    Answer("15", 3, needs="cuda", run=one_thread_on_cpu(_item), expect=_item_claim, text=(
         "With 8 workers, `pinned` and 16-bit, diagnose the step with `log_every_step` on and off: the difference "
         "is what `.item()` cost per step. `.item()` blocks the host until the GPU has finished the step's queued "
         "work, so the host cannot queue the next step's kernels in the meantime and the GPU then idles while it "
         "does. The idle time is about the host's own work per step (fetching the batch, launching), a fixed "
         "cost, so it is a larger share of a fast step than of a slow one. The run checks that the step without "
         "`.item()` is not slower beyond the spread, and within the host_sync verdict's bound where it fired.")),
-    Answer("15", 4, run=_one_thread_on_cpu(_own), expect=_own_claim, text=(
+    Answer("15", 4, run=one_thread_on_cpu(_own), expect=_own_claim, text=(
         "Diagnose section 4's step, take its top actionable verdict, apply that one fix (here: a fused AdamW for "
         "`optimizer_unfused`, bf16 autocast for `fp32_matmuls`), diagnose again and call `measured_gain(before_ms, "
         "after_ms, v.bound, spread_before, spread_after, expected=v.expected_gain)`. 'enough' says the fix saved "
@@ -244,7 +227,7 @@ ANSWERS = [
         "or take the spread. A fix that is not 'enough' left part of the cause, or another part of the step now "
         "sets its pace; one not 'within' removed time the rule did not count. On the CPU usually no rule with a "
         "fix fires, and the run says so.")),
-    Answer("15", 5, run=_one_thread_on_cpu(_threshold), expect=_threshold_claim, text=(
+    Answer("15", 5, run=one_thread_on_cpu(_threshold), expect=_threshold_claim, text=(
         "For example, raise `FP32_GEMM_SHARE_MIN` from 0.10 to 0.90, arguing that 16-bit changes numerics and "
         "should be suggested only when fp32 products are almost the whole step. Analyse the recorded H200 LSTM "
         "again with `from_record(...)`: the rules run on the recorded facts, so the same threshold gives the same "
