@@ -4,7 +4,8 @@
                measured, plots, children, launcher (imports nothing else from gpulab)
     notebook/  what a notebook uses around its lesson: lesson (template helpers), widgets (the panel)
     models/    what the lessons train: cnn, gpt, transformer, precision, sizing, step (one train_step)
-    lessons/   one module per notebook (l00_gpu_ceilings ... l14_multi_gpu): knobs, experiments, headline
+    lessons/   one module per notebook (l00_gpu_ceilings ... l14_multi_gpu): knobs, experiments, headline;
+               lesson 14's parts in lessons/multigpu/
     tools/     bench, room, coursetime, cli (`gpulab doctor | bench | room | report | diagnose`)
     diagnose/  your own training step: events, analyze, rules, core (`gpulab.diagnose(step)`), and the
                labelled cases that prove the rules (cases, suite)

@@ -22,7 +22,7 @@ ALLOWED = {
     # read in a child process outside any profile) and the count MPS gave a probe client (what the room reports)
     "SM count": {"gpulab/core/device.py", "gpulab/tools/cli.py", "gpulab/tools/roomrun.py"},
     "NVML utilization": {"gpulab/core/monitor.py"},
-    "P2P": {"gpulab/lessons/l14_multi_gpu.py"},
+    "P2P": {"gpulab/lessons/multigpu/allreduce.py"},
 }
 
 
@@ -39,13 +39,13 @@ def test_nothing_reads_a_figure_a_slice_lacks_around_the_course_layer(figure):
     found = [where for where, text in _sources() if DIRECT[figure].search(text) and where not in ALLOWED[figure]]
     assert not found, (f"{', '.join(found)} read the {figure} straight from CUDA or NVML: under a MIG-slice "
                        f"profile ({', '.join(k for k, p in PROFILES.items() if p.mig)}) that is the whole GPU's; "
-                       "read it through gpulab.core.device.device_facts / the monitor / l14.link_info")
+                       "read it through gpulab.core.device.device_facts / the monitor / lesson 14's link_info")
 
 
 def test_the_course_layer_answers_for_the_slice(monkeypatch):
     """Under the slice profile on the CPU: its SM count in the facts, no NVML utilization, no P2P."""
     from gpulab.core import device, monitor
-    from gpulab.lessons import l14_multi_gpu as L14
+    from gpulab.lessons.multigpu import allreduce as L14
     monkeypatch.setenv("GPULAB_PROFILE", "h200-1g")
     assert device.device_facts().sm_count == 16
     assert "no NVML utilization" in monitor.slice_without_utilization()

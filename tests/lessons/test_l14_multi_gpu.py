@@ -1,5 +1,6 @@
-"""gpulab.lessons.l14_multi_gpu: arithmetic, the correctness checks, placement(), and real launches with gloo on
-2 CPU processes at the tiny size (each launch costs ~3 s of process start-up)."""
+"""gpulab.lessons.l14_multi_gpu and its parts (gpulab.lessons.multigpu): arithmetic, the correctness checks,
+placement(), and real launches with gloo on 2 CPU processes at the tiny size (each launch costs ~3 s of process
+start-up)."""
 from __future__ import annotations
 
 import math
@@ -9,73 +10,75 @@ import pytest
 import torch
 
 from gpulab.lessons import l14_multi_gpu as D
+from gpulab.lessons.multigpu import arithmetic as A
+from gpulab.lessons.multigpu import ddp as DDP
 
 TINY = D.SIZES["tiny"]
 
 
 # -- arithmetic ---------------------------------------------------------------------------
 def test_bus_bandwidth_follows_nccl_tests():
-    assert D.algbw_gbps(2e9, 0.5) == pytest.approx(4.0)
-    assert D.busbw_gbps(100.0, 2) == pytest.approx(100.0)        # 2(n-1)/n = 1
-    assert D.busbw_gbps(100.0, 8) == pytest.approx(175.0)        # 2 * 7 / 8
-    assert D.busbw_gbps(100.0, 1) == 0.0                          # nothing to move
-    assert D.ring_bytes_per_gpu(1000, 4) == pytest.approx(1500)
-    assert D.dp_bytes_gpu0(1000, 4) == 1000            # NCCL broadcast and reduce: once each way through GPU 0
-    assert D.dp_bytes_gpu0(1000, 8) == 1000 and D.dp_bytes_gpu0(1000, 1) == 0
+    assert A.algbw_gbps(2e9, 0.5) == pytest.approx(4.0)
+    assert A.busbw_gbps(100.0, 2) == pytest.approx(100.0)        # 2(n-1)/n = 1
+    assert A.busbw_gbps(100.0, 8) == pytest.approx(175.0)        # 2 * 7 / 8
+    assert A.busbw_gbps(100.0, 1) == 0.0                          # nothing to move
+    assert A.ring_bytes_per_gpu(1000, 4) == pytest.approx(1500)
+    assert A.dp_bytes_gpu0(1000, 4) == 1000            # NCCL broadcast and reduce: once each way through GPU 0
+    assert A.dp_bytes_gpu0(1000, 8) == 1000 and A.dp_bytes_gpu0(1000, 1) == 0
     with pytest.raises(ValueError):
-        D.busbw_gbps(1.0, 0)
+        A.busbw_gbps(1.0, 0)
     with pytest.raises(ValueError):
-        D.algbw_gbps(1.0, 0.0)
+        A.algbw_gbps(1.0, 0.0)
 
 
 def test_bubble_formula_and_measurement():
-    assert D.bubble_fraction(2, 1) == pytest.approx(0.5)
-    assert D.bubble_fraction(2, 8) == pytest.approx(1 / 9)
-    assert D.bubble_fraction(4, 4) == pytest.approx(3 / 7)
-    assert D.bubble_fraction(1, 5) == 0.0
-    assert D.measured_bubble(busy_ms=5.0, wall_ms=10.0) == pytest.approx(0.5)
+    assert A.bubble_fraction(2, 1) == pytest.approx(0.5)
+    assert A.bubble_fraction(2, 8) == pytest.approx(1 / 9)
+    assert A.bubble_fraction(4, 4) == pytest.approx(3 / 7)
+    assert A.bubble_fraction(1, 5) == 0.0
+    assert A.measured_bubble(busy_ms=5.0, wall_ms=10.0) == pytest.approx(0.5)
     with pytest.raises(ValueError):
-        D.bubble_fraction(2, 0)
+        A.bubble_fraction(2, 0)
     with pytest.raises(ValueError):
-        D.measured_bubble(1.0, 0.0)
+        A.measured_bubble(1.0, 0.0)
 
 
 def test_overlap_fraction_is_clipped():
-    assert D.overlap_fraction(10.0, 4.0, 10.0) == pytest.approx(1.0)       # fully hidden
-    assert D.overlap_fraction(10.0, 4.0, 14.0) == pytest.approx(0.0)       # serial
-    assert D.overlap_fraction(10.0, 4.0, 12.0) == pytest.approx(0.5)
-    assert D.overlap_fraction(10.0, 4.0, 20.0) == 0.0                      # worse than serial
-    assert D.overlap_fraction(10.0, 4.0, 8.0) == 1.0                       # noise below compute
-    assert D.overlap_fraction(10.0, 0.0, 10.0) is None
+    assert A.overlap_fraction(10.0, 4.0, 10.0) == pytest.approx(1.0)       # fully hidden
+    assert A.overlap_fraction(10.0, 4.0, 14.0) == pytest.approx(0.0)       # serial
+    assert A.overlap_fraction(10.0, 4.0, 12.0) == pytest.approx(0.5)
+    assert A.overlap_fraction(10.0, 4.0, 20.0) == 0.0                      # worse than serial
+    assert A.overlap_fraction(10.0, 4.0, 8.0) == 1.0                       # noise below compute
+    assert A.overlap_fraction(10.0, 0.0, 10.0) is None
 
 
 def test_bucket_layout_matches_ddp():
     # 8 Linear(64, 64): weight 16384 B, bias 256 B; DDP's rebuilt buckets at a 0.02 MiB cap were
     # 4 x 33280 B and at 0.05 MiB 2 x 66560 B (read from DDP's logging data, torch 2.13, gloo).
     sizes = [16384, 256] * 8
-    assert D.bucket_layout(sizes, int(0.02 * D.MiB)) == [33280] * 4
-    assert D.bucket_layout(sizes, int(0.05 * D.MiB)) == [66560] * 2
-    assert D.bucket_layout(sizes, 10**9) == [sum(sizes)]
-    assert D.bucket_layout([10, 500, 10], 100) == [510, 10]   # a parameter larger than the cap stays whole
-    bufs = D.bucket_buffers([400, 8], torch.device("cpu"))
+    assert A.bucket_layout(sizes, int(0.02 * A.MiB)) == [33280] * 4
+    assert A.bucket_layout(sizes, int(0.05 * A.MiB)) == [66560] * 2
+    assert A.bucket_layout(sizes, 10**9) == [sum(sizes)]
+    assert A.bucket_layout([10, 500, 10], 100) == [510, 10]   # a parameter larger than the cap stays whole
+    bufs = DDP.bucket_buffers([400, 8], torch.device("cpu"))
     assert [b.numel() for b in bufs] == [100, 2]
 
 
 def test_kernel_kinds_and_breakdown():
-    assert D.kernel_kind("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "nccl"
-    assert D.kernel_kind("Memcpy DtoD (Device -> Device)") == "copy"
-    assert D.kernel_kind("void at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)") == "copy"
-    assert D.kernel_kind("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>") == "copy"
-    assert D.kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "compute"
+    assert A.kernel_kind("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "nccl"
+    assert A.kernel_kind("Memcpy DtoD (Device -> Device)") == "copy"
+    assert A.kernel_kind("void at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)") == "copy"
+    assert A.kernel_kind("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>") == "copy"
+    assert A.kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "compute"
     # two steps (us): compute 0-100 and 150-200, a copy 100-110, NCCL 50-130 and 190-260
     kernels = [("gemm", 0, 100), ("gemm", 150, 200), ("copy_kernel", 100, 110),
                ("ncclDevKernel_AllReduce", 50, 130), ("ncclDevKernel_AllReduce", 190, 260)]
-    b = D.kernel_breakdown(kernels, steps=2)
+    b = A.kernel_breakdown(kernels, steps=2)
     assert b["compute_ms"] == pytest.approx(0.150 / 2) and b["copy_ms"] == pytest.approx(0.010 / 2)
     assert b["nccl_ms"] == pytest.approx(0.150 / 2)
     assert b["nccl_beside_compute_ms"] == pytest.approx((60 + 10) / 1e3 / 2)     # 50-110 and 190-200
     assert b["busy_ms"] == pytest.approx((130 + 110) / 1e3 / 2) and b["kernels"] == 2.5       # 0-130, 150-260
-    assert D.kernel_breakdown([], 1)["nccl_beside_compute_ms"] == 0.0
+    assert A.kernel_breakdown([], 1)["nccl_beside_compute_ms"] == 0.0
 
 
 @pytest.mark.filterwarnings("ignore:CUDA is not available")
@@ -86,27 +89,27 @@ def test_profile_of_ddp_steps_runs_every_step_even_when_the_profiler_fails(monke
         pytest.skip("exercises the path where CUDA profiling is unavailable")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     calls = {"a": 0, "b": 0}
-    res = D.profile_steps_of({"a": lambda: calls.__setitem__("a", calls["a"] + 1),
+    res = DDP.profile_steps_of({"a": lambda: calls.__setitem__("a", calls["a"] + 1),
                               "b": lambda: calls.__setitem__("b", calls["b"] + 1)}, 3, torch.device("cpu"))
     assert calls == {"a": 4, "b": 4} and "error" in res
 
 
 def test_micro_batch_check():
-    D.check_micro_batches(8, 4)
+    A.check_micro_batches(8, 4)
     with pytest.raises(ValueError, match="divide"):
-        D.check_micro_batches(8, 3)
+        A.check_micro_batches(8, 3)
 
 
 def test_grad_check_catches_a_broken_gradient():
     torch.manual_seed(0)
     ref = [torch.randn(50, 50), torch.randn(50)]
-    assert D.check_grads([g.clone() for g in ref], ref, 1e-5, "same") == 0.0
+    assert A.check_grads([g.clone() for g in ref], ref, 1e-5, "same") == 0.0
     broken = [g.clone() for g in ref]
     broken[1][3] += 1e-3 * math.sqrt(sum(float((g ** 2).sum()) for g in ref))
-    with pytest.raises(D.Mismatch, match="broken"):
-        D.check_grads(broken, ref, 1e-5, "broken")
-    with pytest.raises(D.Mismatch):            # NaN never passes
-        D.check_grads([g * float("nan") for g in ref], ref, 1e-5, "nan")
+    with pytest.raises(A.Mismatch, match="broken"):
+        A.check_grads(broken, ref, 1e-5, "broken")
+    with pytest.raises(A.Mismatch):            # NaN never passes
+        A.check_grads([g * float("nan") for g in ref], ref, 1e-5, "nan")
 
 
 # -- plan -----------------------------------------------------------------------------------
@@ -205,7 +208,7 @@ def test_pipeline_matches_the_unsplit_model():
     for row in res["rows"]:
         assert abs(row["loss"] - res["ref_loss"]) <= 1e-5 * abs(res["ref_loss"])
         assert all(0.0 <= st["bubble"] < 1.0 and st["grad_diff"] <= res["tol"] for st in row["stages"])
-        assert row["bubble_formula"] == D.bubble_fraction(2, row["micro_batches"])
+        assert row["bubble_formula"] == A.bubble_fraction(2, row["micro_batches"])
 
 
 def test_suite_runs_every_part_in_one_launch_and_skips_a_missing_one():
@@ -285,22 +288,22 @@ def test_state_bytes_per_gpu_under_ddp_and_fsdp2():
     """fp32 AdamW: 16 bytes a parameter on every GPU under DDP (+ its gradient buckets across GPUs); 1/n of
     it under FSDP2, plus the unit being gathered (and, kept from forward to backward, every unit)."""
     p, unit = 1000, 100
-    ddp = D.state_bytes_per_gpu(p, 2, "ddp", unit)
-    assert ddp["total"] == 16 * p + 4 * p and D.state_bytes_per_gpu(p, 1, "ddp")["buckets"] == 0
+    ddp = A.state_bytes_per_gpu(p, 2, "ddp", unit)
+    assert ddp["total"] == 16 * p + 4 * p and A.state_bytes_per_gpu(p, 1, "ddp")["buckets"] == 0
     assert ddp["rest"] == 4 * p + 8 * p + 4 * p                       # weights, AdamW, buckets: no gradients
-    fsdp = D.state_bytes_per_gpu(p, 4, "fsdp", unit)
+    fsdp = A.state_bytes_per_gpu(p, 4, "fsdp", unit)
     assert fsdp["total"] == 16 * p / 4 + 12 * unit and fsdp["buckets"] == 0   # two gathered units, one gradient
     assert fsdp["rest"] == 12 * p / 4
-    keep = D.state_bytes_per_gpu(p, 4, "fsdp-keep", unit)
+    keep = A.state_bytes_per_gpu(p, 4, "fsdp-keep", unit)
     assert keep["transient"] == 4 * p + 4 * unit > fsdp["transient"]
-    ahead = D.state_bytes_per_gpu(p, 4, "fsdp", unit, prefetch=2)         # one more unit gathered ahead
+    ahead = A.state_bytes_per_gpu(p, 4, "fsdp", unit, prefetch=2)         # one more unit gathered ahead
     assert ahead["transient"] == fsdp["transient"] + 4 * unit and ahead["rest"] == fsdp["rest"]
     with pytest.raises(ValueError, match="prefetch"):
-        D.state_bytes_per_gpu(p, 4, "fsdp", unit, prefetch=0)
+        A.state_bytes_per_gpu(p, 4, "fsdp", unit, prefetch=0)
     with pytest.raises(ValueError, match="strategy"):
-        D.state_bytes_per_gpu(p, 2, "zero")
+        A.state_bytes_per_gpu(p, 2, "zero")
     with pytest.raises(ValueError, match="at least one GPU"):
-        D.state_bytes_per_gpu(p, 0, "ddp")
+        A.state_bytes_per_gpu(p, 0, "ddp")
 
 
 def test_fsdp2_check_catches_a_rank_that_trains_on_other_data():

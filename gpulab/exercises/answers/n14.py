@@ -23,9 +23,12 @@ from torch import nn
 from gpulab.core.device import float32_matmul
 from gpulab.core.timing import benchmark
 from gpulab.exercises.answers import Answer
-from gpulab.lessons.l14_multi_gpu import (GRAD_TOL, SIZES, Ctx, as_timing, bubble_fraction, build_model, check_grads,
-                                          exp_buckets, exp_pipeline, global_batch, launch, launch_env, loss_fn,
-                                          placement, samples_per_s)
+from gpulab.core.launcher import launch_env
+from gpulab.lessons.l14_multi_gpu import SIZES, as_timing, bubble_fraction, exp_pipeline, launch, placement, samples_per_s
+from gpulab.lessons.multigpu.arithmetic import GRAD_TOL, check_grads
+from gpulab.lessons.multigpu.ddp import exp_buckets
+from gpulab.lessons.multigpu.worker import Ctx, build_model, global_batch
+from gpulab.models.transformer import loss_fn
 
 MiB = 2**20
 
