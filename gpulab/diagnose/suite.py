@@ -28,9 +28,7 @@ import argparse
 import datetime
 import json
 import math
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -478,42 +476,49 @@ def run_suite(scale: str | None = None, cases=None, progress: Callable[[str], No
 
 # -- several GPUs: one process each ------------------------------------------------------------------
 def run_distributed(case: Case, scale: str, nproc: int, progress=None, timeout_s: float = 900) -> CaseResult:
-    """`case` in `nproc` processes, one per GPU (torchrun, NCCL, lesson 14's environment: NVLink
-    multicast off); every rank runs the steps, rank 0 alone under the profiler, and reports. A failure
-    becomes an "error" result."""
-    from gpulab.core.launcher import launch_env
+    """`case` in `nproc` processes, one per GPU (`gpulab.core.launcher.torchrun`: NCCL, NVLink multicast off,
+    the processes stopped at the time limit); every rank runs the steps, rank 0 alone under the profiler, and
+    reports. A failure becomes an "error" result that names the first rank's error."""
+    from gpulab.core.launcher import OUT, LaunchError, torchrun
 
     (progress or (lambda _: None))(f"{case.name}: {nproc} processes")
-    with tempfile.TemporaryDirectory(prefix="gpulab-suite-") as tmp:
-        out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-               "-m", "gpulab.diagnose.suite", "--worker", case.name, "--scale", scale, "--json", str(out)]
-        try:
-            proc = subprocess.run(cmd, check=False, env=launch_env("nccl", nproc), capture_output=True, text=True,
-                                  timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return CaseResult(case.name, case.rule, case.lesson, "error", f"did not finish in {timeout_s:g} s")
-        if proc.returncode != 0 or not out.exists():
-            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-            return CaseResult(case.name, case.rule, case.lesson, "error", f"exit {proc.returncode}: {tail}")
-        return CaseResult.from_dict(json.loads(out.read_text()))
+    try:
+        result = torchrun("gpulab.diagnose.suite", ["--worker", case.name, "--scale", scale, "--json", OUT],
+                          nproc, "nccl", timeout_s, what=f"{case.name} ({nproc} x nccl)")
+    except LaunchError as err:
+        first, *rest = str(err).strip().splitlines()
+        printed = [ln for ln in rest if ln.strip("= ") and not ln.startswith("Last lines")]
+        why = first if ": rank " in first or not printed else f"{first} | {printed[-1]}"   # the rank's error, or the last line
+        return CaseResult(case.name, case.rule, case.lesson, "error", why)
+    return CaseResult.from_dict(result)          # its fields; the launch's own (launch_s, nccl) are left out
 
 
 def _worker(name: str, scale: str, out: str) -> int:
-    """One rank of `run_distributed`: this process's GPU, the process group, the case; rank 0 writes."""
+    """One rank of `run_distributed`: this process's GPU, the process group, the case; rank 0 writes. A failing
+    rank leaves its error beside `out` for the launcher's message."""
     import os
 
     import torch.distributed as dist
 
+    from gpulab.core.launcher import die_with_parent, write_rank_error
+
+    die_with_parent()
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    device = torch.device("cuda", local)
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
+    try:
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    except Exception as err:
+        write_rank_error(out, rank, err)
+        raise
     try:
         result = diagnose_pair(CASES[name], scale, device, profile=rank == 0)
         if rank == 0:
             Path(out).write_text(json.dumps(asdict(result), default=_plain))
         dist.barrier()
+    except Exception as err:
+        write_rank_error(out, rank, err)
+        raise
     finally:
         dist.destroy_process_group()
     return 0

@@ -244,3 +244,16 @@ def test_a_gain_check_on_a_rule_skipped_here_says_why():
     bad.skipped = {"comm_not_overlapped": "needs a GPU: NCCL communication kernels run only there"}
     check = check_gain(ran("comm_not_overlapped", "14", bad, outcome(step_ms=9.0)))
     assert check.ok is None and check.why == "skipped: needs a GPU: NCCL communication kernels run only there"
+
+
+@pytest.mark.cpu_only
+def test_a_distributed_case_that_cannot_start_is_an_error_naming_the_rank():
+    """run_distributed goes through the course's launcher (gpulab.core.launcher.torchrun): without CUDA the rank's
+    NCCL set-up fails, and the result says which rank failed and why, instead of a raw exit code."""
+    from gpulab.diagnose.suite import run_distributed
+    case = next(c for c in CASES.values() if c.needs_gpus >= 2)
+    t0 = time.perf_counter()
+    res = run_distributed(case, "tiny", nproc=1, timeout_s=120)
+    assert res.status == "error" and res.name == case.name
+    assert "failed (exit code" in res.why and "rank 0:" in res.why, res.why
+    assert time.perf_counter() - t0 < 120

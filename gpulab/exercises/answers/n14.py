@@ -10,9 +10,7 @@ import copy
 import json
 import math
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,7 +21,7 @@ from torch import nn
 from gpulab.core.device import float32_matmul
 from gpulab.core.timing import benchmark
 from gpulab.exercises.answers import Answer
-from gpulab.core.launcher import launch_env
+from gpulab.core.launcher import OUT, die_with_parent, torchrun, write_rank_error
 from gpulab.lessons.l14_multi_gpu import SIZES, as_timing, bubble_fraction, exp_pipeline, launch, placement, samples_per_s
 from gpulab.lessons.multigpu.arithmetic import GRAD_TOL, check_grads
 from gpulab.lessons.multigpu.ddp import exp_buckets
@@ -243,14 +241,9 @@ def _pipelining_worker(ctx: Ctx, model: dict, batch: int, micro_batches: int, wa
 
 
 def _launch_pipelining(backend: str, timeout_s: float, **params) -> dict:
-    with tempfile.TemporaryDirectory(prefix="gpulab-pipelining-") as tmp:
-        path = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "gpulab.exercises.answers.n14", "pipelining", backend, str(path), json.dumps(params)]
-        done = subprocess.run(cmd, env=launch_env(backend, 2), capture_output=True, text=True, timeout=timeout_s)
-        if done.returncode or not path.exists():
-            raise RuntimeError(f"the pipelining launch failed ({done.returncode}): {done.stderr[-2000:]}")
-        return json.loads(path.read_text())
+    """Exercise 5's worker in 2 processes, through the course's launcher (as lesson 14's `launch`)."""
+    return torchrun("gpulab.exercises.answers.n14", ["pipelining", backend, OUT, json.dumps(params)], 2, backend,
+                    timeout_s, what=f"pipelining (2 x {backend})")
 
 
 def _pipelining(scale: str) -> dict:
@@ -411,18 +404,26 @@ ANSWERS = [
 def _main(argv: list[str]) -> int:
     """torchrun's worker for exercise 5: `python -m gpulab.exercises.answers.n14 pipelining BACKEND OUT PARAMS`."""
     _, backend, out, params = argv
+    die_with_parent()
     rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        dist.init_process_group(backend, device_id=device)
-    else:
-        dist.init_process_group(backend)
+    try:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            dist.init_process_group(backend, device_id=device)
+        else:
+            dist.init_process_group(backend)
+    except Exception as err:
+        write_rank_error(out, rank, err)
+        raise
     try:
         result = _pipelining_worker(Ctx(rank, world, local, device, backend), **json.loads(params))
         if rank == 0:
             Path(out).write_text(json.dumps(result))
         dist.barrier()
+    except Exception as err:
+        write_rank_error(out, rank, err)
+        raise
     finally:
         dist.destroy_process_group()
     return 0
