@@ -43,8 +43,10 @@ class LaunchError(RuntimeError):
 
 
 def package_root() -> str:
-    """The folder the launch's PYTHONPATH starts with, and its working directory."""
-    return str(Path(__file__).resolve().parent.parent)
+    """The folder that holds the gpulab package: the launch's PYTHONPATH starts with it, and it is the working
+    directory. (gpulab/ itself there would make its folders importable as top-level `core`, `models`, `notebook`
+    and `tools`, shadowing any installed package of that name.)"""
+    return str(Path(__file__).resolve().parents[2])
 
 
 def launch_env(backend: str, nproc: int) -> dict[str, str]:

@@ -1,5 +1,8 @@
 """gpulab.core.launcher: the environment of a launch and NCCL's log read back. Real launches (success, a failing
 rank, a timeout) run in tests/lessons/test_l14_multi_gpu.py, through lesson 14's `launch`."""
+import os
+from pathlib import Path
+
 from gpulab.core import launcher as L
 
 
@@ -28,3 +31,10 @@ def test_the_first_rank_to_fail_is_named(tmp_path, monkeypatch):
         L.write_rank_error(out, rank, err)
     assert L.first_error(tmp_path) == "rank 0: ValueError: bad input"
     assert L.first_error(tmp_path / "nothing") == ""
+
+
+def test_the_launch_imports_gpulab_as_a_package():
+    """PYTHONPATH starts with the folder holding gpulab, not gpulab/ itself (which made its folders `core`, `models`,
+    `notebook` and `tools` importable as top-level packages in every worker)."""
+    first = Path(L.launch_env("gloo", 2)["PYTHONPATH"].split(os.pathsep)[0])
+    assert (first / "gpulab" / "__init__.py").exists() and not (first / "core").is_dir()
