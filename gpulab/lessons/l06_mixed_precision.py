@@ -66,13 +66,115 @@ FIRST_LOSS_TOLERANCE = {"fp32": 0.0, "tf32": 1e-2, "fp16": 1e-2, "bf16": 2e-2}
 # and 13 are derived from (one model: the checks, the bands and `what_to_expect` cannot disagree).
 def rate_ratio(fast: str, slow: str = "fp32") -> tuple[float | None, str]:
     """(this GPU's matmul_{fast} / matmul_{slow} ceiling, where the two figures come from): notebook 00's
-    measurements, else the datasheet's (never a profile's), else (None, why)."""
+    measurements, else the datasheet's (never a profile's: the timings it judges are this GPU's), else (None, why)."""
     from gpulab.core.ceilings import ceilings
+    facts = device_facts()
+    whose = f"this GPU's ({facts.emulated_on}, running the {facts.profile} profile)" if facts.profile else "this GPU's"
     c = ceilings()
     a, b = c.get(f"matmul_{fast}"), c.get(f"matmul_{slow}")
     if a is None or b is None or b.value <= 0:
-        return None, f"no {fast} and {slow} matrix-product ceilings for this GPU (run notebook 00)"
-    return a.value / b.value, f"{fast} {a.value:,.4g} / {slow} {b.value:,.4g} TFLOP/s ({a.source})"
+        return None, (f"no {fast} and {slow} matrix-product ceilings for this GPU under the {facts.profile} profile "
+                      "(run notebook 00 under it first)" if facts.profile else
+                      f"no {fast} and {slow} matrix-product ceilings for this GPU (run notebook 00 first)")
+    return a.value / b.value, f"{whose} {fast} {a.value:,.4g} / {slow} {b.value:,.4g} TFLOP/s, {a.source}"
+
+
+# A TF32 product at least this much faster than an fp32 one is worth a check; under it (GeForce: TF32 at the fp32
+# rate) there is nothing to expect. The TF32 check's floor is capped lower than the 16-bit one's: only the
+# convolutions change, the CNN's activations stay fp32.
+TF32_WORTH = 1.5
+TF32_CAP = 1.3
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """One of notebook 06's speed checks as this GPU's rates set it, before anything is timed: the band or floor
+    it will be judged by, where that comes from, or why the check cannot happen here (never passed then)."""
+
+    name: str
+    low: float | None
+    high: float | None
+    applies: bool
+    why: str
+
+    def line(self) -> str:
+        if not self.applies:
+            return f"{self.name}: skipped here: {self.why}"
+        band = (f"at least {self.low:.3g}x" if self.high is None else f"between {self.low:.3g}x and {self.high:.3g}x")
+        return f"{self.name}: {band}: {self.why}"
+
+
+def expectations(facts: DeviceFacts | None = None, half: str | None = None) -> dict[str, Expectation]:
+    """What notebook 06's self-checks (section 9) will ask of this GPU, from the rates they use, so that section 2
+    can say it first and section 9 judges by the very same numbers:
+
+    - "cnn": the CNN's best 16-bit / fp32 images/s, the band of this GPU's class (bands.toml, derived from the
+      class's datasheet rates: gpulab.core.rates); under a GPU profile it is not judged (the timings are this GPU's);
+    - "gpt": the GPT's `half` / fp32 tokens/s, at least `speedup_floor` of this GPU's own `half` / fp32 ceilings
+      (`rate_ratio`: notebook 00's measurements, else this GPU's datasheet);
+    - "tf32": the CNN's tf32 / fp32 images/s, at least `speedup_floor` (capped at TF32_CAP) of this GPU's tf32 / fp32
+      ceilings; skipped, with the reason, where there is no TF32 (the CPU, Volta, Turing) or TF32 runs at about
+      the fp32 rate (GeForce).
+
+    The checks that need a GPU at full size say so in the notebook; these are the rates' part."""
+    from gpulab.core.bands import gpu_class, load_bands
+    from gpulab.models.precision import best_half
+
+    facts = facts or device_facts()
+    half = half or best_half(facts)
+    out = {}
+    cls = gpu_class(facts)
+    band = load_bands().band(cls, "06")
+    cnn = "CNN best 16-bit / fp32 images per second"
+    cpu = (f"CPU run (the {facts.profile} profile's control flow): no GPU to time" if facts.profile else
+           "CPU run: no Tensor Cores, and tiny sizes")
+    if not facts.on_gpu:
+        out["cnn"] = Expectation(cnn, None, None, False, cpu)
+    elif band is None or not band.applies:
+        out["cnn"] = Expectation(cnn, None, None, False, band.why if band is not None and band.why else
+                                 f"no band for lesson 06 in class {cls}")
+    elif facts.profile:
+        out["cnn"] = Expectation(cnn, band.low, band.high, False,
+                                 f"emulating the {facts.profile} profile: the {cls} band [{band.low:g}, {band.high:g}] "
+                                 "is a real card's, the timing this GPU's, so it is not judged")
+    else:
+        out["cnn"] = Expectation(cnn, band.low, band.high, True,
+                                 f"the band of this GPU's class, {cls} (gpulab/core/bands.toml, derived from the "
+                                 "class's datasheet rates by gpulab.core.rates)")
+    gpt = f"GPT {half} / fp32 tokens per second"
+    if not facts.on_gpu or facts.tensor_core_generation is None:
+        out["gpt"] = Expectation(gpt, None, None, False, cpu if not facts.on_gpu else "no Tensor Cores on this GPU")
+    else:
+        ratio, source = rate_ratio(half)
+        floor = speedup_floor(ratio)
+        out["gpt"] = (Expectation(gpt, None, None, False, source) if floor is None else
+                      Expectation(gpt, floor, None, True,
+                                  f"its products {ratio:.3g}x faster in {half} ({source}), at least "
+                                  f"{PRODUCT_SHARE_MIN:.0%} of the fp32 step, the rest no faster (Amdahl), capped at 2x"))
+    tf32 = "CNN tf32 / fp32 images per second"
+    if facts.kind != "cuda":
+        out["tf32"] = Expectation(tf32, None, None, False, "CPU run: TF32 is a Tensor Core format of NVIDIA GPUs")
+    elif not facts.tf32:
+        cc = facts.compute_capability
+        out["tf32"] = Expectation(tf32, None, None, False,
+                                  f"no TF32 on {facts.architecture} (compute capability {cc[0]}.{cc[1]}): it arrived "
+                                  "with Ampere (8.0), so fp32 products and convolutions run as IEEE fp32 and there is "
+                                  "no TF32 run to compare")
+    elif not facts.on_gpu:
+        out["tf32"] = Expectation(tf32, None, None, False, cpu)
+    else:
+        ratio, source = rate_ratio("tf32")
+        if ratio is None:
+            out["tf32"] = Expectation(tf32, None, None, False, source)
+        elif ratio < TF32_WORTH:
+            out["tf32"] = Expectation(tf32, None, None, False,
+                                      f"TF32 products are not much faster than fp32 ones on this GPU ({ratio:.3g}x: "
+                                      f"{source}): nothing to expect")
+        else:
+            out["tf32"] = Expectation(tf32, speedup_floor(ratio, cap=TF32_CAP), None, True,
+                                      f"its products {ratio:.3g}x faster in TF32 ({source}), the same Amdahl floor, "
+                                      f"capped at {TF32_CAP:g}x (only the convolutions change)")
+    return out
 
 
 def config(scale: str | None = None) -> dict:

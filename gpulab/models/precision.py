@@ -338,15 +338,15 @@ def make_scaler(precision: str, device: torch.device | None = None) -> torch.amp
     return torch.amp.GradScaler(device.type) if SPECS[precision].scaler else None
 
 
-def _datasheet_speedups(facts: DeviceFacts) -> tuple[float | None, float | None, str]:
-    """(16-bit / fp32, tf32 / fp32) rates of this GPU's datasheet (gpulab.core.specs: bf16 where native, else
-    fp16, both with fp32 accumulation), None where it is not in the table, and the datasheet's name."""
-    from gpulab.core.specs import datasheet_for
-    sheet = datasheet_for(facts.name) if facts.name else None
+def _datasheet_speedups(facts: DeviceFacts):
+    """(16-bit / fp32 (least, most), tf32 / fp32, the datasheet) of this GPU's datasheet (under a GPU profile the
+    profile's; gpulab.core.specs: bf16 where native, else fp16, both with fp32 accumulation, and on a
+    power-capped board the least at its power limit: `Datasheet.half_ratio_range`, the rates its class's bands
+    are derived from), Nones where it is not in the table."""
+    sheet = facts.datasheet
     if sheet is None or not sheet.fp32:
-        return None, None, ""
-    half = (sheet.bf16 if facts.bf16 else None) or sheet.fp16
-    return (half / sheet.fp32 if half else None), (sheet.tf32 / sheet.fp32 if sheet.tf32 else None), sheet.source
+        return None, None, None
+    return sheet.half_ratio_range(facts.bf16), (sheet.tf32 / sheet.fp32 if sheet.tf32 else None), sheet
 
 
 def what_to_expect(facts: DeviceFacts | None = None) -> list[str]:
@@ -364,14 +364,20 @@ def what_to_expect(facts: DeviceFacts | None = None) -> list[str]:
                      "at best twice fp32 (P100), and on most consumer Pascal cards fp16 arithmetic is far "
                      "slower than fp32. Expect little or no speed-up; the memory saving remains.")
     else:
-        half_x, tf32_x, from_ = _datasheet_speedups(facts)
-        if half_x is not None:
+        half_range, tf32_x, sheet = _datasheet_speedups(facts)
+        from_ = sheet.source if sheet is not None else ""
+        if half_range is not None:
             whose = f"the {facts.profile} profile's datasheet" if facts.profile else "this GPU's datasheet"
-            rate = f"about {half_x:.2g}x fp32's rate on {whose} ({from_})"
+            least, most = half_range
+            rate = f"about {most:.2g}x fp32's rate on {whose} ({from_})"
+            if least < most:         # a power-capped board (gpulab.core.specs.POWER_CAPPED_HALF_SHARE)
+                rate += (f", but a {sheet.board_w:g} W board cannot hold that under a long product: a T4 held about "
+                         f"{100 * sheet.sustained_half(facts.bf16) / sheet.half(facts.bf16):.0f}% of its 16-bit peak "
+                         f"at its power limit, so expect between {least:.2g}x and {most:.2g}x")
         elif facts.geforce:
-            rate = ("about twice fp32's rate, as on the GeForce cards NVIDIA's Ampere GA102 and Ada whitepapers list "
-                    "(16-bit products with fp32 accumulation, what PyTorch uses, at half the data-centre parts' "
-                    "rate)")
+            rate = ("about twice fp32's rate (four times on Turing), as on the GeForce cards NVIDIA's Turing, Ampere "
+                    "GA102 and Ada whitepapers list (16-bit products with fp32 accumulation, what PyTorch uses, at half "
+                    "the data-centre parts' rate)")
         else:
             rate = "several times fp32's rate on a data-centre part (this GPU is not in gpulab.core.specs)"
         lines.append(f"{arch} (compute capability {cc[0]}.{cc[1]}) has generation-"

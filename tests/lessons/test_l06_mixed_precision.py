@@ -56,3 +56,53 @@ def test_the_16bit_floor_follows_this_gpus_own_product_rates():
     assert speedup_floor(h200.bf16 / h200.fp32) == 2.0        # an H200 still is (capped)
     assert speedup_floor(rtx.tf32 / rtx.fp32, cap=1.3) == pytest.approx(1.0)
     assert speedup_floor(None) is None and speedup_floor(0.0) is None
+
+
+def _facts(name, cc, **profile):
+    import dataclasses
+    from gpulab.core.device import facts_for_capability
+    return dataclasses.replace(facts_for_capability(name, *cc), **profile)
+
+
+def test_expectations_take_the_cnn_band_of_this_gpus_class(monkeypatch):
+    """Issue 40, 06: the CNN band on GeForce was the data-centre band; section 2 says, and section 9 judges by, the
+    band of the GPU's own class."""
+    from gpulab.core.bands import load_bands
+    from gpulab.lessons.l06_mixed_precision import expectations
+    bands = load_bands()
+    for name, cc, cls in (("NVIDIA GeForce RTX 4090", (8, 9), "geforce"), ("Tesla T4", (7, 5), "power-capped"),
+                          ("Tesla V100-SXM2-16GB", (7, 0), "pre-ampere"), ("NVIDIA H200", (9, 0), "tensor-core")):
+        cnn = expectations(_facts(name, cc))["cnn"]
+        band = bands.band(cls, "06")
+        assert cnn.applies and (cnn.low, cnn.high) == (band.low, band.high) and cls in cnn.why, name
+    under = expectations(_facts("Tesla T4", (7, 5), profile="t4", emulated_on="NVIDIA H200"))["cnn"]
+    assert not under.applies and "emulating the t4 profile" in under.why
+    on_cpu = expectations(_facts("Tesla T4", (7, 5), profile="t4", emulated_on="x86_64", real_kind="cpu"))
+    assert "CPU run (the t4 profile's control flow)" in on_cpu["cnn"].why and "CPU run" in on_cpu["gpt"].why
+    assert "no TF32 on Turing" in on_cpu["tf32"].why          # the class's reason first: it holds on a real T4 too
+
+
+def test_the_tf32_check_is_skipped_with_its_reason_where_it_cannot_happen(monkeypatch):
+    """Issue 40, 06: on Turing the TF32 check was silently absent; it is now skipped, saying why, as on Volta, on
+    GeForce (TF32 at the fp32 rate) and on the CPU; where TF32 is fast it applies with a floor from the same rates."""
+    from gpulab.core.ceilings import Ceiling
+    from gpulab.lessons import l06_mixed_precision as L06
+
+    def ceilings_of(**tflops):
+        return lambda store=None: {f"matmul_{p}": Ceiling(f"matmul_{p}", v, "TFLOP/s", "measured now (full)")
+                                   for p, v in tflops.items()}
+    import gpulab.core.ceilings as C
+    monkeypatch.setattr(C, "ceilings", ceilings_of(fp32=50.0, tf32=350.0, fp16=700.0, bf16=700.0))
+    turing = L06.expectations(_facts("Tesla T4", (7, 5)))["tf32"]
+    assert not turing.applies and "no TF32 on Turing" in turing.why and "Ampere (8.0)" in turing.why
+    assert "skipped here: no TF32 on Turing" in turing.line()
+    assert "no TF32 on Volta" in L06.expectations(_facts("Tesla V100-SXM2-16GB", (7, 0)))["tf32"].why
+    hopper = L06.expectations(_facts("NVIDIA H200", (9, 0)))
+    assert hopper["tf32"].applies and hopper["tf32"].low == pytest.approx(L06.TF32_CAP)
+    assert hopper["gpt"].applies and hopper["gpt"].low == pytest.approx(2.0) and "700 / fp32 50" in hopper["gpt"].why
+    monkeypatch.setattr(C, "ceilings", ceilings_of(fp32=82.0, tf32=82.0, bf16=160.0))     # a 4090's rates
+    ada = L06.expectations(_facts("NVIDIA GeForce RTX 4090", (8, 9)))
+    assert not ada["tf32"].applies and "not much faster" in ada["tf32"].why
+    assert ada["gpt"].low == pytest.approx(L06.speedup_floor(160 / 82))
+    monkeypatch.setattr(C, "ceilings", ceilings_of())                                     # notebook 00 not run
+    assert "run notebook 00" in L06.expectations(_facts("NVIDIA H200", (9, 0)))["gpt"].why

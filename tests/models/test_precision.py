@@ -331,3 +331,10 @@ def test_what_to_expect_gives_this_gpus_rates_not_a_data_centre_parts():
     unknown = " ".join(P.what_to_expect(facts_for_capability("NVIDIA GeForce RTX 5070", 12, 0)))
     if facts_for_capability("NVIDIA GeForce RTX 5070", 12, 0).geforce:
         assert "about twice fp32" in unknown and "about the fp32 rate" in unknown
+
+
+def test_what_to_expect_says_a_power_capped_board_holds_less_than_its_datasheet():
+    # issue 40: a 70 W T4 at its power limit ran a long fp16 product at about 24 of its 65 TFLOP/s
+    t4 = " ".join(P.what_to_expect(facts_for_capability("Tesla T4", 7, 5)))
+    assert "about 8x fp32's rate" in t4 and "a 70 W board cannot hold that" in t4 and "between 3x and 8x" in t4
+    assert "cannot hold" not in " ".join(P.what_to_expect(HOPPER))
