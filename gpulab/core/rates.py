@@ -109,7 +109,8 @@ def matmul_rate(precision: str, facts=None) -> tuple[float | None, str]:
     facts = facts or device_facts()
     c = ceilings().get(f"matmul_{precision}")
     if c is not None:
-        whose = f"this GPU's ({facts.emulated_on}, running the {facts.profile} profile)" if facts.profile else "this GPU's"
+        whose = (f"this machine's ({facts.emulated_on}, running the {facts.profile} profile)" if facts.profile
+                 else "this GPU's" if facts.on_gpu else "this CPU's")
         return c.value, (f"{whose} {precision} ceiling, {c.source}" if c.source.startswith("measured")
                          else f"{whose} {c.source}")
     sheet = facts.datasheet
@@ -121,7 +122,7 @@ def matmul_rate(precision: str, facts=None) -> tuple[float | None, str]:
             capped = f", {POWER_NOTE}" if sheet.power_capped and precision in ("fp16", "bf16") else ""
             return rate, (f"the {facts.profile} profile's datasheet ({sheet.model}: {sheet.source}{capped}); "
                           "this machine runs the timings, so they will not match it")
-    if facts.kind != "cuda":
-        return None, "no GPU here: a CPU has no matrix-product ceiling in gpulab's tables"
+    if not facts.on_gpu:
+        return None, "no GPU here, and notebook 00 has not measured this CPU's products"
     return None, f"no {precision} ceiling for this GPU: run notebook 00 first"
 

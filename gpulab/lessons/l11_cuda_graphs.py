@@ -12,7 +12,8 @@ CUDA graph replay, each checked before it is timed.
 - `capture_violation(kind)`: breaks a capture rule in a fresh process (a failed capture can leave
   the CUDA context unusable) and returns what PyTorch said.
 - `cudagraph_skips()`: how often torch.compile declined to record CUDA graphs in this process;
-  `step_profile(fn)`: where a step's time goes, host against GPU (host clock, profiler kernels);
+  `step_profile(fn)` / `step_profiles(fns)`: where a step's time goes, host against GPU (host clock, profiler
+  kernels), and `pace_verdict`: what that says sets the step's pace;
   `gpu_memory()`: allocated and reserved bytes, to see what a graph's private pool holds.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import statistics
 import sys
 import time
 from typing import Callable
@@ -29,7 +31,7 @@ from gpulab.core.children import at_once
 from gpulab.core.device import require_cuda, resolve_scale
 from gpulab.core.measured import Measured, Skipped
 from gpulab.core.predict import Plan, Work
-from gpulab.core.timing import MIN_CALLS, benchmark, capture_graph, pace
+from gpulab.core.timing import GPU_PACED_MIN, MIN_CALLS, benchmark, capture_graph, pace
 
 
 # -- knobs ------------------------------------------------------------------------------------------
@@ -59,8 +61,8 @@ def config(scale: str | None = None) -> dict:
 
 
 def plan(scale: str | None = None) -> Plan:
-    """What notebook 11 asks of the GPU at `scale` (gpulab.core.predict): only section 5's bf16 matmuls
-    are GPU work. The tiny-op chains (sweep, headline, panel) and the small MLP's steps are bound by
+    """What notebook 11 asks of the GPU at `scale` (gpulab.core.predict): only section 5's 16-bit matmuls (bf16
+    where the GPU runs it natively, else fp16: gpulab.core.predict's FALLBACK) are GPU work. The tiny-op chains (sweep, headline, panel) and the small MLP's steps are bound by
     kernel launches, not by the GPU: host time, as are torch.compile's compilation, the capture-rule
     child processes and the wall-clock budgets `benchmark` times for."""
     cfg = config(scale)
@@ -77,7 +79,7 @@ def plan(scale: str | None = None) -> Plan:
         # wall time on the H200 minus its GPU work (imports, compile, launch-bound loops, budgets);
         # the tiny scale keeps the full run's figure (no tiny reference run to calibrate it on)
         host_s=32.5,
-        work=[Work("matmul_bf16", calls * four, 0.9, f"{calls} x 4 bf16 matmuls n={n} (section 5)")],
+        work=[Work("matmul_bf16", calls * four, 0.9, f"{calls} x 4 16-bit matmuls n={n} (section 5)")],
         host_source="wall time of notebook 11 in results/h200-2026-11-30-course-2/h200-2026-11-30-course-2-timings.tsv (one H200, "
                     "torch 2.11, 2026-11-30) minus its GPU work at the ceilings in results/h200-2026-11-30-course/h200-2026-11-30-course.json",
     )
@@ -174,27 +176,75 @@ def cudagraph_skips() -> int:
     return int(counters["inductor"]["cudagraph_skips"])
 
 
-def step_profile(fn: Callable[[], object], steps: int = 20) -> dict[str, float]:
-    """Where one step's time goes, per step, after one warm call:
-    - `host ms`: host clock while `steps` calls are issued, before any synchronize (the CPU's own work;
-      it includes waiting only if the GPU's launch queue fills);
-    - `wall ms`: host clock until the GPU has finished them too;
-    - `GPU busy ms`: time at least one kernel (or copy) ran, over a second run of `steps` calls under a
-      kernel-only profile (`timing.pace`); `kernels`: how many ran per step.
-    A step whose host ms is close to its wall ms while the GPU is busy a fraction of it is host-bound:
-    the CPU, not the GPU, sets its pace. CUDA only."""
-    require_cuda(NO_GRAPHS)
+STEP_PROFILE_STEPS = 20
+
+
+def _host_and_wall(fn: Callable[[], object], steps: int) -> dict[str, float]:
+    """After one warm call and a synchronize: `steps` calls back to back, each one's issue time on the host clock
+    (no synchronize between them), then the wall time until the GPU has finished them too."""
     fn()
     torch.cuda.synchronize()
+    issue = []
     t0 = time.perf_counter()
     for _ in range(steps):
+        t = time.perf_counter()
         fn()
+        issue.append(time.perf_counter() - t)
     host = time.perf_counter() - t0
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
+    return {"host ms": host * 1e3 / steps, "host median ms": statistics.median(issue) * 1e3,
+            "host max ms": max(issue) * 1e3, "wall ms": wall * 1e3 / steps}
+
+
+def _busy(fn: Callable[[], object], steps: int) -> dict[str, float]:
     busy = pace(fn, steps, torch.device("cuda", torch.cuda.current_device()))
-    return {"host ms": host * 1e3 / steps, "wall ms": wall * 1e3 / steps,      # busy unknown: nan, not 0
-            "GPU busy ms": busy.busy_ms if busy else math.nan, "kernels": busy.kernels if busy else math.nan}
+    return {"GPU busy ms": busy.busy_ms if busy else math.nan,          # busy unknown: nan, not 0
+            "kernels": busy.kernels if busy else math.nan}
+
+
+def step_profile(fn: Callable[[], object], steps: int = STEP_PROFILE_STEPS) -> dict[str, float]:
+    """Where one step's time goes, per step, after one warm call:
+    - `host ms`: host clock while `steps` calls are issued, before any synchronize, over `steps` (the CPU's own
+      work; it includes waiting only if the GPU's launch queue fills); `host median ms` and `host max ms`: the
+      median and the longest of the calls' issue times one by one (a mean far above the median is a few slow
+      calls: a garbage collection, a recompile);
+    - `wall ms`: host clock until the GPU has finished them too, over `steps`;
+    - `GPU busy ms`: time at least one kernel (or copy) ran, over a second run of `steps` calls under a
+      kernel-only profile (`timing.pace`); `kernels`: how many ran per step.
+    A step whose host ms is close to its wall ms while the GPU is busy a fraction of it is host-bound:
+    the CPU, not the GPU, sets its pace (`pace_verdict`). CUDA only. To compare variants, `step_profiles` times
+    every one's host and wall before profiling any."""
+    require_cuda(NO_GRAPHS)
+    return {**_host_and_wall(fn, steps), **_busy(fn, steps)}
+
+
+def step_profiles(fns: dict[str, Callable[[], object]], steps: int = STEP_PROFILE_STEPS) -> dict[str, dict[str, float]]:
+    """`step_profile` of each variant, with every variant's host and wall time read before any profiler runs,
+    then each one's GPU busy time: a variant timed right after another's profile would carry whatever the
+    profiler session left behind (notebook 11 once timed its compiled step after two). CUDA only."""
+    require_cuda(NO_GRAPHS)
+    times = {name: _host_and_wall(fn, steps) for name, fn in fns.items()}
+    return {name: {**times[name], **_busy(fn, steps)} for name, fn in fns.items()}
+
+
+def pace_verdict(host_ms: float, wall_ms: float, busy_ms: float) -> tuple[str, str]:
+    """What sets a step's pace, from `step_profile`'s figures, and why: "the GPU" where its kernels fill at least
+    `timing.GPU_PACED_MIN` of the step (timing.pace's line); else "the host" where the host takes at least as long
+    to issue a step as the GPU to run it (the GPU waits for launches: host-bound), whatever the wall time adds
+    (a shared GPU, the queue draining at the end); else "something else" (the host issues faster than the GPU
+    runs, yet the GPU idles: a synchronization, a copy, another process); "unknown" without a busy time."""
+    if not all(math.isfinite(v) for v in (host_ms, wall_ms, busy_ms)) or wall_ms <= 0:
+        return "unknown", "the GPU's busy time was not measured (the profiler recorded nothing)"
+    share = min(busy_ms / wall_ms, 1.0)
+    if share >= GPU_PACED_MIN:
+        return "the GPU", f"its kernels fill {share:.0%} of the step (at least {GPU_PACED_MIN:.0%})"
+    if host_ms >= busy_ms:
+        return "the host", (f"the GPU is busy {share:.0%} of the step and the host needs {host_ms:.3g} ms to issue "
+                            f"what the GPU runs in {busy_ms:.3g} ms: host-bound")
+    return "something else", (f"the GPU is busy {share:.0%} of the step, yet the host issues it in {host_ms:.3g} ms, "
+                              f"less than the GPU's {busy_ms:.3g} ms: the GPU waits on something else (a "
+                              "synchronization, a copy, another process on the GPU)")
 
 
 def gpu_memory() -> tuple[int, int]:

@@ -138,3 +138,37 @@ def test_pool_split_separates_the_graphs_pool_from_what_outlives_it():
     got = pool_split(rows)
     assert got == {"private pool": 5.0, "kept after delete": 139.0, "cuBLAS workspaces": 137.0}
     assert pool_split(rows[:4])["cuBLAS workspaces"] is None
+
+
+@pytest.mark.parametrize("host, wall, busy, verdict", [
+    (1.626, 2.188, 0.205, "the host"),       # issue 40: the t4 profile's compiled step, 9 % busy, was "not host-bound"
+    (1.075, 1.078, 0.201, "the host"),       # the H200's compiled step (results/h200-2026-12-03-course)
+    (0.017, 0.218, 0.207, "the GPU"),        # the hand-captured graph: one launch, the GPU busy 95 %
+    (0.5, 1.0, 0.9, "the GPU"),              # exactly at timing.GPU_PACED_MIN: the GPU
+    (0.5, 1.0, 0.899, "something else"),     # just under it, the host issuing faster than the GPU runs
+    (0.899, 1.0, 0.899, "the host"),         # just under it, the host as slow as the GPU: the GPU waits on it
+    (0.898, 1.0, 0.899, "something else"),   # the host a hair faster than the GPU's work
+    (0.02, 5.0, 0.2, "something else"),      # issued at once, GPU busy 4 %: a sync, a copy or another process
+    (1.0, 1.0, float("nan"), "unknown"),     # the profiler recorded nothing
+    (1.0, 0.0, 0.5, "unknown"),
+])
+def test_pace_verdict_at_its_edges(host, wall, busy, verdict):
+    from gpulab.core.timing import GPU_PACED_MIN
+    from gpulab.lessons.l11_cuda_graphs import pace_verdict
+    assert GPU_PACED_MIN == 0.9
+    got, why = pace_verdict(host, wall, busy)
+    assert got == verdict, why
+    assert why and (verdict != "the host" or "host-bound" in why)
+
+
+def test_step_profiles_time_every_variant_before_profiling_any(monkeypatch):
+    """Issue 40, 11: the compiled step was timed after the eager and graph variants had been profiled; now every
+    variant's host and wall time come first, then each one's busy time."""
+    from gpulab.lessons import l11_cuda_graphs as L
+    calls = []
+    monkeypatch.setattr(L, "require_cuda", lambda why: None)
+    monkeypatch.setattr(L, "_host_and_wall", lambda fn, steps: calls.append(("time", fn())) or {"host ms": 1.0})
+    monkeypatch.setattr(L, "_busy", lambda fn, steps: calls.append(("profile", fn())) or {"GPU busy ms": 0.5})
+    out = L.step_profiles({"a": lambda: "a", "b": lambda: "b"})
+    assert calls == [("time", "a"), ("time", "b"), ("profile", "a"), ("profile", "b")]
+    assert out["b"] == {"host ms": 1.0, "GPU busy ms": 0.5}
