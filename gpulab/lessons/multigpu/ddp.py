@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
 from gpulab.core.device import float32_matmul
 from gpulab.core.timing import benchmark, gpu_kernels, release_cupti
@@ -164,9 +165,16 @@ def bucket_run(ctx: Ctx, base: nn.Module, xs: torch.Tensor, ys: torch.Tensor, re
                profile_steps: int = 0) -> dict:
     """DDP on a copy of `base` with gradient buckets of `cap` MiB (None: one bucket for the whole model):
     its gradients checked against `ref` (rank 0's single-device step on every process's samples), then
-    three timings on the same batch: the DDP step; compute only (the same step under `no_sync()`); the
-    communication alone (one all-reduce per bucket, laid out as DDP lays them out, started back to back
-    as DDP starts them). With `profile_steps`, on GPUs, also a profile of both steps (`profile_steps_of`).
+    four timings on the same batch: the DDP step; DDP without communication (a second copy whose comm hook
+    returns each bucket as it is, PyTorch's `noop_hook`: DDP's own work, the copies into the buckets and back
+    and its hooks, without the all-reduce); compute only (the DDP step under `no_sync()`, which skips DDP's
+    work too); the communication alone (one all-reduce per bucket, laid out as DDP lays them out, started back
+    to back as DDP starts them). With `profile_steps`, on GPUs, also a profile of the DDP step and of compute
+    only (`profile_steps_of`).
+
+    `hidden`: the share of the all-reduce the step did not pay for, against DDP without communication
+    (`overlap_fraction`); `overlap`: the same against compute only, which counts DDP's own copies and hooks as
+    communication that was not hidden.
 
     `gradient_as_bucket_view=True` makes each `.grad` a view into its bucket, so backward writes the
     gradients where the all-reduce reads them instead of being copied there; the views survive only
@@ -191,6 +199,14 @@ def bucket_run(ctx: Ctx, base: nn.Module, xs: torch.Tensor, ys: torch.Tensor, re
         with d.no_sync():
             forward_backward(d, xs, ys)
 
+    silent = nn.parallel.DistributedDataParallel(copy.deepcopy(base), device_ids=ids, bucket_cap_mb=cap_mb,
+                                                 gradient_as_bucket_view=gradient_as_bucket_view)
+    silent.register_comm_hook(None, noop_hook)          # each bucket stays as it is: no all-reduce
+
+    def ddp_without_comm():
+        silent.zero_grad(set_to_none=not gradient_as_bucket_view)
+        forward_backward(silent, xs, ys)
+
     with float32_matmul("ieee"):
         for _ in range(2):                 # the second step runs in the rebuilt buckets (and, as views, in them)
             ddp_step()
@@ -204,6 +220,7 @@ def bucket_run(ctx: Ctx, base: nn.Module, xs: torch.Tensor, ys: torch.Tensor, re
 
     with speed_mode(dev):
         t_ddp = benchmark(ddp_step, warmup=warmup, repeat=repeat, device=dev)
+        t_silent = benchmark(ddp_without_comm, warmup=warmup, repeat=repeat, device=dev)
         t_comp = benchmark(compute_only, warmup=warmup, repeat=repeat, device=dev)
         t_comm = benchmark(comm, warmup=warmup, repeat=repeat, device=dev)
         if profile_steps and dev.type == "cuda":
@@ -212,10 +229,12 @@ def bucket_run(ctx: Ctx, base: nn.Module, xs: torch.Tensor, ys: torch.Tensor, re
             profile = None if profile_steps == 0 else {
                 "skipped": "the profile reads CUDA kernels: with gloo on CPU processes the all-reduce runs on the host"}
     row = {"cap_mb": cap_mb, "label": label, "n_buckets": len(bufs), "gradient_as_bucket_view": gradient_as_bucket_view,
-           "grad_diff": diff, "ddp_ms": t_ddp.median_ms, "compute_ms": t_comp.median_ms, "comm_ms": t_comm.median_ms,
+           "grad_diff": diff, "ddp_ms": t_ddp.median_ms, "no_comm_ms": t_silent.median_ms, "compute_ms": t_comp.median_ms,
+           "comm_ms": t_comm.median_ms,
+           "hidden": overlap_fraction(t_silent.median_ms, t_comm.median_ms, t_ddp.median_ms),
            "overlap": overlap_fraction(t_comp.median_ms, t_comm.median_ms, t_ddp.median_ms),
            "ddp_ms_by_rank": ctx.gather(t_ddp.median_ms), "profile": profile}
-    return row                  # d, m and the buffers go with this frame
+    return row                  # d, m, silent and the buffers go with this frame
 
 
 def profile_steps_of(fns: dict[str, Callable[[], None]], steps: int, device: torch.device) -> dict:

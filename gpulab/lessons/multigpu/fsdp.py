@@ -15,7 +15,8 @@ from torch import nn
 from gpulab.core.device import float32_matmul
 from gpulab.core.timing import benchmark
 from gpulab.lessons.multigpu.arithmetic import FSDP_PREFETCH, GRAD_TOL, Mismatch, check_grads
-from gpulab.lessons.multigpu.worker import Ctx, build_model, forward_backward, global_batch, grads_of, speed_mode, timing_dict
+from gpulab.lessons.multigpu.worker import (Ctx, build_model, forward_backward, global_batch, grads_of, speed_mode,
+                                            timing_dict)
 
 
 def exp_fsdp(ctx: Ctx, model: dict, batch: int, warmup: int, repeat: int, updates: int = 3, lr: float = 1e-3,
