@@ -118,6 +118,8 @@ def _facts_for(monkeypatch, facts):
     ("NVIDIA H200", (9, 0), 13.3, "pass", 3.0),              # tensor-core band of lesson 00
     ("NVIDIA H200", (9, 0), 2.0, "FAIL", 3.0),
     ("NVIDIA GeForce RTX 4090", (8, 9), 2.0, "pass", 1.6),   # geforce: half-rate fp32-accumulate
+    ("Tesla T4", (7, 5), 2.5, "pass", 1.3),                  # power-capped: 24 of 65 TFLOP/s at 70 W
+    ("Tesla V100-SXM2-16GB", (7, 0), 4.0, "FAIL", 5.0),      # pre-ampere: its datasheet's 8x, not 3x
 ])
 def test_expect_band_takes_the_band_of_this_gpus_class_from_bands_toml(monkeypatch, capsys, name, cc, measured,
                                                                        status, low):
