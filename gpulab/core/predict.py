@@ -50,6 +50,8 @@ class Work:
     share: float = 1.0      # of the ceiling the work reaches
     what: str = ""
     job: str = ""           # the job whose batch it runs at, where the notebook caps that job's step (`StepCap`)
+    # False: work a class without this precision skips (a bf16 run on a T4) rather than runs in FALLBACK's
+    only_native: bool = False
 
     def __post_init__(self):
         if not 0 < self.share <= 1:
@@ -124,10 +126,10 @@ def predict(plan: Plan, rates: Mapping[str, float] | None = None) -> Prediction:
             missing.append(cap.ceiling)
     for w in plan.work:
         rate = rates.get(w.ceiling)
+        if rate is None and (w.ceiling in SKIPPED_WITHOUT or w.only_native) and "matmul_fp32" in rates:
+            continue           # a class with fp32 but no TF32 (or without this precision, for `only_native` work) skips it
         if rate is None and w.ceiling in FALLBACK:
             rate = rates.get(FALLBACK[w.ceiling])
-        if rate is None and w.ceiling in SKIPPED_WITHOUT and "matmul_fp32" in rates:
-            continue           # a class with fp32 but no TF32 skips that run
         if rate is None or rate <= 0:
             if w.ceiling not in missing:
                 missing.append(w.ceiling)
@@ -142,10 +144,14 @@ def datasheet_ceilings(profile) -> dict[str, float]:
     """A profile's rates from its datasheet (and PCIe link), times DATASHEET_SHARE: what the budget test
     predicts with. Precisions the class lacks are absent; a plan needing them on that class would
     not run that work there, so the plan itself must leave it out."""
-    from gpulab.core.specs import datasheet_for, pcie_peak_gbps
+    from gpulab.core.specs import POWER_CAPPED_HALF_SHARE, datasheet_for, pcie_peak_gbps
     sheet = datasheet_for(profile.name)
-    rates = {"matmul_fp32": sheet.fp32, "matmul_tf32": sheet.tf32, "matmul_fp16": sheet.fp16,
-             "matmul_bf16": sheet.bf16, "copy_bandwidth": sheet.mem_gbps}
+    # a power-capped board (a T4, an L4) holds a smaller share of its 16-bit peak than DATASHEET_SHARE under a long
+    # product: its sustained share (gpulab.core.specs.POWER_CAPPED_HALF_SHARE), the rate its class's bands use
+    half_share = min(1.0, POWER_CAPPED_HALF_SHARE / DATASHEET_SHARE) if sheet.power_capped else 1.0
+    rates = {"matmul_fp32": sheet.fp32, "matmul_tf32": sheet.tf32,
+             "matmul_fp16": sheet.fp16 and sheet.fp16 * half_share,
+             "matmul_bf16": sheet.bf16 and sheet.bf16 * half_share, "copy_bandwidth": sheet.mem_gbps}
     link = pcie_peak_gbps(profile.pcie_generation, 16)
     rates.update({name: link for name in ("h2d_pinned", "d2h_pinned")})
     # pageable copies go through a staging buffer at a fraction of the link (H200: 9 of 55 GB/s)
