@@ -242,3 +242,47 @@ def test_a_filter_value_with_spaces_is_quoted():
             Rec("14", "samples_per_s", 1120.0, extra={"variant": "DDP, 2 processes"})]
     assert check_markdown('ran 620–625 samples/s<!-- fig 14 samples_per_s variant="1 device, plain" --> here', recs) == []
     assert check_markdown("ran 620–625 samples/s<!-- fig 14 samples_per_s --> here", recs)      # both variants
+
+
+def test_a_figure_whose_records_are_of_several_variants_must_name_one():
+    """Issue 40 (notebook 14): a figure is one variant's; its tag names it when the records hold several."""
+    recs = [Rec("14", "samples_per_s", 622.0, extra={"variant": "1 device, plain"}),
+            Rec("14", "samples_per_s", 564.0, extra={"variant": "DataParallel, 2 GPU(s)"})]
+    [problem] = check_markdown("ran at 622 samples/s<!-- fig 14 samples_per_s --> here", recs)
+    assert "2 variants" in problem and 'variant="..."' in problem
+    assert check_markdown('ran at 622 samples/s<!-- fig 14 samples_per_s variant="1 device, plain" --> here', recs) == []
+    one = [Rec("14", "ddp_vs_dp", 1.4, extra={"gpus": 2})]            # no variant field: nothing to name
+    assert check_markdown("ran 1.4×<!-- fig 14 ddp_vs_dp --> faster", one) == []
+
+
+def test_beside_says_where_yours_ran_and_matches_only_the_figures_variant():
+    """Issue 40, notebook 14 cell 46: records of gloo on CPU processes beside an H200 read "same GPU", and the
+    plain step's 622 stood beside DataParallel's 564. Yours now carries its setting, a record run on the CPU is
+    no GPU's reference, and a figure is matched only to a record of its references' variant."""
+    from types import SimpleNamespace as R
+    md = ["The plain step ran at 622 samples/s<!-- fig 14 samples_per_s variant=\"1 device, plain\" -->. "
+          "DDP's overlap measured 0<!-- fig 14 ddp_overlap --> at every cap."]
+    refs = [Rec("14", "samples_per_s", 622.0, extra={"variant": "1 device, plain"}, source="results/a.json"),
+            Rec("14", "samples_per_s", 564.0, extra={"variant": "DataParallel, 2 GPU(s)"}, source="results/a.json"),
+            Rec("14", "ddp_overlap", 0.0, extra={"backend": "nccl", "device": "cuda"}, source="results/a.json"),
+            Rec("14", "ddp_overlap", 0.41, extra={"backend": "gloo", "device": "cpu"}, source="results/b.json")]
+    gpu = dict(gpu="NVIDIA H200", scale="full")
+    mine = [R(lesson="14", name="samples_per_s", value=630.0, extra={"variant": "1 device, plain", "backend": "nccl",
+                                                                     "device": "cuda", "processes": 1, "size": "full"}, **gpu),
+            R(lesson="14", name="samples_per_s", value=560.0, extra={"variant": "DataParallel, 1 GPU(s)"}, **gpu),
+            R(lesson="14", name="ddp_overlap", value=0.3, extra={"backend": "gloo", "device": "cpu", "processes": 2,
+                                                                 "size": "tiny"}, **gpu)]
+    plain, overlap = beside("14", mine, "NVIDIA H200", refs, md)
+    assert plain["yours"] == 630.0 and plain["record"] == '14/samples_per_s variant="1 device, plain"'
+    assert plain["regime"] == "same GPU; yours ran with backend=nccl, device=cuda, processes=1, size=full"
+    assert overlap["reference_range"] == (0.0, 0.0) and "b.json" not in overlap["reference"]   # the CPU record: none
+    assert overlap["regime"].startswith("CPU processes (gloo) beside the NVIDIA H200, tiny size")
+    # the newest samples_per_s is DataParallel's: it is not set beside the plain step's figure
+    only_dp = beside("14", mine[1:2], "NVIDIA H200", refs, md)[0]
+    assert only_dp["yours"] is None and only_dp["regime"] == (
+        'none of yours is the figure\'s (variant="1 device, plain"); your newest samples_per_s ran with '
+        'variant="DataParallel, 1 GPU(s)"')
+    # a tag without a variant whose references hold one matches only that variant
+    md_one = ["The step ran at 564 samples/s<!-- fig 14 samples_per_s --> on two GPUs."]
+    row, = beside("14", mine, "NVIDIA H200", refs[1:2], md_one)
+    assert row["yours"] is None and row["record"] == '14/samples_per_s variant="DataParallel, 2 GPU(s)"'

@@ -149,20 +149,50 @@ def selected(tag: Tag, extra: dict | None) -> bool:
     return all(str((extra or {}).get(k)) == v for k, v in tag.where)
 
 
+# Extra fields that say which variant of a measurement a record holds and where it ran, where that is not the
+# record's GPU at its scale (lesson 14 runs its multi-process parts with gloo on CPU processes at the tiny size
+# beside a single GPU: device="cpu"). A record with device "cpu" is no reference for a GPU's figure.
+SETTING_KEYS = ("variant", "backend", "device", "processes", "size")
+
+
+def key_values(pairs: Iterable[tuple[str, Any]]) -> str:
+    """KEY=VALUE pairs as a tag writes them: 'variant="DDP, 1 process", backend=gloo'."""
+    return ", ".join(f'{k}="{v}"' if re.search(r"[\s,]", str(v)) else f"{k}={v}" for k, v in pairs)
+
+
+def setting(extra: dict | None, leave_out: Iterable[str] = ()) -> str:
+    """A record's variant and where it ran, from its extra fields: "backend=gloo, device=cpu, processes=2"."""
+    extra, leave_out = extra or {}, set(leave_out)
+    return key_values((k, extra[k]) for k in SETTING_KEYS if k in extra and k not in leave_out)
+
+
+def reference_records(tag: Tag, records: Iterable[Rec]) -> list[Rec]:
+    """Every committed record the tag names that is a GPU's figure: on a GPU, at full size, no profile, no "shared"
+    mark (other processes on the GPU, a room, or a MIG slice: `monitor.sharing_mark`; no reference for a whole
+    GPU's figure) and not run on the CPU beside the GPU (extra device "cpu")."""
+    name = tag.name.partition(".")[0]
+    return [r for r in records
+            if r.lesson == tag.lesson and r.name == name and r.gpu != "CPU" and r.scale == "full"
+            and not (r.extra or {}).get("profile") and not (r.extra or {}).get("shared")
+            and (r.extra or {}).get("device") != "cpu" and selected(tag, r.extra)]
+
+
 def matching(tag: Tag, records: Iterable[Rec]) -> list[tuple[float, str]]:
-    """(value, file) of every committed GPU record at full size, no profile, and no "shared" mark (other
-    processes on the GPU, a room, or a MIG slice: `monitor.sharing_mark`; no reference for a whole GPU's
-    figure), that the tag names."""
-    name, _, key = tag.name.partition(".")
+    """(value, file) of each of the tag's `reference_records` that holds a number where the tag reads."""
+    key = tag.name.partition(".")[2]
     out = []
-    for r in records:
-        if (r.lesson != tag.lesson or r.name != name or r.gpu == "CPU" or r.scale != "full"
-                or (r.extra or {}).get("profile") or (r.extra or {}).get("shared") or not selected(tag, r.extra)):
-            continue
+    for r in reference_records(tag, records):
         value = (r.extra or {}).get(key) if key else r.value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out.append((float(value), r.source))
     return out
+
+
+def variants(tag: Tag, records: Iterable[Rec]) -> list[str]:
+    """The variants (extra "variant") among the tag's references, where the tag does not name one itself."""
+    if any(k == "variant" for k, _ in tag.where):
+        return []
+    return sorted({str(r.extra["variant"]) for r in reference_records(tag, records) if "variant" in (r.extra or {})})
 
 
 def check_markdown(md: str, records: Iterable[Rec], where: str = "markdown") -> list[str]:
@@ -192,6 +222,11 @@ def check_markdown(md: str, records: Iterable[Rec], where: str = "markdown") -> 
                                 f"lesson {tag.lesson} name {tag.name} (GPU, scale full, no profile) "
                                 f"in results/")
                 continue
+            several = variants(tag, records)
+            if len(several) > 1:
+                # a figure is one variant's (issue 40: DataParallel's 564 once stood beside the plain step's 622)
+                problems.append(f"{where}: {shown} in {plain(sentence)!r}: the records {tag.lesson}/{tag.name} are of "
+                                f"{len(several)} variants ({', '.join(several)}): name the figure's with variant=\"...\"")
             values = [v for v, _ in found]
             lo_v, hi_v = min(values), max(values)
             lo = lo_v - abs(lo_v) * tag.tol_pct / 100
@@ -295,32 +330,60 @@ def beside(lesson: str, mine: Iterable[Any], gpu_now: str, references: Iterable[
     """One row per tagged figure of lesson `lesson`'s prose: the figure as the prose shows it, the
     reference runs it comes from (files and GPUs), and the learner's newest value of the same record
     (`mine`: records with lesson, name, value, gpu, scale, extra; scaled as the prose shows it), with how
-    the two compare: "same GPU", "another GPU", "emulating a profile", "tiny size (CPU)", "not run yet", or for
-    a probe's record (PROBES) "reference only: ..." with its script."""
+    the two compare: "same GPU", "another GPU", "emulating a profile", "tiny size (CPU)", "CPU processes" (a
+    measurement run on the CPU beside this GPU), "not run yet", or for a probe's record (PROBES) "reference only:
+    ..." with its script. Yours is matched only to a record of the figure's variant (the tag's KEY=VALUE filters,
+    and the variant of its references), and the regime says where yours ran (`setting`)."""
     markdown = notebook_markdown(lesson) if markdown is None else markdown
-    references = committed_records() if references is None else tuple(references)
+    committed = committed_records() if references is None else tuple(references)
     mine = list(mine)
     rows = []
     for md in markdown or []:
         for fig in prose_figures(md):
             name = fig.tag.name.partition(".")[0]
-            refs = matching(fig.tag, references)
-            ref_recs = [r for r in references if r.lesson == fig.tag.lesson and r.name == name
-                        and r.gpu != "CPU" and r.scale == "full" and not (r.extra or {}).get("profile")
-                        and selected(fig.tag, r.extra)]
-            ours = [r for r in mine if str(r.lesson) == fig.tag.lesson and r.name == name
-                    and selected(fig.tag, r.extra) and _value(r.value, r.extra, fig.tag) is not None]
-            row = {"figure": fig.shown, "record": f"{fig.tag.lesson}/{fig.tag.name}", "sentence": fig.sentence,
+            refs = matching(fig.tag, committed)
+            ref_recs = reference_records(fig.tag, committed)
+            ref_variants = {str(r.extra["variant"]) for r in ref_recs if "variant" in (r.extra or {})}
+            named = [k for k, _ in fig.tag.where]
+            same_name = [r for r in mine if str(r.lesson) == fig.tag.lesson and r.name == name
+                         and _value(r.value, r.extra, fig.tag) is not None]
+            ours = [r for r in same_name if selected(fig.tag, r.extra)
+                    and (not ref_variants or str((r.extra or {}).get("variant")) in ref_variants)]
+            chosen = list(fig.tag.where) + ([("variant", next(iter(ref_variants)))]
+                                            if len(ref_variants) == 1 and "variant" not in named else [])
+            record = f"{fig.tag.lesson}/{fig.tag.name}" + (f" {key_values(chosen)}" if chosen else "")
+            row = {"figure": fig.shown, "record": record, "sentence": fig.sentence,
                    "reference": ", ".join(sorted({f"{Path(r.source).name} ({r.gpu})" for r in ref_recs})) or "none",
                    "reference_range": (min(v for v, _ in refs) * fig.tag.k, max(v for v, _ in refs) * fig.tag.k)
                    if refs else None, "yours": None, "regime": "not run yet"}
             if (fig.tag.lesson, name) in PROBES:
                 row["regime"] = f"reference only: a probe no notebook runs ({PROBES[fig.tag.lesson, name]})"
+            elif same_name and not ours:
+                row["regime"] = (f"none of yours is the figure's ({key_values(chosen)}); your newest {name} ran "
+                                 f"with {setting(same_name[-1].extra) or 'no setting recorded'}")
             if ours:
                 r = ours[-1]
                 row["yours"] = _value(r.value, r.extra, fig.tag)
-                row["regime"] = ("emulating " + str(r.extra.get("profile")) if (r.extra or {}).get("profile") else
-                                 "tiny size (CPU)" if r.gpu == "CPU" or r.scale != "full" else
-                                 "same GPU" if r.gpu in {x.gpu for x in ref_recs} else f"another GPU ({r.gpu})")
+                row["regime"] = regime(r, {x.gpu for x in ref_recs})
+                where = setting(r.extra, leave_out=[k for k, _ in chosen])
+                if where:
+                    row["regime"] += f"; yours ran with {where}"
             rows.append(row)
     return rows
+
+
+def regime(r: Any, reference_gpus: set[str]) -> str:
+    """How a learner's record compares with the reference runs on `reference_gpus`: under a profile, on the CPU
+    (the machine's, or CPU processes beside its GPU), at the tiny size, on the same GPU or on another one."""
+    extra = r.extra or {}
+    tiny = r.scale != "full" or extra.get("size") == "tiny"
+    if extra.get("profile"):
+        return "emulating " + str(extra.get("profile"))
+    if r.gpu == "CPU":
+        return "tiny size (CPU)"
+    if extra.get("device") == "cpu":
+        backend = f" ({extra['backend']})" if "backend" in extra else ""
+        return f"CPU processes{backend} beside the {r.gpu}" + (", tiny size" if tiny else "")
+    if tiny:
+        return "tiny size"
+    return "same GPU" if r.gpu in reference_gpus else f"another GPU ({r.gpu})"
