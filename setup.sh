@@ -4,7 +4,7 @@
 #   bash setup.sh lab     # install, then start JupyterLab on your working copy my-notebooks/ (localhost, with a token)
 #   bash setup.sh test    # install, then run every test (unit tests + notebooks under nbval)
 #
-#   bash setup.sh hub     # install JupyterHub and its proxy, then start a workshop hub (README: "Running a workshop")
+#   bash setup.sh hub     # install JupyterHub and its proxy, then start a workshop hub (docs/instructors.md: "Running a workshop")
 #
 # and one that installs nothing:
 #
@@ -187,7 +187,7 @@ else
 fi
 
 if [ "$mode" = hub ]; then
-  # the workshop hub (workshop/jupyterhub_config.py; README.md, "Running a workshop")
+  # the workshop hub (workshop/jupyterhub_config.py; docs/instructors.md, "Running a workshop")
   export PATH="$PWD/.hub/node_modules/.bin:$PWD/$venv/bin:$PATH"
   echo "setup: starting JupyterHub for a workshop room (workshop/jupyterhub_config.py); learners log in on port 8000"
   exec "$venv/bin/jupyterhub" -f workshop/jupyterhub_config.py "$@"

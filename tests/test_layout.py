@@ -1,7 +1,8 @@
 """The package's layout is its architecture, and each lesson's measurement exists once.
 
 - `gpulab/core` imports nothing from the rest of gpulab, and every folder imports only from the floors below it
-  (`LAYERS`; the one declared exception: lesson 15 stands on `diagnose/`), as the README's table says;
+  (`LAYERS`; the one declared exception: lesson 15 stands on `diagnose/`), as the package table of
+  docs/adding-a-lesson.md says, in that order;
 - every `gpulab bench` row is a lesson module's `headline(scale)`, and the bench builds no workload itself;
 - every benched lesson's notebook runs its self-check on that same `headline()`;
 - no private name of a gpulab module is used from another module;
@@ -100,13 +101,14 @@ def test_the_layering_check_sees_an_arrow_up_and_a_sideways_one():
     assert used == {("lessons/l15_your_training_step.py", "diagnose")}
 
 
-def test_every_package_folder_is_what_the_readme_says():
+def test_every_package_folder_is_what_the_package_page_says_in_floor_order():
     folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
     assert folders == ["core", "diagnose", "exercises", "lessons", "models", "notebook", "tools"]
     assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py"]     # nothing flat beside them
-    readme = (ROOT / "README.md").read_text()
-    for folder in folders:
-        assert f"`gpulab/{folder}/`" in readme, f"README's helper-package table does not name gpulab/{folder}/"
+    page = (ROOT / "docs" / "adding-a-lesson.md").read_text()
+    rows = re.findall(r"^\| `gpulab/(\w+)/` \|", page, re.M)
+    assert sorted(rows) == folders, f"the package table of docs/adding-a-lesson.md names {rows}, the package has {folders}"
+    assert rows == [f for floor in LAYERS for f in floor], f"the package table is not in floor order (LAYERS): {rows}"
 
 
 def lesson_modules() -> list[Path]:

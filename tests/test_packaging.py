@@ -77,3 +77,22 @@ def test_the_learners_working_copy_is_git_ignored_where_setup_sh_makes_it():
     default = re.search(r"work=\$\{GPULAB_NOTEBOOKS:-([\w.-]+)\}", script).group(1)
     assert f"/{default}/" in (ROOT / ".gitignore").read_text().splitlines()
     assert f"{default}/" in (ROOT / "README.md").read_text()
+
+
+def test_the_readme_links_its_pages_and_every_relative_link_of_the_pages_resolves():
+    """The README starts quickly and links the rest (docs/): each docs page is linked from it, and every relative
+    link in the README and the pages names a file or folder that exists."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    assert pages, "no docs/ pages"
+    unlinked = [p.name for p in pages if f"](docs/{p.name}" not in readme]
+    assert not unlinked, f"docs pages the README does not link: {unlinked}"
+    broken = []
+    for page in [ROOT / "README.md", *pages, ROOT / "results" / "README.md"]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue                                     # a web address, or a heading on the same page
+            path = (page.parent / target.split("#")[0]).resolve()
+            if not path.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, "links to nothing:\n" + "\n".join(broken)

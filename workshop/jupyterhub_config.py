@@ -4,7 +4,7 @@
 # copy, and a GPU, a MIG slice or a share of one (GPULAB_HUB_DEVICES); their results go to the room
 # folder, which you watch with
 #     .venv/bin/gpulab room room/ --learners --watch 10
-# See README.md, "Running a workshop", for the steps from an empty server to a room. Plain HTTP: put it
+# See docs/instructors.md, "Running a workshop", for the steps from an empty server to a room. Plain HTTP: put it
 # behind a TLS reverse proxy, or set c.JupyterHub.ssl_cert / ssl_key, before passwords cross a network.
 import os
 

@@ -9,7 +9,7 @@ profile's (`torch.cuda.set_per_process_memory_fraction`). It is honest: every no
 says a profile is emulated, and that timings and the SM count are still this GPU's. A MIG-slice
 profile's green context (gpulab.core.device) gives the process the slice's SMs, but not the slice's share
 of the memory bandwidth, and processes under it still take turns on the GPU as on any time-sliced one:
-seven learners under h200-1g on one H200 ran at about a seventh of one alone (README, "A room of seven").
+seven learners under h200-1g on one H200 ran at about a seventh of one alone (docs/instructors.md, "A room of seven").
 `python -m gpulab.tools.roomrun --mps` runs a room under CUDA MPS instead: side by side, each learner held to
 its slice's share of the SMs by MPS rather than a green context.
 

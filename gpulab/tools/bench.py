@@ -11,7 +11,7 @@ and returns a `Measured`); its `TITLE` and `HEADLINE` (the metric) name the row.
 Bands come from `gpulab/core/bands.toml` (one per lesson and GPU class: `tensor-core`, the classes that narrow it
 (`power-capped`, `geforce`, `pre-ampere`: gpulab.core.bands.gpu_class), `pre-volta`,
 `cpu`), each with its source. A ratio inside its band passes; the CPU class and tiny-scale runs are
-reported "n/a", never passed or failed. Adding a lesson: README's "Adding a lesson".
+reported "n/a", never passed or failed. Adding a lesson: docs/adding-a-lesson.md.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class Experiment:
     """One registry entry: a lesson module, and how to read its ratio back from the results store.
 
     `from_store` reads the same ratio from a results-store file's records (those the notebook
-    recorded), so `gpulab room` and the README table can use notebook runs too; None if the
+    recorded), so `gpulab room` and the measured-on table can use notebook runs too; None if the
     notebook does not record it.
     """
 

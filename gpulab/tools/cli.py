@@ -4,10 +4,10 @@ Exit status 0 when everything the course needs is there, 1 otherwise; each
 problem comes with a concrete fix. `--cpu-ok` accepts a machine without a GPU
 (the course then runs at tiny size and its numbers are only illustrative).
 
-For instructors and maintainers (see README, "For instructors"):
+For instructors and maintainers (see docs/instructors.md):
 `gpulab bench` runs each lesson's headline comparison headless against its band
 (gpulab.tools.bench); `gpulab room FOLDER` merges a room's results files (gpulab.tools.room);
-`gpulab report` prints or rewrites the README's "measured on" block.
+`gpulab report` prints or rewrites the "measured on" block of docs/results.md.
 For learners after the course: `gpulab diagnose SCRIPT` profiles their own training step
 (gpulab.diagnose, notebook 15).
 """
@@ -428,11 +428,11 @@ def _room_rounds(args, R) -> int:
 
 
 def report(argv: list[str] | None = None) -> int:
-    """`gpulab report`: print the README's "measured on" block, or rewrite it with --readme."""
+    """`gpulab report`: print the "measured on" block (docs/results.md), or rewrite it in a file with --readme."""
     from gpulab.tools import room as R
 
     parser = argparse.ArgumentParser(
-        prog="gpulab report", description="The README's 'measured on' block, from the committed results files.")
+        prog="gpulab report", description="The 'measured on' block of docs/results.md, from the committed results files.")
     parser.add_argument("--results", default="results", help="folder of committed results files (default: results)")
     parser.add_argument("--readme", metavar="PATH", default=None,
                         help="rewrite the block between the measured-on markers in this file")
@@ -631,13 +631,13 @@ def diagnose(argv: list[str] | None = None) -> int:
 USAGE = """usage: gpulab doctor [--cpu-ok] [--json]
        gpulab bench [--scale tiny|full|auto] [--lessons 03,05] [--json PATH] [--check] [--bands PATH] [--no-suite]
        gpulab room FOLDER [--png out.png] [--json out.json] [--markdown]
-       gpulab report [--readme README.md] [--results results]
+       gpulab report [--readme docs/results.md] [--results results]
        gpulab diagnose SCRIPT [--entry NAME] [--steps 5] [--trace PATH] [--plot PATH] [--json PATH]
 
   doctor   check that this machine is ready for the course
   bench    run each lesson's headline comparison; --check fails when a ratio leaves its band
   room     merge a folder of learners' results files into one comparison across GPUs
-  report   print (or, with --readme, rewrite) the README's "measured on" block
+  report   print (or, with --readme, rewrite) the "measured on" block of docs/results.md
   diagnose profile your own training step (SCRIPT's make_step() or step()): where its time goes,
            which bottleneck it has, and the most fixing it can buy"""
 

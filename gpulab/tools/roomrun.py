@@ -10,7 +10,7 @@ with its own results store and check log (GPULAB_CHECKS) in --out; `summarize(ou
 written to --out/summary.json and summary.md) reads them back. On the CPU it runs at tiny size.
 
 Without MIG, kernels of different processes take turns on the GPU (time-slicing): seven learners each ran at
-about a seventh of one alone (README, "A room of seven"). `--mps` runs the room under CUDA MPS instead (NVIDIA's
+about a seventh of one alone (docs/instructors.md, "A room of seven"). `--mps` runs the room under CUDA MPS instead (NVIDIA's
 Multi-Process Service: one server runs every learner's kernels side by side), each learner limited to its
 slice's share of the SMs by CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in place of the profile's green context (under
 MPS, the percentage and a green context's SMs are two ways to one limit, used one at a time: NVIDIA's answer on

@@ -464,4 +464,5 @@ def test_readme_settings_table_lists_every_profile():
     (row,) = [line for line in readme.splitlines() if line.startswith("| `GPULAB_PROFILE` |")]
     assert all(f"`{key}`" in row for key in PROFILES), row
     assert "timings stay this GPU's" in row
-    assert "beside the script" in readme and "train-timeline.png" in readme
+    diagnose = (Path(__file__).resolve().parents[2] / "docs" / "diagnose.md").read_text(encoding="utf-8")
+    assert "beside the script" in diagnose and "train-timeline.png" in diagnose

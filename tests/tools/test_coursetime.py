@@ -85,7 +85,7 @@ PREDICTOR_RUNS = [
 
 
 def test_the_predictor_is_within_30_percent_on_the_committed_h200_runs(capsys):
-    """The README says every notebook's predicted time came within 30 % of its newest committed H200 run."""
+    """docs/results.md says every notebook's predicted time came within 30 % of its newest committed H200 run."""
     import re
     from pathlib import Path
     from gpulab.tools.coursetime import per_file, print_predictions, read
@@ -114,7 +114,7 @@ def test_the_readmes_course_times_are_the_committed_runs():
     root = Path(__file__).resolve().parents[2]
     walls = [round(sum(t.wall for t in per_file(read(in_results(f))).values()))
              for f in ("h200-2026-11-30-s5-course-timings.tsv", "h200-2026-11-30-s5-course-2-timings.tsv")]
-    assert f"00-09 took {walls[0]} s and 10-14 {walls[1]} s" in (root / "README.md").read_text()
+    assert f"00-09 took {walls[0]} s and 10-14 {walls[1]} s" in (root / "docs" / "results.md").read_text()
 
 
 def test_the_root_conftest_keeps_each_cells_text_outputs(tmp_path, monkeypatch):
@@ -141,13 +141,13 @@ def test_the_root_conftest_keeps_each_cells_text_outputs(tmp_path, monkeypatch):
 
 
 def test_the_readmes_chain_times_for_15_are_the_committed_runs():
-    """README: 15's plan gives its longest chain (the 00-15 run: five rounds) and a shorter one takes less
+    """docs/results.md: 15's plan gives its longest chain (the 00-15 run: five rounds) and a shorter one takes less
     (the 00-13-15 run: three rounds); both wall times as coursetime reads them."""
     from pathlib import Path
     from gpulab.tools.coursetime import per_file, read
     root = Path(__file__).resolve().parents[2]
     wall = {f: round(per_file(read(in_results(f)))["notebooks/15_your_training_step.ipynb"].wall)
             for f in ("h200-2026-12-02-00-15-timings.tsv", "h200-2026-12-03-00-13-15-timings.tsv")}
-    readme = " ".join((root / "README.md").read_text().split())
+    readme = " ".join((root / "docs" / "results.md").read_text().split())
     assert (f"five rounds in {wall['h200-2026-12-02-00-15-timings.tsv']} s, and a chain that stops sooner takes "
             f"less: three rounds in {wall['h200-2026-12-03-00-13-15-timings.tsv']} s") in readme

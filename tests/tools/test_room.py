@@ -146,12 +146,12 @@ def test_room_command_without_a_folder_exits_2(tmp_path, capsys):
     assert "is not a folder" in capsys.readouterr().err
 
 
-# -- the README's "measured on" block ---------------------------------------------------------
+# -- docs/results.md's "measured on" block ------------------------------------------------------
 def test_readme_block_is_generated_from_the_committed_results():
-    block = R.readme_block(ROOT / "README.md")
-    assert block is not None, "README.md has no measured-on block"
+    block = R.readme_block(ROOT / "docs" / "results.md")
+    assert block is not None, "docs/results.md has no measured-on block"
     assert block == R.measured_on_block(ROOT / "results"), \
-        "README's measured-on block is stale or edited by hand: run `gpulab report --readme README.md`"
+        "docs/results.md's measured-on block is stale or edited by hand: run `gpulab report --readme docs/results.md`"
     assert "NVIDIA H200" in block and "2.11.0+cu130" in block
 
 

@@ -164,14 +164,14 @@ def test_a_room_stopped_by_sigterm_stops_its_learners(tmp_path):
 
 
 def test_the_readmes_room_figures_are_the_committed_room_runs():
-    """README's "A room of seven on one H200" quotes results/h200-2026-12-02-room-{a..f}: each notebook's
+    """docs/instructors.md's "A room of seven on one H200" quotes results/h200-2026-12-02-room-{a..f}: each notebook's
     time alone and across the seven, the headlines' spread, one learner's fp32 matmul alone and in the room,
     and notebook 00's 16-bit sweep and sustained run with seven (run e) against alone (run a)."""
     import re
     import statistics
     from pathlib import Path
     root = Path(__file__).resolve().parents[2]
-    readme = " ".join((root / "README.md").read_text().split())     # line breaks as spaces
+    readme = " ".join((root / "docs" / "instructors.md").read_text().split())     # line breaks as spaces
     runs = [root / "results" / f"h200-2026-12-02-room-{k}" for k in "abcdef"]
     alone, learners, heads = {}, {}, {}
     for run in runs:
@@ -355,13 +355,13 @@ def test_an_mps_client_gets_no_green_context_and_mps_s_own_sm_count(monkeypatch)
 
 
 def test_the_readmes_mps_room_figures_are_the_committed_mps_runs():
-    """README's MPS room (results/h200-2026-12-03-room-mps-{06,07,01-04-08}) against its files: each
+    """docs/instructors.md's MPS room (results/h200-2026-12-03-room-mps-{06,07,01-04-08}) against its files: each
     notebook's row, the SMs the probe was given, the slowdown of the seven, 07's learner alone, the headlines,
     and 04's full wave of the profile's 16 programs on 14 SMs."""
     import statistics
     from pathlib import Path
     root = Path(__file__).resolve().parents[2]
-    readme = " ".join((root / "README.md").read_text().split())
+    readme = " ".join((root / "docs" / "instructors.md").read_text().split())
     runs = [root / "results" / f"h200-2026-12-03-room-mps-{k}" for k in ("06", "07", "01-04-08")]
     sliced = [root / "results" / f"h200-2026-12-02-room-{k}" for k in "abcdef"]
     rows, heads, slow = {}, {}, {}

@@ -1,4 +1,4 @@
-"""The README's instructor page ("Running a workshop") matches the files in the repository: every file it
+"""The instructor's page (docs/instructors.md, "Running a workshop") matches the files in the repository: every file it
 names exists, every file in workshop/ is named, and every setting it tells the instructor to export is
 one the hub configuration reads."""
 import re
@@ -8,9 +8,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _page() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = text.index("### Running a workshop")
-    return text[start:text.index("\n### ", start + 1)]
+    text = (ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
+    start = text.index("## Running a workshop")
+    return text[start:text.index("\n## ", start + 1)]
 
 
 def test_every_file_the_page_names_exists_and_every_workshop_file_is_named():
