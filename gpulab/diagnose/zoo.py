@@ -71,8 +71,23 @@ def load(path: Path):
         sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(f"zoo_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
+    # registered under its name: torch.compile imports the module of a class it traces (a model defined in the
+    # step's own file), and fails with ModuleNotFoundError otherwise
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def group(files: list, spec: str) -> list:
+    """The K-th of N groups ("K/N") of `files`: every N-th from the K-th, so the compiling steps (last in
+    `step_files`' order) spread over the groups."""
+    try:
+        k, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise SystemExit(f"--group takes K/N (e.g. 1/3), got {spec!r}") from None
+    if not 1 <= k <= n:
+        raise SystemExit(f"--group {spec}: K must be between 1 and N")
+    return files[k - 1::n]
 
 
 def held_out(name: str) -> bool:
@@ -209,8 +224,12 @@ def label_step(path: Path, scale: str, device: torch.device, say=print, checks: 
                 check = {"ok": False, "why": "no correctness check recorded for this fix"}
             row = {"fix": text, "check": check}
             if check["ok"]:
-                row.update(step_time(module, rule, scale, device, window_s, settled))
-                row["gain"] = out["as_written"]["ms"] / row["ms"]
+                try:            # a fix that fails here (out of memory, a compile error) leaves its row untimed
+                    row.update(step_time(module, rule, scale, device, window_s, settled))
+                    row["gain"] = out["as_written"]["ms"] / row["ms"]
+                except Exception as err:        # noqa: BLE001
+                    row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+                    say(f"{path.stem} / {rule}: ERROR {row['error']}")
             out["fixes"][rule] = row
         timed = {r: f["gain"] for r, f in out["fixes"].items() if "gain" in f}
         best = max(timed, key=timed.get) if timed else None
@@ -507,8 +526,8 @@ def main(argv: list[str] | None = None) -> int:
                           "diagnosis leaves in a process (CUDA modules, the allocator's cache, CUPTI) does not "
                           "slow the next step's launches")
     jud = sub.add_parser("judge")
-    jud.add_argument("labels")
-    jud.add_argument("diagnoses")
+    jud.add_argument("labels", help="labels JSON; several comma-separated (a run in groups)")
+    jud.add_argument("diagnoses", help="diagnoses JSON; several comma-separated")
     jud.add_argument("--only", choices=("dev", "held_out"), default=None)
     jud.add_argument("--json", default=None)
     sub.add_parser("probe").add_argument("--out", required=True)
@@ -517,12 +536,18 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--out", required=True)
     rec.add_argument("--confirmations", default=None,
                      help="the live diagnoses (JSON) whose measured gains the re-analysed verdicts take")
+    for sub_ in (lab, chk, dia):
+        sub_.add_argument("--group", default=None,
+                          help="K/N: only the K-th of N groups of the steps (every N-th, from the K-th), so that each "
+                               "group's run fits one device call; judge reads the groups' files together")
     a = p.parse_args(argv)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     files = step_files()
     if getattr(a, "only", None) and a.cmd != "judge":
         wanted = set(a.only.split(","))
         files = [f for f in files if f.stem in wanted]
+    if getattr(a, "group", None):
+        files = group(files, a.group)
     stamp = {"kind": f"{FILE_KINDS['zoo']} {a.cmd}",
              "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              "torch": torch.__version__, "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU"}
@@ -570,8 +595,8 @@ def main(argv: list[str] | None = None) -> int:
                                               indent=1))
         return 0
     if a.cmd == "judge":
-        labels = json.loads(Path(a.labels).read_text())["steps"]
-        diagnoses = json.loads(Path(a.diagnoses).read_text())["steps"]
+        labels = [row for name in a.labels.split(",") for row in json.loads(Path(name).read_text())["steps"]]
+        diagnoses = [row for name in a.diagnoses.split(",") for row in json.loads(Path(name).read_text())["steps"]]
         result = judge(labels, diagnoses, a.only)
         print(matrix_text(result))
         if a.json:

@@ -113,6 +113,26 @@ def test_held_out_is_a_fixed_split_by_name():
     assert Z.RENAMED == {"fp32_no_tensor_cores": "fp32_matmuls"}
 
 
+def test_groups_split_the_zoo_for_device_calls_and_judge_reads_them_together(tmp_path):
+    files = [f"s{i}" for i in range(7)]
+    groups = [Z.group(files, f"{k}/3") for k in (1, 2, 3)]
+    assert groups == [["s0", "s3", "s6"], ["s1", "s4"], ["s2", "s5"]]
+    assert sorted(sum(groups, [])) == files
+    for bad in ("0/3", "4/3", "x"):
+        with pytest.raises(SystemExit):
+            Z.group(files, bad)
+    import json
+    halves = []
+    for i, rows in enumerate((LABELS[:2], LABELS[2:])):
+        halves.append(tmp_path / f"labels-{i}.json")
+        halves[-1].write_text(json.dumps({"steps": rows}))
+    diagnoses = tmp_path / "d.json"
+    diagnoses.write_text(json.dumps({"steps": DIAGNOSES}))
+    out = tmp_path / "j.json"
+    assert Z.main(["judge", ",".join(map(str, halves)), str(diagnoses), "--json", str(out)]) == 0
+    assert [r["name"] for r in json.loads(out.read_text())["rows"]] == ["a", "b", "c", "d"]
+
+
 def test_diagnose_each_step_in_its_own_process(tmp_path, monkeypatch):
     """`--own-process`: each step diagnosed by a child `python -m gpulab.diagnose.zoo diagnose --only`, its row
     read back; a child that fails leaves a row that says how it ended."""
