@@ -535,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("folder")
     rec.add_argument("--out", required=True)
     rec.add_argument("--confirmations", default=None,
-                     help="the live diagnoses (JSON) whose measured gains the re-analysed verdicts take")
+                     help="the live diagnoses (JSON, several comma-separated) whose measured gains the re-analysed "
+                          "verdicts take")
     for sub_ in (lab, chk, dia):
         sub_.add_argument("--group", default=None,
                           help="K/N: only the K-th of N groups of the steps (every N-th, from the K-th), so that each "
@@ -604,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.cmd == "records":
         rows = []
-        live = ({r["name"]: r for r in json.loads(Path(a.confirmations).read_text())["steps"]}
+        live = ({r["name"]: r for name in a.confirmations.split(",") for r in json.loads(Path(name).read_text())["steps"]}
                 if a.confirmations else {})
         for path in sorted(Path(a.folder).glob("*.json.gz")):
             try:
