@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 from IPython.display import HTML, Markdown, display
 from gpulab.core.device import describe, pick_device
+from gpulab.core.memory import MemoryNotReturned, fmt_bytes, notebook_check, notebook_start, strict_by_default
 from gpulab.core.plots import sig, table_html  # noqa: F401 - sig: the notebooks call lesson.sig
 
 
@@ -34,6 +35,7 @@ def start(lesson: str) -> None:
     if predicted is not None:
         text += " " + predicted.line()
     display(Markdown(text))
+    notebook_start()        # every memory check compares with what is allocated now, after the imports
     _started = True
 
 
@@ -359,17 +361,32 @@ def profile_table(prof, sort_by: str = "self_cpu_time_total", row_limit: int = 1
                                     f"{len(events)} operators; the {min(row_limit, len(events))} largest shown."])
 
 
-def what_you_saw(rows: Sequence[tuple[str, Any]], title: str = "What you saw") -> None:
-    """The closing table of a notebook: this run's measured numbers, with the device."""
+def what_you_saw(rows: Sequence[tuple[str, Any]], title: str = "What you saw", keeps: Sequence[Any] = ()) -> None:
+    """The closing table of a notebook: this run's measured numbers, with the device, and the notebook's
+    last memory check (`memory.notebook_check`): what is allocated now against the notebook's start, plus
+    `keeps`, what the notebook holds on purpose for its exercises. The check's line is printed below the
+    table; under GPULAB_MEMORY_STRICT=1 a failed check raises MemoryNotReturned after the table is shown."""
     from gpulab.core.device import device_label, scale
     import torch
 
+    memory = notebook_check(keeps, quiet=True, strict=False)
+    if memory.after is None:
+        at_end = "not measured (no CUDA allocator on the CPU)"
+    elif memory.ok:
+        at_end = f"back to the notebook's start ({fmt_bytes(memory.start)})" + (
+            f", and {fmt_bytes(memory.kept)} kept on purpose" if memory.kept else "")
+    else:
+        at_end = f"{fmt_bytes(memory.held)} more than at the notebook's start (see the memory check)"
+    rows = [*rows, ("memory allocated at the end", at_end)]
     body = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(_fmt(v))}</td></tr>"
                    for k, v in rows)
     caption = (f"{device_label()}, torch {torch.__version__}, scale={scale()}"
                + ("" if pick_device().type == "cuda" else " — CPU: illustrative only"))
     display(HTML(f"<b>{html.escape(title)}</b> <i>({html.escape(caption)})</i>"
                  f"<table>{body}</table>"))
+    print(memory.message())
+    if strict_by_default() and not memory.ok:
+        raise MemoryNotReturned(memory.message())
 
 
 def _fmt(v: Any) -> str:

@@ -1,5 +1,8 @@
-"""gpulab.core.memory: fmt_bytes, MemoryStats, track_peak, memory_guard."""
+"""gpulab.core.memory: fmt_bytes, MemoryStats, track_peak, memory_guard (against its block and the notebook's
+start, with declared keeps), the CPU counting mode and the strict mode."""
 import dataclasses
+import gc
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,18 +14,52 @@ CPU = torch.device("cpu")
 SKIP_MESSAGE = "memory check: skipped on the CPU (no CUDA allocator to read).\n"
 
 
+@pytest.fixture(autouse=True)
+def own_start(monkeypatch):
+    """No notebook start recorded, no counting or strict mode from the environment."""
+    monkeypatch.setattr(memory, "_start", {})
+    monkeypatch.delenv(memory.CPU_COUNT_ENV, raising=False)
+    monkeypatch.delenv(memory.STRICT_ENV, raising=False)
+
+
 @pytest.fixture
 def fake_allocator(monkeypatch):
-    """A pretend CUDA caching allocator: `state["allocated"]` is what it reports."""
+    """A pretend CUDA caching allocator: `state["allocated"]` is what it reports; the notebook started at
+    10 MiB."""
     state = {"allocated": 10 * MiB, "peak": 10 * MiB, "emptied": 0}
     cuda = torch.cuda
+    monkeypatch.setattr(cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(cuda, "device_count", lambda: 1)
     monkeypatch.setattr(cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(cuda, "empty_cache", lambda: state.update(emptied=state["emptied"] + 1))
     monkeypatch.setattr(cuda, "memory_allocated", lambda *a: state["allocated"])
     monkeypatch.setattr(cuda, "max_memory_allocated", lambda *a: state["peak"])
     monkeypatch.setattr(cuda, "reset_peak_memory_stats",
                         lambda *a: state.update(peak=state["allocated"]))
+    assert memory.notebook_start(GPU) == 10 * MiB
+    state["emptied"] = 0
+    # release() without its gc.collect(): a full collection in a pytest process costs a few tenths of a second
+    monkeypatch.setattr(memory, "release", lambda device=None: cuda.empty_cache())
     return state
+
+
+GPU = torch.device("cuda", 0)
+
+
+@pytest.fixture
+def counting(monkeypatch):
+    """The CPU counting mode, with the notebook's start taken now, after one collection. Then no collection,
+    neither the checks' (a full one in a pytest process costs a few tenths of a second; these tests free by
+    reference count) nor an automatic one (it could free an earlier test's garbage between two readings)."""
+    monkeypatch.setenv(memory.CPU_COUNT_ENV, "1")
+    gc.collect()
+    monkeypatch.setattr(memory, "gc", SimpleNamespace(collect=lambda *a: 0, get_objects=gc.get_objects))
+    gc.disable()
+    try:
+        memory.notebook_start(CPU)
+        yield
+    finally:
+        gc.enable()
 
 
 # -- fmt_bytes --------------------------------------------------------------------
@@ -116,6 +153,9 @@ def test_guard_report_everything_returned():
     r = GuardReport(before=10 * MiB, after=10 * MiB, tolerance=MiB)
     assert r.leaked == 0 and r.ok
     assert r.message() == "memory check: back to 10.0 MiB allocated (started at 10.0 MiB)."
+    r = GuardReport(before=10 * MiB, after=10 * MiB, tolerance=MiB, start=2 * MiB, kept=8 * MiB)
+    assert r.ok and r.message() == ("memory check: back to 10.0 MiB allocated (the block started at 10.0 MiB, "
+                                    "the notebook at 2.0 MiB; 8.0 MiB declared kept).")
 
 
 def test_guard_report_small_leftover_within_tolerance():
@@ -136,6 +176,37 @@ def test_guard_report_on_cpu_is_skipped_not_failed():
     r = GuardReport()
     assert r.leaked is None and r.ok
     assert r.message() + "\n" == SKIP_MESSAGE
+
+
+def test_guard_report_returned_but_above_the_notebooks_start():
+    """Issue 40: 9.11 GiB held since an earlier cell passed every later check ("back to 9.11 GiB allocated
+    (started at 9.11 GiB)"); the block returned what it took, but the notebook did not."""
+    r = GuardReport(before=9.11 * GiB, after=9.11 * GiB, tolerance=MiB, start=0)
+    assert r.leaked == 0 and r.block_ok
+    assert r.held == 9.11 * GiB and not r.start_ok and not r.ok
+    assert r.message().startswith(
+        "memory check: this block returned what it took, but 9.11 GiB more than at the notebook's start are "
+        "still allocated (9.11 GiB now, 0 B at the start): held since an earlier cell, not declared as kept.")
+
+
+def test_guard_report_a_leak_on_top_of_an_earlier_hold_names_both():
+    r = GuardReport(before=74 * MiB, after=138 * MiB, tolerance=MiB, start=10 * MiB)
+    msg = r.message()
+    assert msg.startswith("memory check: 64.0 MiB of GPU memory was NOT returned (74.0 MiB before, 138.0 MiB after).")
+    assert "Besides, 64.0 MiB more than at the notebook's start were already allocated" in msg
+    only_block = GuardReport(before=10 * MiB, after=74 * MiB, tolerance=MiB, start=10 * MiB)
+    assert not only_block.ok and "Besides" not in only_block.message()
+
+
+@pytest.mark.parametrize("after, ok", [(10 * MiB + MiB, True), (10 * MiB + MiB + 1, False)])
+def test_guard_report_tolerance_edges(after, ok):
+    block = GuardReport(before=10 * MiB, after=after, tolerance=MiB)                   # against the block
+    assert (block.block_ok, block.ok) == (ok, ok)
+    start = GuardReport(before=after, after=after, tolerance=MiB, start=10 * MiB)      # against the start
+    assert (start.block_ok, start.start_ok, start.ok) == (True, ok, ok)
+    kept = GuardReport(before=10 * MiB, after=after + 5 * MiB, tolerance=MiB, start=10 * MiB,
+                       kept=5 * MiB, kept_new=5 * MiB)                                  # keeps allowed on top
+    assert (kept.leaked, kept.held, kept.ok) == (after - 10 * MiB, after - 10 * MiB, ok)
 
 
 # -- memory_guard ----------------------------------------------------------------------
@@ -184,6 +255,140 @@ def test_memory_guard_ok_when_memory_comes_back(fake_allocator, capsys):
     assert capsys.readouterr().out.startswith("memory check: back to 10.0 MiB allocated")
 
 
+def test_memory_guard_fails_on_memory_held_since_an_earlier_cell(fake_allocator, capsys):
+    fake_allocator["allocated"] += 64 * MiB          # an earlier cell's model, still bound
+    with memory_guard(device=GPU) as report:
+        pass
+    assert report.block_ok and not report.ok and report.held == 64 * MiB
+    assert "this block returned what it took, but 64.0 MiB more than at the notebook's start" in capsys.readouterr().out
+    with pytest.raises(MemoryNotReturned, match="held since an earlier cell"):
+        with memory_guard(strict=True, device=GPU):
+            pass
+
+
+def test_only_the_outermost_printing_guard_compares_with_the_start(fake_allocator, capsys):
+    fake_allocator["allocated"] += 64 * MiB
+    with memory_guard(device=GPU, quiet=True) as quiet:          # a function checking its block for its caller
+        pass
+    with memory_guard(device=GPU, since_start=False) as own:
+        with memory_guard(device=GPU) as inner:                  # inside another guard's block
+            pass
+    assert quiet.ok and own.ok and inner.ok and inner.start is None
+    with memory_guard(device=GPU, quiet=True, since_start=True) as asked:
+        pass
+    assert not asked.ok
+
+
+def test_notebook_start_does_not_initialise_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: pytest.fail("read the allocator"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: pytest.fail("initialised CUDA"))
+    assert memory.notebook_start(GPU) == 0
+    assert memory.started_at(torch.device("cuda", 1)) == 0
+
+
+# -- the CPU counting mode (GPULAB_MEMORY_CPU=1) ---------------------------------------------------
+def test_counting_mode_counts_each_storage_once_with_gradients_and_saved_graphs(counting):
+    base = memory.counted_cpu_bytes()
+    x = torch.ones(1024, requires_grad=True)                   # 4 KiB
+    views = [x[:10], x.view(32, 32)]                           # the same storage
+    assert memory.counted_cpu_bytes() - base == 4096
+    loss = x.exp().sum()                                       # exp saves its 4 KiB result: held by the graph
+    assert memory.counted_cpu_bytes() - base == 2 * 4096 + 4
+    loss.backward()                                            # frees the graph; x.grad: 4 KiB
+    assert memory.counted_cpu_bytes() - base == 2 * 4096 + 4
+    del views, loss, x
+    assert memory.counted_cpu_bytes() == base
+
+
+def test_counting_mode_a_block_that_leaks_fails(counting, capsys):
+    kept = []
+    with memory_guard(device=CPU) as report:
+        kept.append(torch.ones(2**20))                         # 4 MiB left in a list
+    assert report.leaked == 4 * MiB and not report.ok
+    assert "4.0 MiB of memory (CPU tensors counted) was NOT returned" in capsys.readouterr().out
+    kept.clear()
+    with memory_guard(device=CPU, strict=True) as report:
+        pass
+    assert report.ok
+
+
+def test_counting_mode_declared_keeps_pass_and_undeclared_fail(counting, capsys):
+    model = torch.nn.Linear(512, 512)                          # 1 MiB + 2 KiB of parameters
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(2, 512)).sum().backward()
+    optimizer.step()                                           # + gradients, + Adam's two moments
+    held = 4 * (512 * 512 + 512) * 4 + 2 * 4                  # (and Adam's two step counters)
+    with memory_guard(device=CPU, keeps=(model, optimizer)) as report:
+        pass
+    assert report.ok and report.kept == held and report.kept_new == 0
+    with memory_guard(device=CPU, keeps=[{"model": model}]) as report:        # containers of them
+        pass
+    assert not report.ok and report.held == held // 2 + 4      # the optimizer's state, not declared
+    assert "held since an earlier cell, not declared as kept" in report.message()
+    with pytest.raises(MemoryNotReturned):
+        with memory_guard(device=CPU, keeps=(model,), strict=True):
+            pass
+    del model, optimizer
+    gc.collect()                                               # the raised error's frames held them
+    with memory_guard(device=CPU) as made:                     # made in the block and kept on purpose
+        model = torch.nn.Linear(512, 512)
+        made.keep(model)
+    assert made.ok and made.kept_new == made.kept == (512 * 512 + 512) * 4
+    assert made._keeps == []                                   # the report holds no model alive
+
+
+def test_keeps_on_another_device_count_nothing():
+    assert memory.kept_bytes([torch.ones(1024)], GPU) == {}
+
+
+def test_strict_mode_from_the_environment_raises_but_never_masks_an_error(counting, monkeypatch):
+    monkeypatch.setenv(memory.STRICT_ENV, "1")
+    kept = []
+    with pytest.raises(MemoryNotReturned, match="NOT returned"):
+        with memory_guard(device=CPU, quiet=True):
+            kept.append(torch.ones(2**20))
+    with memory_guard(device=CPU, strict=False, quiet=True) as report:        # strict=False wins
+        kept.append(torch.ones(2**20))
+    assert not report.ok
+    with pytest.raises(ZeroDivisionError):                     # the block's own error goes on
+        with memory_guard(device=CPU, quiet=True):
+            kept.append(torch.ones(2**20))
+            1 / 0
+
+
+def test_notebook_check_compares_with_the_start_only(counting, capsys):
+    held = torch.ones(2**20)
+    report = memory.notebook_check(device=CPU)
+    assert not report.ok and report.held == 4 * MiB
+    assert capsys.readouterr().out.startswith("memory check: 4.0 MiB more than at the notebook's start are still")
+    assert memory.notebook_check(keeps=(held,), device=CPU).ok
+    del held
+    assert capsys.readouterr().out  # (printed)
+    assert memory.notebook_check(device=CPU).ok
+    assert "nothing held since the notebook's start" in capsys.readouterr().out
+
+
+# -- the planted-leak test's probe ----------------------------------------------------------
+def test_a_planted_leak_is_counted_then_left_out(counting, monkeypatch, capsys):
+    monkeypatch.setattr(memory, "_planted", {})
+    assert memory.plant_leak(3 * MiB, CPU) == 3 * MiB == memory.planted_bytes(CPU)
+    with memory_guard(device=CPU, strict=True) as report:    # sees the 3 MiB, passes on the rest
+        pass
+    assert report.ok and report.planted == 3 * MiB and report.held == 0
+    assert "3.0 MiB planted by the test, left out" in capsys.readouterr().out
+    held = torch.ones(2**18)                                   # 1 MiB more: fails, as without the plant
+    with memory_guard(device=CPU) as report:
+        pass
+    assert not report.ok and report.held == MiB
+    with pytest.raises(memory.PlantNotSeen, match="planted leak of 3.0 MiB was not seen"):
+        memory.notebook_check(keeps=(memory._planted,), device=CPU, quiet=True)   # a keep that swallows it
+    memory.notebook_start(CPU)                                 # a start taken after the plant
+    with pytest.raises(memory.PlantNotSeen):
+        memory.notebook_check(keeps=(held,), device=CPU, quiet=True)
+
+
 # -- on a GPU ----------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_memory_now_on_gpu_is_available():
@@ -203,6 +408,7 @@ def test_track_peak_sees_a_64_mib_allocation():
 
 @pytest.mark.gpu
 def test_memory_guard_finds_a_planted_leak_and_its_fix(capsys):
+    memory.notebook_start()
     kept = []
     with memory_guard() as report:
         kept.append(torch.empty(64 * MiB, dtype=torch.uint8, device="cuda"))
@@ -210,4 +416,11 @@ def test_memory_guard_finds_a_planted_leak_and_its_fix(capsys):
     assert "NOT returned" in capsys.readouterr().out
     with memory_guard() as report:
         kept.clear()
+    assert report.ok
+    held = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+    with memory_guard() as report:
+        pass
+    assert report.block_ok and report.held >= 64 * MiB and not report.ok
+    with memory_guard(keeps=(held,)) as report:
+        pass
     assert report.ok

@@ -107,6 +107,29 @@ def test_what_you_saw_custom_title(shown, on_cpu):
     assert shown[0].data.startswith("<b>Results &amp; notes</b>")
 
 
+def test_what_you_saw_ends_with_the_notebooks_memory_check(shown, on_cpu, monkeypatch, capsys):
+    """Issue 40, item 2: the closing table says whether memory is back at the notebook's start; under the CPU
+    counting and strict modes a tensor held since an earlier cell fails it, after the table is shown."""
+    import torch
+    from gpulab.core import memory
+    monkeypatch.delenv(memory.CPU_COUNT_ENV, raising=False)
+    lesson.what_you_saw([])
+    assert "<tr><td>memory allocated at the end</td><td>not measured (no CUDA allocator on the CPU)</td></tr>" \
+        in shown[-1].data
+    assert capsys.readouterr().out == "memory check: skipped on the CPU (no CUDA allocator to read).\n"
+    monkeypatch.setenv(memory.CPU_COUNT_ENV, "1")
+    monkeypatch.setenv(memory.STRICT_ENV, "1")
+    monkeypatch.setattr(memory, "_start", {})
+    lesson.start("01")                                   # the notebook's start: after its imports
+    held = torch.ones(2**20)                             # 4 MiB from an "earlier cell"
+    with pytest.raises(memory.MemoryNotReturned, match="4.0 MiB more than at the notebook's start"):
+        lesson.what_you_saw([("x", 1)])
+    assert "4.0 MiB more than at the notebook&#x27;s start (see the memory check)" in shown[-1].data
+    lesson.what_you_saw([("x", 1)], keeps=(held,))      # declared: passes
+    assert "back to the notebook&#x27;s start (" in shown[-1].data       # whatever this test process held then
+    assert "), and 4.0 MiB kept on purpose</td>" in shown[-1].data
+
+
 
 # -- bands from the one file -----------------------------------------------------------------------
 def _facts_for(monkeypatch, facts):
