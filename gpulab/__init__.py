@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 # After a torch.profiler session Kineto leaves CUPTI attached unless TEARDOWN_CUPTI=1, and every later kernel
 # launch in the process pays CUPTI's callbacks: on the H200 (torch 2.11) one small kernel's launch went from
 # 6.7 to 13.4 us after one `gpulab.diagnose`, and host-bound zoo steps timed after profiles ran up to twice as
-# slow as in a fresh process (results/zoo/probe-cupti-h200-2026-12-01.json). The course profiles and then
+# slow as in a fresh process (results/zoo/2026-12-01-h200-cupti-probes/probe-cupti-h200-2026-12-01.json). The course profiles and then
 # times in one process (notebooks 01, 11, 12, 14, diagnose and notebook 15), so it asks Kineto to detach CUPTI
 # when each session ends (cuptiFinalize; the next session attaches again). A value the user set is kept;
 # PyTorch itself sets "0" where teardown is known to crash (CUDA graphs before CUDA 12.6).

@@ -65,7 +65,7 @@ def test_the_check_can_fail():
 def test_an_emulated_slice_says_its_bandwidth_is_not_a_slices(monkeypatch):
     """A green context gives the slice's SMs but not its share of the memory: where one limits this process,
     notebook 04's "best Triton / copy ceiling" check is skipped with that reason (it FAILed at 1.26 under
-    h200-1g on the H200, results/h200-2026-12-02-room-a); with no green context it is judged."""
+    h200-1g on the H200, results/room/2026-12-02-h200-time-sliced-00-01-04); with no green context it is judged."""
     from gpulab.core import device
     monkeypatch.setenv("GPULAB_PROFILE", "h200-1g")
     monkeypatch.setattr(device, "SM_LIMIT", {"sms": None, "why": "not on a GPU"})
@@ -99,7 +99,7 @@ def test_every_check_against_a_memory_ceiling_knows_an_emulated_slice():
     """A check that holds a kernel to the memory bandwidth (00's streams, a memory floor) cannot be judged
     under a green context, which gives the slice's SMs and the whole GPU's memory: each such check does not
     apply where `slice_bandwidth_note()` says one limits this process. Notebook 12's floor check FAILed at
-    0.599 under h200-1g on the H200 without it (results/h200-2026-12-02-1g-09-15), notebook 04's Triton
+    0.599 under h200-1g on the H200 without it (results/profiles/2026-12-02-h200-h200-1g-09-to-15), notebook 04's Triton
     check at 1.26 (room-a)."""
     found = {}
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):

@@ -322,7 +322,7 @@ def slice_bandwidth_note() -> str:
     A100/H100/H200 1g slice: NVIDIA MIG User Guide, "Supported MIG Profiles"), a ceiling every good kernel
     meets. Here the slice's SMs drive the whole GPU's memory: no kernel is bound by a slice's memory, and the
     bytes each keeps in flight on those SMs decide its bandwidth (on the H200 under h200-1g, 2026-12-02: a
-    tuned Triton copy ran at 1.26x torch's copy, results/h200-2026-12-02-room-a)."""
+    tuned Triton copy ran at 1.26x torch's copy, results/room/2026-12-02-h200-time-sliced-00-01-04)."""
     sms = SM_LIMIT.get("sms")
     if not sms:
         return ""

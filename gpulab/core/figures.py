@@ -322,7 +322,7 @@ def _value(rec_value: float, extra: dict, tag: Tag) -> float | None:
 
 # Records no notebook makes: a maintainers' probe, committed with its script. The learner has no value of
 # their own for these; `beside` says where the figure came from instead of "not run yet".
-PROBES = {("00", "layout_probe"): "results/h200-2026-12-03-course/peak-probe.py"}
+PROBES = {("00", "layout_probe"): "results/course/2026-12-03-h200-00-to-15/peak-probe.py"}
 
 
 def beside(lesson: str, mine: Iterable[Any], gpu_now: str, references: Iterable[Rec] | None = None,

@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 # profile's derated datasheet): a learner waits at most this long for one notebook to finish.
 BUDGET_S = 600.0
 
-# A measured ceiling is a share of the datasheet's: on the H200 (results/h200-2026-11-30-course/h200-2026-11-30-course.json)
+# A measured ceiling is a share of the datasheet's: on the H200 (results/course/2026-11-30-h200-00-to-09-at-775ae4a/h200-2026-11-30-course.json)
 # bf16 686 of 989 TFLOP/s (69 %), fp32 51 of 67 (76 %), device copy 4251 of 4800 GB/s (89 %); a 70 W
 # T4 holds far less of its 65 TFLOP/s fp16. Half is the cautious figure the budget test derates by; a power-capped
 # board's 16-bit rates take its sustained share instead (gpulab.core.specs.POWER_CAPPED_HALF_SHARE, 24 of 65).

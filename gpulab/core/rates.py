@@ -81,7 +81,7 @@ def lesson_most(lesson: str, ratio: float) -> float:
     - 00: the ratio;
     - 06: `speedup_ceiling` with the rest gaining HALF_BYTES_GAIN (16-bit bytes);
     - 07: the ratio (the misaligned product runs at least at the fp32 rate: on the H200 151 against 53
-      TFLOP/s, results/h200-2026-12-03-course, gemm_tflops_bf16_4095 and matmul_fp32);
+      TFLOP/s, results/course/2026-12-03-h200-00-to-15, gemm_tflops_bf16_4095 and matmul_fp32);
     - 13: `speedup_ceiling` with the rest gaining HALF_BYTES_GAIN x FUSION_GAIN (torch.compile fuses it)."""
     if lesson in ("00", "07"):
         return ratio

@@ -246,7 +246,7 @@ def release_cupti() -> None:
     (torch 2.11) then tears CUPTI down when the *next* session is configured, and the teardown completes at
     that session's first CUDA call, so that session records no GPU activity and until it starts every
     launch still pays CUPTI's callbacks. On the H200, twenty sessions back to back recorded 50, 0, 50, 0, ...
-    kernels (results/zoo/probe-cupti-h200-2026-12-01-b.json). An empty session here takes that teardown,
+    kernels (results/zoo/2026-12-01-h200-cupti-probes/probe-cupti-h200-2026-12-01-b.json). An empty session here takes that teardown,
     and its synchronizations (CUDA calls, with short pauses for Kineto's teardown thread) let it finish."""
     import os
 

@@ -433,8 +433,8 @@ def build_misaligned(scale: str, device: torch.device, reorder: bool = False) ->
     vocabulary).
 
     Why twice the batch: at lesson 07's, the padded step's GPU work (29 ms on an H200) is about what its
-    host needs to launch it (30.7 to 39.1 ms a step on two H200 hosts, 2026-11-30, results/h200x2-2026-11-30-s6/
-    and bench-h200x2-2026-11-30-s7/), so on a slower host the fixed step turns launch-bound and the
+    host needs to launch it (30.7 to 39.1 ms a step on two H200 hosts, 2026-11-30, results/diagnose/2026-11-30-h200x2-suite-at-5b8aedf/
+    and results/diagnose/2026-11-30-h200x2-suite-at-030f266/), so on a slower host the fixed step turns launch-bound and the
     padding's gain hides behind the host. Twice the rows double the GPU's work, not the host's."""
     from gpulab.lessons.l07_tensor_core_alignment import config
     from gpulab.models.gpt import GPT, padded_copy, token_batches
@@ -508,7 +508,7 @@ def build_memory(scale: str, device: torch.device, reorder: bool = False) -> Pai
 
 # -- 8. comm_not_overlapped: DDP's gradient buckets (lesson 14) --------------------------------------
 # Lesson 11's wide MLP, not lesson 14's GPT blocks: lesson 14's model at its batch is host-bound under
-# DDP (two H200s, 2026-11-30, results/h200x2-2026-11-30-suite/bench-h200x2-2026-11-30-suite.json: 429 kernels a step, the GPU
+# DDP (two H200s, 2026-11-30, results/diagnose/2026-11-30-h200x2-suite-at-8b96613/bench-h200x2-2026-11-30-suite.json: 429 kernels a step, the GPU
 # idle 74 % of the profiled step), so the all-reduce spins in the host's gaps and the buckets have no
 # GPU work to hide under (lesson 14 measures overlap 0 there, and 25 MiB buckets were slower than one).
 # Eight 4096-wide layers are few, large kernels that keep the GPU busy through backward, and their

@@ -267,7 +267,7 @@ def kernel_busy(step: Callable, steps: int, device: torch.device) -> tuple[float
     full profile, gpt_tuned's 24.5 and 20.6, so "step minus profiled busy" read 5.8 and 4.6 ms of idle that
     CUDA graphs did not remove (their labels: 1.01x, 0.97x). One likely reason, not measured for these
     steps: a GPU at its power limit lowers its clock under sustained load (notebook 00's sustained product
-    ran at 1,543 MHz and 600 W on this H200: results/README.md, run s4). This profile's busy share is the
+    ran at 1,543 MHz and 600 W on this H200: results/course/2026-11-30-h200-mamf-and-notebooks/). This profile's busy share is the
     one the launch and idle rules read (`Facts.base_idle_ms`)."""
     from gpulab.core.timing import pace
 

@@ -48,7 +48,7 @@ GEMM_NAMES = ("gemm", "gemv", "splitk", "xmma", "cutlass", "nvjet", "winograd", 
               "h16816", "hmma", "wmma", "tensorop", "dot_kernel", "convolve", "fprop", "dgrad", "wgrad",
               "flash", "fmha", "triton_tem_")
 # ...that never run on Tensor Cores: fp32 SIMT kernels and matrix-vector products.
-# On Hopper (H200, torch 2.11, CUDA 13: results/zoo/kernels-h200-2026-12-01.json) an IEEE fp32 product is
+# On Hopper (H200, torch 2.11, CUDA 13: results/zoo/2026-12-01-h200-run-a/kernels-h200-2026-12-01.json) an IEEE fp32 product is
 # "sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_..." (FFMA: fused multiply-add on the CUDA cores) and an fp32
 # convolution's weight gradient "cudnn::winograd_nonfused::winogradWgrad..."; with TF32 the same products
 # are "sm90_xmma_gemm_f32f32_tf32f32_f32_..." and "..._tf32f32_tf32f32_f32_..._tensor16x8x8_...".

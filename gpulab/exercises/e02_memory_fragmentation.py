@@ -15,7 +15,7 @@ about a GiB of them.
 
 Prediction (before any GPU run of this exercise): on the H200 (52.7 TFLOP/s fp32 measured) width 128, batch
 131,072, 64 MiB activations, ~1.1 GiB allocated a step, ~3 ms of GPU work (k = 128 products run below the
-peak). Lesson 02's diagnosis case (results/h200-2026-12-01-diagnose-suite-e, memory_pressure: 1.12x there)
+peak). Lesson 02's diagnosis case (results/diagnose/2026-12-01-h200-suite-at-8c0a589, memory_pressure: 1.12x there)
 spent ~1.8 ms of host time in the allocator for ~2.4 GiB a step, half of it with the GPU idle: ~0.4-0.7 ms
 per GiB, plus a fixed cost per cudaMalloc/cudaFree (~40 a step here). So the reference about 1.35x (1.2x to
 1.5x) faster than the slow step: the code as given fails a target of ~1.17x. On a T4 (~5-8 TFLOP/s fp32,

@@ -111,7 +111,7 @@ def plan(scale: str | None = None) -> Plan:
     work.append(Work("copy_bandwidth", 2 * 2 * calls * cfg["copy_mib"] * 2**20, 0.9, "read and write streams"))
     sweep_host = 4 * len(cfg["sweep_shapes"]) * cfg["sweep_budget_s"] + cfg["sustain_seconds"] + 4 * 0.5
     return Plan(host_s=19.5 + sweep_host, work=work,
-                host_source="wall time of notebook 00 in results/h200-2026-11-30-course/h200-2026-11-30-course-timings.tsv "
+                host_source="wall time of notebook 00 in results/course/2026-11-30-h200-00-to-09-at-775ae4a/h200-2026-11-30-course-timings.tsv "
                             "(H200, torch 2.11, 2026-11-30) minus its GPU work at that run's ceilings, plus the "
                             "peak sweep's and streams' timing budgets and the sustained run (added since)")
 
@@ -323,7 +323,7 @@ def memory_floor_ms(read_bytes: float, write_bytes: float, rates: dict[str, floa
     """The least time any kernel can take to read `read_bytes` and write `write_bytes` of device memory:
     all the bytes at the fastest rate notebook 00 saw the memory move in any stream (`rates`: GB/s by
     ceiling name; read-only, write-only and copy). Not bytes over the read rate: on the H200
-    (results/h200-2026-11-30-s4/h200-2026-11-30-s4.json) torch.compile's fused reduction read faster than the `sum` kernel
+    (results/course/2026-11-30-h200-mamf-and-notebooks/h200-2026-11-30-s4.json) torch.compile's fused reduction read faster than the `sum` kernel
     that measured it, so only the fastest rate seen bounds every kernel. Without the read and write
     streams, the copy rate alone (then not a strict floor: a kernel that mostly reads can beat a copy).
     Returns (ms, how it was derived). Notebook 12."""
@@ -438,7 +438,7 @@ def headline(scale: str | None = None) -> Measured:
 
 
 # A measured 16-bit / fp32 ratio keeps at least 3/4 of the datasheet's: on the H200 it measured 13.1-13.6
-# against the datasheet's 989 / 67 = 14.8 (88-92 %; results/h200-2026-11-29*/); a power-capped or
+# against the datasheet's 989 / 67 = 14.8 (88-92 %; results/course/2026-11-29-h200-*/); a power-capped or
 # shared card keeps less of its 16-bit rate than of its fp32 rate.
 DATASHEET_RATIO_KEPT = 0.75
 
@@ -462,7 +462,7 @@ def least_ratio(name: str, bf16: bool = True) -> float | None:
 
 
 # The least share of its datasheet's 16-bit peak a healthy GPU's best product reaches: half on a board with
-# the power to hold its clocks (the H200 reached 759 of 989, results/h200-2026-11-30*/), a quarter on a
+# the power to hold its clocks (the H200 reached 759 of 989, results/*/2026-11-30-h200-*/), a quarter on a
 # power-capped one (gpulab.core.specs.POWER_CAPPED_W: a 70 W T4's clocks drop to its power limit under a
 # long product, which is where a healthy T4 runs, not a fault: it held about 24 of 65 TFLOP/s there,
 # specs.POWER_CAPPED_HALF_SHARE, 0.37; a quarter leaves a third of that for a shared or warm card).

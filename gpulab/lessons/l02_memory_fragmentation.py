@@ -67,7 +67,7 @@ def plan(scale: str | None = None) -> Plan:
     # host_s: see host_source; tiny runs the same formulas, with the full run's host time (tiny runs on
     # the CPU, where nothing is predicted: its plan is only for completeness)
     return Plan(host_s=29.9, work=work,
-                host_source="wall time of notebook 02 in results/h200-2026-11-30-course/h200-2026-11-30-course-timings.tsv "
+                host_source="wall time of notebook 02 in results/course/2026-11-30-h200-00-to-09-at-775ae4a/h200-2026-11-30-course-timings.tsv "
                             "(H200, torch 2.11, 2026-11-30) minus its GPU work at that run's ceilings")
 
 

@@ -61,7 +61,7 @@ CONFIG = {
 # runs), plus the workers' start and first batches, about 0.9 s; an estimate until a full run is timed.
 SECTION7_EXTRA_S = 9 * 0.9
 HOST_S = 43.1 + SECTION7_EXTRA_S
-HOST_SOURCE = ("wall time of notebook 03 in results/h200-2026-11-30-course/h200-2026-11-30-course-timings.tsv (H200, torch 2.11, "
+HOST_SOURCE = ("wall time of notebook 03 in results/course/2026-11-30-h200-00-to-09-at-775ae4a/h200-2026-11-30-course-timings.tsv (H200, torch 2.11, "
                "2026-11-30); its GPU steps are sized to under 1/8 of the CPU's batch time, inside it; plus an estimate "
                "of the 9 loader runs section 7 added since (3 runs of each setting)")
 

@@ -62,7 +62,7 @@ def plan(scale: str | None = None) -> Plan:
     n = cfg["bandwidth_elements"]
     swept = configs * (4 + 8 + 8 + 8 + 8 * calls) * n
     # the wave staircase: a launch of p programs costs waves(p, slots) full waves. slots = 132: the H200's
-    # 132 SMs x 1 program each (results/h200-2026-11-30-course/h200-2026-11-30-course.json: 50 % occupancy); a GPU with fewer
+    # 132 SMs x 1 program each (results/course/2026-11-30-h200-00-to-09-at-775ae4a/h200-2026-11-30-course.json: 50 % occupancy); a GPU with fewer
     # SMs runs smaller waves, so there this over-counts.
     slots = 132
     per_time = (2 + 10) * 5                        # WaveKernel.time: 2 warm-up + 10 timed calls of 5 launches
@@ -78,7 +78,7 @@ def plan(scale: str | None = None) -> Plan:
     # host_s: see host_source; tiny runs the same formulas, with the full run's host time (tiny runs on
     # the CPU, where nothing is predicted: its plan is only for completeness)
     return Plan(host_s=13.5, work=work,
-                host_source="wall time of notebook 04 in results/h200-2026-11-30-course/h200-2026-11-30-course-timings.tsv "
+                host_source="wall time of notebook 04 in results/course/2026-11-30-h200-00-to-09-at-775ae4a/h200-2026-11-30-course-timings.tsv "
                             "(H200, torch 2.11, 2026-11-30) minus its GPU work at that run's ceilings")
 
 

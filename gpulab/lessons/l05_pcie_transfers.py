@@ -98,7 +98,7 @@ def plan(scale: str | None = None) -> Plan:
         moved[kind] += ROTATE_MAX + 2 * calls * cfg["largest_bytes"]
         moved["d2h_pageable"] += ROTATE_MAX
     # pageable copies here reach less than notebook 00's figure (H200, 256 MiB: 6.1 of 8.8 GB/s host->device,
-    # 11.0 of 14.8 device->host, results/h200-2026-11-30-course/h200-2026-11-30-course.json); pinned ones all of it
+    # 11.0 of 14.8 device->host, results/course/2026-11-30-h200-00-to-09-at-775ae4a/h200-2026-11-30-course.json); pinned ones all of it
     share = {"h2d_pageable": 0.7, "h2d_pinned": 1.0, "d2h_pageable": 0.7, "d2h_pinned": 1.0}
     work = [Work(kind, nbytes, share[kind], f"{kind.replace('_', ' ')} copies, {nbytes / MiB:,.0f} MiB")
             for kind, nbytes in moved.items()]
@@ -110,7 +110,7 @@ def plan(scale: str | None = None) -> Plan:
     # + 0.8 s for cache_probe's budgets (issue 40: 0.2 s for each of 2 runs in 2 directions) and about 1 s for
     # filling its rotated buffers (up to 1 GiB of random bytes a direction)
     return Plan(host_s=12.0 + 1.2 + 0.8 + 1.0, work=work,
-                host_source="wall time of notebook 05 in results/h200-2026-11-30-s3-course/h200-2026-11-30-s3-course-timings.tsv "
+                host_source="wall time of notebook 05 in results/course/2026-11-30-h200-00-to-09-at-fcf1941/h200-2026-11-30-s3-course-timings.tsv "
                             "(H200, torch 2.11, 2026-11-30) minus its GPU work at that run's ceilings, "
                             "plus the time budgets of the runs added since (issues 15 and 40)")
 

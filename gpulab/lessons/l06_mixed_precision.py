@@ -186,10 +186,10 @@ def config(scale: str | None = None) -> dict:
 # seconds no GPU changes: the reference run below (48.7 s) less its GPU work there (25.2 s); the tiny scale
 # keeps the same figure (its GPU work is a few ms, its start-up and imports are not smaller)
 HOST_S = 23.5
-HOST_SOURCE = ("wall time of notebook 06 in results/h200-2026-11-30-course/h200-2026-11-30-course-timings.tsv (H200, torch 2.11, "
+HOST_SOURCE = ("wall time of notebook 06 in results/course/2026-11-30-h200-00-to-09-at-775ae4a/h200-2026-11-30-course-timings.tsv (H200, torch 2.11, "
                "2026-11-30) minus its GPU work at that run's ceilings")
 # Share of each matmul ceiling a training step reached in that run (06's img/s and tokens/s in
-# results/h200-2026-11-30-course/h200-2026-11-30-course.json, times the step FLOPs below), rounded: the CNN's 16-bit steps are
+# results/course/2026-11-30-h200-00-to-09-at-775ae4a/h200-2026-11-30-course.json, times the step FLOPs below), rounded: the CNN's 16-bit steps are
 # mostly BatchNorm and ReLU traffic, the GPT's fp32 products are large.
 SHARE = {"CNN": {"fp32": 0.42, "tf32": 0.15, "fp16": 0.1, "bf16": 0.08},
          "GPT": {"fp32": 0.8, "tf32": 0.35, "fp16": 0.25, "bf16": 0.3}}

@@ -77,7 +77,7 @@ def config(scale: str | None = None) -> dict:
 # loads cuDNN (a planning figure until a GPU run measures it; section 6's two processes, with their
 # searches, took 46 s together in that run)
 HOST_S = 62.7 + 8.0
-HOST_SOURCE = ("wall time of notebook 07 in results/h200-2026-11-30-s3-course/h200-2026-11-30-s3-course-timings.tsv (H200, torch 2.11, "
+HOST_SOURCE = ("wall time of notebook 07 in results/course/2026-11-30-h200-00-to-09-at-fcf1941/h200-2026-11-30-s3-course-timings.tsv (H200, torch 2.11, "
                "2026-11-30) minus its GPU work at that run's ceilings, plus 8 s planned for the CNN panel's "
                "fresh process (issue 15)")
 
@@ -88,7 +88,7 @@ def plan(scale: str | None = None) -> Plan:
     of the layout runs and of the two cudnn.benchmark processes, at the config's batches (an upper bound:
     the notebook may lower them on a smaller GPU). 16-bit training runs in bf16, as on the reference H200;
     the products' first precision is fp16 (`gemm_precisions`). A training step is 3 forwards. Shares:
-    what the reference run reached (07's records in results/h200-2026-11-30-course/h200-2026-11-30-course.json): a product with
+    what the reference run reached (07's records in results/course/2026-11-30-h200-00-to-09-at-775ae4a/h200-2026-11-30-course.json): a product with
     16-byte rows at its 16-bit ceiling, one without at about a fifth; the GPT step about 0.28 of bf16's;
     the CNN 0.08 (NCHW) and 0.15 (channels_last)."""
     cfg = config(scale)

@@ -81,7 +81,7 @@ def plan(scale: str | None = None) -> Plan:
 
 
 HOST_S = 18.2    # seconds no GPU changes: the reference run below, less its GPU work
-HOST_SOURCE = ("wall time of notebook 08 in results/h200-2026-11-30-course/h200-2026-11-30-course-timings.tsv (H200, torch 2.11, "
+HOST_SOURCE = ("wall time of notebook 08 in results/course/2026-11-30-h200-00-to-09-at-775ae4a/h200-2026-11-30-course-timings.tsv (H200, torch 2.11, "
                "2026-11-30) minus its GPU work at that run's ceilings")
 
 NO_STREAMS = "CUDA streams do not exist on the CPU"

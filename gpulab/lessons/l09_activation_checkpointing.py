@@ -52,7 +52,7 @@ def config(scale: str | None = None) -> dict:
 # seconds no GPU changes: the reference run below (40.9 s) less its GPU work there (17.1 s); the tiny scale
 # keeps the same figure (its GPU work is a few ms, its start-up and imports are not smaller)
 HOST_S = 23.8
-HOST_SOURCE = ("wall time of notebook 09 in results/h200-2026-11-30-course/h200-2026-11-30-course-timings.tsv (H200, torch 2.11, "
+HOST_SOURCE = ("wall time of notebook 09 in results/course/2026-11-30-h200-00-to-09-at-775ae4a/h200-2026-11-30-course-timings.tsv (H200, torch 2.11, "
                "2026-11-30) minus its GPU work at that run's ceilings")
 RECOMPUTE = 4 / 3       # a checkpointed step runs each block's forward twice: 4 forwards' work instead of 3
 
@@ -90,7 +90,7 @@ def plan(scale: str | None = None) -> Plan:
     the config's batch (an upper bound: `predicted_batch` halves it on a smaller GPU), the fp32 correctness
     checks, and section 7's largest-batch searches. `benchmark`'s time budget beyond its 2 warm-up, probe
     and 3 timed calls is host time. Share 0.6: what a step reached on the reference run (09's step_ms in
-    results/h200-2026-11-30-course/h200-2026-11-30-course.json: 35 TFLOP in 83 ms, 0.61 of bf16's 686 TFLOP/s)."""
+    results/course/2026-11-30-h200-00-to-09-at-775ae4a/h200-2026-11-30-course.json: 35 TFLOP in 83 ms, 0.61 of bf16's 686 TFLOP/s)."""
     cfg = config(scale)
     batch, sample = cfg["batch"], stack_step_flops(**cfg)
     timed = 1 + 2 + 1 + 3       # training_peak's step, then benchmark: 2 warm-up, its probe, 3 timed

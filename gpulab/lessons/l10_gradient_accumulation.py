@@ -50,8 +50,8 @@ def config(scale: str | None = None) -> dict:
 # seconds no GPU changes: the reference run below (36.5 s) less its GPU work there (17.1 s); the tiny scale
 # keeps the same figure (its GPU work is a few ms, its start-up and imports are not smaller)
 HOST_S = 19.4
-HOST_SOURCE = ("wall time of notebook 10 in results/h200-2026-11-30-course-2/h200-2026-11-30-course-2-timings.tsv (H200, torch 2.11, "
-               "2026-11-30) minus its GPU work at the ceilings in results/h200-2026-11-30-course/h200-2026-11-30-course.json")
+HOST_SOURCE = ("wall time of notebook 10 in results/course/2026-11-30-h200-10-to-14-at-775ae4a/h200-2026-11-30-course-2-timings.tsv (H200, torch 2.11, "
+               "2026-11-30) minus its GPU work at the ceilings in results/course/2026-11-30-h200-00-to-09-at-775ae4a/h200-2026-11-30-course.json")
 
 
 def plan(scale: str | None = None) -> Plan:

@@ -80,8 +80,8 @@ def plan(scale: str | None = None) -> Plan:
         # the tiny scale keeps the full run's figure (no tiny reference run to calibrate it on)
         host_s=32.5,
         work=[Work("matmul_bf16", calls * four, 0.9, f"{calls} x 4 16-bit matmuls n={n} (section 5)")],
-        host_source="wall time of notebook 11 in results/h200-2026-11-30-course-2/h200-2026-11-30-course-2-timings.tsv (one H200, "
-                    "torch 2.11, 2026-11-30) minus its GPU work at the ceilings in results/h200-2026-11-30-course/h200-2026-11-30-course.json",
+        host_source="wall time of notebook 11 in results/course/2026-11-30-h200-10-to-14-at-775ae4a/h200-2026-11-30-course-2-timings.tsv (one H200, "
+                    "torch 2.11, 2026-11-30) minus its GPU work at the ceilings in results/course/2026-11-30-h200-00-to-09-at-775ae4a/h200-2026-11-30-course.json",
     )
 
 

@@ -97,9 +97,9 @@ def plan(scale: str | None = None) -> Plan:
                  f"{compiled} torch.compile calls (fully fused)"),
             Work("copy_bandwidth", inputs * n * n * 4, 0.8, f"{inputs} random n x n fp32 inputs written"),
         ],
-        host_source="wall time of notebook 12 (15.5 s) in results/h200-2026-12-03-course/h200-2026-12-03-course-timings.tsv (one "
+        host_source="wall time of notebook 12 (15.5 s) in results/course/2026-12-03-h200-00-to-15/h200-2026-12-03-course-timings.tsv (one "
                     "H200, torch 2.11, 2026-12-03, the whole course at 7027931) minus its GPU work at the ceilings in "
-                    "results/h200-2026-12-03-course/h200-2026-12-03-course.json (under 0.1 s); committed H200 runs took 13.7 "
+                    "results/course/2026-12-03-h200-00-to-15/h200-2026-12-03-course.json (under 0.1 s); committed H200 runs took 13.7 "
                     "to 20.6 s (its compiles: inductor's cache on disk shortens a second run)",
     )
 

@@ -126,9 +126,9 @@ def config(scale: str | None = None) -> dict[str, Any]:
 RESNET50_FLOPS_PER_IMAGE = 3 * 8.2e9   # forward 4.1 G multiply-adds at 224 x 224 (He et al. 2016, table 1), x 3
 HOST_S = 274.9          # the reference run below, less its GPU work (compiling, loaders, budgets, time to loss)
 HOST_SOURCE = ("wall time of notebook 13 (298.7 s as gpulab.tools.coursetime reads it; sections 12b, 12c, 13, 14 "
-               "and 14b included) in results/h200-2026-12-03-course/h200-2026-12-03-course-timings.tsv (one H200, "
+               "and 14b included) in results/course/2026-12-03-h200-00-to-15/h200-2026-12-03-course-timings.tsv (one H200, "
                "torch 2.11, 2026-12-03, the whole course at 7027931) minus its GPU work as this plan counts it "
-               "(23.8 s) at the ceilings in results/h200-2026-12-03-course/h200-2026-12-03-course.json; section 14's "
+               "(23.8 s) at the ceilings in results/course/2026-12-03-h200-00-to-15/h200-2026-12-03-course.json; section 14's "
                "and 14b's time-to-loss runs are budgeted in seconds, and each batch of the ladder and each FP8 step "
                "compiles afresh, so they count as host time. On a GPU without FP8 section 14b is skipped: the "
                "prediction there is high by its share (81 s of that run: a gradient check, two compiles and a time-to-loss run)")
@@ -1234,7 +1234,7 @@ def fp8_crossover(sizes: Sequence[int] | None = None, rounds: int = FP8_ROUNDS, 
     compiled = device.type == "cuda" if compiled is None else compiled
     # static shapes, compiled afresh for each n. With one compile reused across sizes, the compiled scaling ran
     # slower than the eager one from n = 4096 up on the H200 (588 against 741 TFLOP/s at 16384; 2026-12-02,
-    # results/h200-2026-12-02-00-13), its overhead at a near-constant ~0.3 TB/s whatever n: the signature of
+    # results/course/2026-12-02-h200-00-13), its overhead at a near-constant ~0.3 TB/s whatever n: the signature of
     # a kernel with a fixed number of blocks. The likely cause: the compile turns dynamic at the second size
     # and keeps the amax's split chosen from that compile's size hint (what pytorch/pytorch#155941 addresses,
     # with an opt-in minimum split). Not confirmed by inductor's output code; a static compile per size avoids it

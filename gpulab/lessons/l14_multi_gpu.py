@@ -180,6 +180,6 @@ def plan(scale: str | None = None) -> Plan:
         host_s=60.6,   # full: wall minus GPU work on the H200; tiny keeps it
         work=[Work("matmul_fp32", checked * step, 0.45, f"{checked} fp32 training steps checked, {tokens} tokens"),
               Work("matmul_tf32", timed * step, 0.45, f"{timed} TF32 training steps timed, {tokens} tokens")],
-        host_source="wall time of notebook 14 in results/h200-2026-11-30-course-2/h200-2026-11-30-course-2-timings.tsv (one H200, "
-                    "torch 2.11, 2026-11-30) minus its GPU work at the ceilings in results/h200-2026-11-30-course/h200-2026-11-30-course.json",
+        host_source="wall time of notebook 14 in results/course/2026-11-30-h200-10-to-14-at-775ae4a/h200-2026-11-30-course-2-timings.tsv (one H200, "
+                    "torch 2.11, 2026-11-30) minus its GPU work at the ceilings in results/course/2026-11-30-h200-00-to-09-at-775ae4a/h200-2026-11-30-course.json",
     )

@@ -45,11 +45,11 @@ CONFIG = {
 # profiler's own work over the diagnoses and the panel's first run: at full size on the H200 the notebook's
 # cells took 222 s in all (2026-12-02), its GPU work (a few hundred ms per diagnosis) inside.
 HOST_S = 225.0
-HOST_SOURCE = ("wall time of notebook 15 under nbval at full size (results/h200-2026-12-02-00-15/h200-2026-12-02-00-15-timings.tsv: "
+HOST_SOURCE = ("wall time of notebook 15 under nbval at full size (results/course/2026-12-02-h200-00-15/h200-2026-12-02-00-15-timings.tsv: "
                "H200, torch 2.11, 2026-12-02, 225 s, most of it the chain of fixes: five rounds, each checking that its "
                "fix trains the same model and diagnosing the step again); no GPU ceiling sets it: the steps are "
                "paced by the host's data making. The chain stops at the first fix that is not kept, so a shorter "
-               "chain takes less: three rounds took 128 s on 2026-12-03 (results/h200-2026-12-03-00-13-15)")
+               "chain takes less: three rounds took 128 s on 2026-12-03 (results/course/2026-12-03-h200-00-13-15)")
 
 
 def config(scale: str | None = None) -> dict:

@@ -154,7 +154,7 @@ def start_mps(out: Path, profile: str, gpu_sms: int | None = None, control: str 
 
 def _closest_share(env: dict, slice_sms: int, pct: int, got: int, tries: int = 4) -> tuple[int, int, str]:
     """MPS gives fewer SMs than a percentage's exact share (on the H200, 12 % of 132 SMs gave 14, not 15.8:
-    results/h200-2026-12-03-room-mps-06): from the share rounded down, probe one percent more at a time (at
+    results/room/2026-12-03-h200-mps-06): from the share rounded down, probe one percent more at a time (at
     most `tries`) while the client gets fewer SMs than the slice; keep the percentage whose count comes
     closest to the slice's, the smaller on a tie. Returns (percentage, its SM count, what was tried)."""
     seen = {pct: got}

@@ -1,9 +1,9 @@
 """Profiling, then timing, in one process: importing gpulab asks Kineto to detach CUPTI when a profile ends
 (TEARDOWN_CUPTI=1), and `release_cupti()` makes that happen at once. Without it, on the H200 (torch 2.11), a
-small kernel's launch cost doubled after one diagnosis (results/zoo/probe-cupti-h200-2026-12-01.json), and
+small kernel's launch cost doubled after one diagnosis (results/zoo/2026-12-01-h200-cupti-probes/probe-cupti-h200-2026-12-01.json), and
 with teardown alone every second session of twenty back to back recorded no kernel
-(results/zoo/probe-cupti-h200-2026-12-01-b.json); with release_cupti() after each, all twenty did
-(results/zoo/probe-cupti-h200-2026-12-01-c.json)."""
+(results/zoo/2026-12-01-h200-cupti-probes/probe-cupti-h200-2026-12-01-b.json); with release_cupti() after each, all twenty did
+(results/zoo/2026-12-01-h200-cupti-probes/probe-cupti-h200-2026-12-01-c.json)."""
 import json
 import os
 import subprocess
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-RESULTS = Path(__file__).resolve().parents[2] / "results" / "zoo"
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "zoo" / "2026-12-01-h200-cupti-probes"
 
 
 def _teardown_after_import(env_value):

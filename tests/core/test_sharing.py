@@ -63,7 +63,7 @@ def test_other_processes_are_counted_with_their_memory(gpu):
 
 def test_an_mps_server_is_not_another_user(gpu):
     """Under MPS NVML lists the server (nvidia-cuda-mps-server) as a compute process: a learner alone under
-    roomrun --mps read "1 other process(es) (0.1 GiB)" on the H200 (results/h200-2026-12-03-room-mps-07,
+    roomrun --mps read "1 other process(es) (0.1 GiB)" on the H200 (results/room/2026-12-03-h200-mps-07,
     alone.json). The server is left out; a second client is still another user."""
     server = (4321, 100 << 20)
     names = {4321: b"/usr/local/nvidia/bin/nvidia-cuda-mps-server"}

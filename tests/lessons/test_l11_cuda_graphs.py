@@ -142,7 +142,7 @@ def test_pool_split_separates_the_graphs_pool_from_what_outlives_it():
 
 @pytest.mark.parametrize("host, wall, busy, verdict", [
     (1.626, 2.188, 0.205, "the host"),       # issue 40: the t4 profile's compiled step, 9 % busy, was "not host-bound"
-    (1.075, 1.078, 0.201, "the host"),       # the H200's compiled step (results/h200-2026-12-03-course)
+    (1.075, 1.078, 0.201, "the host"),       # the H200's compiled step (results/course/2026-12-03-h200-00-to-15)
     (0.017, 0.218, 0.207, "the GPU"),        # the hand-captured graph: one launch, the GPU busy 95 %
     (0.5, 1.0, 0.9, "the GPU"),              # exactly at timing.GPU_PACED_MIN: the GPU
     (0.5, 1.0, 0.899, "something else"),     # just under it, the host issuing faster than the GPU runs

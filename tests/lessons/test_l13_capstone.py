@@ -373,7 +373,7 @@ def test_the_crossover_is_where_fp8_stays_faster_up_to_the_largest_size():
     compiled = C.Fp8Row(1024, 100.0, 180.0, 60.0, 150.0, 0.04, 0.002)
     assert compiled.scaled_speedup == pytest.approx(1.5) and compiled.scaling == "compiled"
     # the faster of the two: on the H200 at 16384 the compiled scaling (one compile for every size) ran at 588
-    # TFLOP/s and the eager one at 741 against bf16's 683 (results/h200-2026-12-02-00-13)
+    # TFLOP/s and the eager one at 741 against bf16's 683 (results/course/2026-12-02-h200-00-13)
     eager = C.Fp8Row(16384, 683.0, 1372.0, 741.0, 588.0, 0.04, 0.002)
     assert eager.scaling == "eager" and eager.scaled_speedup == pytest.approx(741 / 683)
     assert C.crossover([eager]) == 16384

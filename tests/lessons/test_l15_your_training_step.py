@@ -42,8 +42,8 @@ def test_measured_gain_against_the_bound():
     g = L.measured_gain(100.0, 20.0, bound=5.0)                  # promised 80 % of the step, saved 80 %
     assert g["speedup"] == pytest.approx(5.0) and g["of_promised"] == pytest.approx(1.0)
     assert L.measured_gain(100.0, 60.0, bound=2.0)["of_promised"] == pytest.approx(0.8)
-    # an H200 run where pinning saved 120 % of its promise (16.77 -> 10.62 ms, bound 1.438x; results/h200-
-    # 2026-11-30-n15b/): within it if the steps spread as widely as the pinned step did in the next run
+    # an H200 run where pinning saved 120 % of its promise (16.77 -> 10.62 ms, bound 1.438x; results/course/
+    # 2026-11-30-h200-15-at-ad297bd/): within it if the steps spread as widely as the pinned step did in the next run
     # (6 of 11.5 ms), beyond it if they repeat within 1 %
     g = L.measured_gain(16.77, 10.62, bound=1.438, spread_before=0.0, spread_after=0.52)
     assert g["of_promised"] == pytest.approx(1.20, abs=0.01) and g["within"] and g["enough"]

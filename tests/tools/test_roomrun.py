@@ -164,7 +164,7 @@ def test_a_room_stopped_by_sigterm_stops_its_learners(tmp_path):
 
 
 def test_the_readmes_room_figures_are_the_committed_room_runs():
-    """docs/instructors.md's "A room of seven on one H200" quotes results/h200-2026-12-02-room-{a..f}: each notebook's
+    """docs/instructors.md's "A room of seven on one H200" quotes results/room/2026-12-02-h200-time-sliced-*: each notebook's
     time alone and across the seven, the headlines' spread, one learner's fp32 matmul alone and in the room,
     and notebook 00's 16-bit sweep and sustained run with seven (run e) against alone (run a)."""
     import re
@@ -172,7 +172,7 @@ def test_the_readmes_room_figures_are_the_committed_room_runs():
     from pathlib import Path
     root = Path(__file__).resolve().parents[2]
     readme = " ".join((root / "docs" / "instructors.md").read_text().split())     # line breaks as spaces
-    runs = [root / "results" / f"h200-2026-12-02-room-{k}" for k in "abcdef"]
+    runs = [root / "results" / "room" / f"2026-12-02-h200-time-sliced-{k}" for k in ("00-01-04", "01-04", "02-05", "03-08", "00", "06")]
     alone, learners, heads = {}, {}, {}
     for run in runs:
         s = json.loads((run / "summary.json").read_text())
@@ -241,7 +241,7 @@ def test_the_readmes_room_figures_are_the_committed_room_runs():
                  for c in json.loads(next((root / "notebooks").glob("06_*.ipynb")).read_text())["cells"])
     assert sum(v == "timeout" for v in stopped.values()) == 7 and len(cells) == 1
     assert f"stopped at its time limit after {cells.pop()} of 06's {code06} cells" in readme
-    log = (root / "results" / "h200-2026-12-02-1g-09-15" / "h200-2026-12-02-1g-09-15-log.txt").read_text()
+    log = (root / "results" / "profiles" / "2026-12-02-h200-h200-1g-09-to-15" / "h200-2026-12-02-1g-09-15-log.txt").read_text()
     rc = dict(re.findall(r"== h200-1g (\d\d) [^\n]*\nrc=(\d+)", log))
     assert rc == {"09": "0", "10": "0", "11": "0", "12": "0", "13": "124", "14": "0", "15": "124"}, rc
     assert "09, 10, 11, 12 and 14 ran every cell" in readme and "13 and 15 ran out of the call's time" in readme
@@ -320,7 +320,7 @@ def test_without_the_mps_daemon_the_room_says_why_and_runs_time_sliced(tmp_path,
 def test_an_mps_client_gets_no_green_context_and_mps_s_own_sm_count(monkeypatch):
     """Under MPS with a share of the SMs, MPS holds the limit: no green context is made, and the SM count the
     course uses is the one CUDA reports for this client. On the H200 MPS gave 14 SMs for the h200-1g
-    profile's 16 (12 % of 132; results/h200-2026-12-03-room-mps-01-04-08): taking the profile's 16
+    profile's 16 (12 % of 132; results/room/2026-12-03-h200-mps-01-04-08): taking the profile's 16
     there made notebook 04's "full wave" two waves and its wave ratio read 1.00 instead of about 2."""
     import types
     import torch
@@ -355,15 +355,15 @@ def test_an_mps_client_gets_no_green_context_and_mps_s_own_sm_count(monkeypatch)
 
 
 def test_the_readmes_mps_room_figures_are_the_committed_mps_runs():
-    """docs/instructors.md's MPS room (results/h200-2026-12-03-room-mps-{06,07,01-04-08}) against its files: each
+    """docs/instructors.md's MPS room (results/room/2026-12-03-h200-mps-*) against its files: each
     notebook's row, the SMs the probe was given, the slowdown of the seven, 07's learner alone, the headlines,
     and 04's full wave of the profile's 16 programs on 14 SMs."""
     import statistics
     from pathlib import Path
     root = Path(__file__).resolve().parents[2]
     readme = " ".join((root / "docs" / "instructors.md").read_text().split())
-    runs = [root / "results" / f"h200-2026-12-03-room-mps-{k}" for k in ("06", "07", "01-04-08")]
-    sliced = [root / "results" / f"h200-2026-12-02-room-{k}" for k in "abcdef"]
+    runs = [root / "results" / "room" / f"2026-12-03-h200-mps-{k}" for k in ("06", "07", "01-04-08")]
+    sliced = [root / "results" / "room" / f"2026-12-02-h200-time-sliced-{k}" for k in ("00-01-04", "01-04", "02-05", "03-08", "00", "06")]
     rows, heads, slow = {}, {}, {}
     for run in runs:
         s = json.loads((run / "summary.json").read_text())

@@ -1,4 +1,4 @@
-"""zoo/README.md's sixth run and results/zoo/matrix-h200-2026-12-02-n.txt come from run N's committed files:
+"""zoo/README.md's sixth run and results/zoo/2026-12-02-h200-run-n/matrix-h200-2026-12-02-n.txt come from run N's committed files:
 the held-out step's label and diagnosis, reduce_overhead_skipped's diagnosis, and labels d."""
 import json
 import math
@@ -10,8 +10,15 @@ ROOT = Path(__file__).resolve().parents[2]
 RES = ROOT / "results" / "zoo"
 
 
+def _file(name):
+    """A committed zoo file by its name, in whichever run folder of results/zoo/ holds it."""
+    found = sorted(RES.rglob(name))
+    assert len(found) == 1, f"{name}: {len(found)} entries of that name under results/zoo/"
+    return found[0]
+
+
 def _steps(name):
-    return json.loads((RES / name).read_text())["steps"]
+    return json.loads(_file(name).read_text())["steps"]
 
 
 def test_run_ns_matrix_and_the_readmes_figures():
@@ -19,7 +26,7 @@ def test_run_ns_matrix_and_the_readmes_figures():
     labels = [s for s in _steps("labels-h200-2026-12-02-d.json") if s["name"] == "reduce_overhead_skipped"] + held
     diagnoses = _steps("diagnoses-h200-2026-12-02-n.json")
     result = Z.judge(labels, diagnoses)
-    assert Z.matrix_text(result) == (RES / "matrix-h200-2026-12-02-n.txt").read_text().rstrip("\n")
+    assert Z.matrix_text(result) == _file("matrix-h200-2026-12-02-n.txt").read_text().rstrip("\n")
     kept = {m[0]: m for m in result["measured"]}
     promise = {d["name"]: next(v for v in d["verdicts"] if v["rule"] == "cudagraphs_skipped")["expected_gain"]
                for d in diagnoses}
@@ -41,8 +48,8 @@ def test_run_ns_matrix_and_the_readmes_figures():
     cut = lambda gain: 100 * (1 - 1 / gain)
     assert (f"it removed {cut(written_h['best_gain']):.0f} % of the step where {cut(promise[h]):.0f} % was promised"
             in readme)
-    # results/README.md's row for run N says the same
-    row = next(line for line in (ROOT / "results" / "README.md").read_text().splitlines() if "run N)" in line)
+    # run N's own manifest says the same
+    row = json.loads((RES / "2026-12-02-h200-run-n" / "manifest.json").read_text())["what"]
     assert (f"as written {written_h['as_written']['ms']:.3g} ms, its fix {written_h['fixes']['cudagraphs_skipped']['ms']:.3g} ms, "
             f"{kept[h][2]:.3g}x" in row and f"promised {promise[h]:.3g}x, {100 * kept[h][5]:.0f} % kept" in row
             and f"promised {promise[r]:.3g}x against labels d's {kept[r][2]:.3g}x, {100 * kept[r][5]:.0f} % kept" in row

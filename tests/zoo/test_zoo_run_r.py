@@ -12,8 +12,15 @@ RES = ROOT / "results" / "zoo"
 README = " ".join((ROOT / "zoo" / "README.md").read_text().split())
 
 
+def _file(name):
+    """A committed zoo file by its name, in whichever run folder of results/zoo/ holds it."""
+    found = sorted(RES.rglob(name))
+    assert len(found) == 1, f"{name}: {len(found)} entries of that name under results/zoo/"
+    return found[0]
+
+
 def _steps(name):
-    return json.loads((RES / name).read_text())["steps"]
+    return json.loads(_file(name).read_text())["steps"]
 
 
 def test_labels_r_are_the_medians_of_their_runs():
@@ -28,7 +35,7 @@ def test_labels_r_are_the_medians_of_their_runs():
 def test_run_n_under_8ec9b2d_against_labels_r_and_d():
     diagnoses = _steps("diagnoses-h200-2026-12-02-n-by-8ec9b2d.json")
     result = Z.judge(_steps("labels-h200-2026-12-02-r.json"), diagnoses)
-    assert Z.matrix_text(result) == (RES / "matrix-h200-2026-12-02-n-by-8ec9b2d-labels-r.txt").read_text().rstrip("\n")
+    assert Z.matrix_text(result) == _file("matrix-h200-2026-12-02-n-by-8ec9b2d-labels-r.txt").read_text().rstrip("\n")
     assert all(ok for _, ok, _ in result["checks"])
     promise = {d["name"]: d["verdicts"][0]["expected_gain"] for d in diagnoses}
     kept = {m[0]: m[5] for m in result["measured"]}
@@ -37,13 +44,13 @@ def test_run_n_under_8ec9b2d_against_labels_r_and_d():
     d_labels = ([s for s in _steps("labels-h200-2026-12-02-d.json") if s["name"] == "reduce_overhead_skipped"]
                 + _steps("labels-h200-2026-12-02-n.json"))
     old = Z.judge(d_labels, diagnoses)
-    assert Z.matrix_text(old) == (RES / "matrix-h200-2026-12-02-n-by-8ec9b2d-labels-d.txt").read_text().rstrip("\n")
+    assert Z.matrix_text(old) == _file("matrix-h200-2026-12-02-n-by-8ec9b2d-labels-d.txt").read_text().rstrip("\n")
     first = next(m for m in old["measured"] if m[0] == "reduce_overhead_skipped")
     assert not first[4] and f"the first keeps {100 * first[5]:.0f} %" in README
 
 
 def test_the_fixed_steps_replay_cost():
-    rec = RES / "records-h200-2026-12-02-r"
+    rec = _file("records-h200-2026-12-02-r")
     before = from_record(str(rec / "zoo-reduce_overhead_skipped-as-written.json.gz")).facts
     after = from_record(str(rec / "zoo-reduce_overhead_skipped-fixed.json.gz")).facts
     inside, launching = before.compiled_host_ms * before.host_scale, before.compiled_launch_ms * before.host_scale
@@ -61,7 +68,7 @@ def test_run_h_under_the_current_rules_against_labels_d_with_rs_medians():
     from_r = {s["name"]: s for s in r}
     assert dr == [from_r.get(s["name"], s) for s in d] + [s for s in r if s["name"] not in {x["name"] for x in d}]
     result = Z.judge(dr, _steps("diagnoses-h200-2026-12-02-h-by-8ec9b2d.json"))
-    assert Z.matrix_text(result) == (RES / "matrix-h200-2026-12-02-h-by-8ec9b2d-labels-dr.txt").read_text().rstrip("\n")
+    assert Z.matrix_text(result) == _file("matrix-h200-2026-12-02-h-by-8ec9b2d-labels-dr.txt").read_text().rstrip("\n")
     assert all(ok for _, ok, _ in result["checks"])
     kept = sorted((m[5], m[0], m[1]) for m in result["measured"] if m[2] is not None)
     lowest = [k for k in kept if k[0] >= 0.5][:2]

@@ -1,5 +1,5 @@
 """The zoo's steps (zoo/): each runs on the CPU at the tiny size, as written and with each of its fixes, and
-each fix was checked to train the same model (results/zoo/checks-cpu.json, made by
+each fix was checked to train the same model (results/zoo/2026-12-01-cpu-fix-checks/checks-cpu.json, made by
 `python -m gpulab.diagnose.zoo check`); two fixes are checked again here, one that changes only the rounding
 and one that changes nothing in the arithmetic."""
 import json
@@ -16,7 +16,7 @@ from gpulab.diagnose import zoo
 
 CPU = torch.device("cpu")
 STEPS = zoo.step_files()
-CHECKS = json.loads((Path(__file__).resolve().parents[2] / "results" / "zoo" / "checks-cpu.json").read_text())["checks"]
+CHECKS = json.loads((Path(__file__).resolve().parents[2] / "results" / "zoo" / "2026-12-01-cpu-fix-checks" / "checks-cpu.json").read_text())["checks"]
 RULES = {"input_bound", "host_sync", "pageable_copy", "launch_bound", "fp32_matmuls", "misaligned_gemm",
          "memory_pressure", "host_code", "periodic_stall", "layout_transposes", "copy_not_overlapped",
          "no_sync_accumulation", "optimizer_unfused", "elementwise_unfused", "attention_math", "compile_recompiles",
@@ -73,7 +73,7 @@ def test_every_fix_was_checked_to_train_the_same_model(path):
     module = zoo.load(path)
     for rule in module.FIXES:
         check = CHECKS.get(path.stem, {}).get(rule)
-        assert check is not None, f"{path.stem}/{rule}: no check in results/zoo/checks-cpu.json; run the zoo's check"
+        assert check is not None, f"{path.stem}/{rule}: no check in results/zoo/2026-12-01-cpu-fix-checks/checks-cpu.json; run the zoo's check"
         assert check["ok"], f"{path.stem}/{rule}: {check['why']}"
 
 

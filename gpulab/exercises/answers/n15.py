@@ -10,7 +10,7 @@ from gpulab.core.device import pick_device
 from gpulab.exercises.answers import ROOT, Answer, one_thread_on_cpu
 from gpulab.lessons.l15_your_training_step import Options, TrainingStep, config, measured_gain
 
-RECORD = ROOT / "results" / "zoo" / "records-h200-2026-12-02-h" / "lstm_fp32.json.gz"   # exercise 5's record
+RECORD = ROOT / "results" / "zoo" / "2026-12-02-h200-run-h" / "records-h200-2026-12-02-h" / "lstm_fp32.json.gz"   # exercise 5's record
 
 
 def _where(scale: str) -> dict:
