@@ -27,17 +27,17 @@ END = "<!-- end of runs -->"
 KIND = FILE_KINDS["manifest"]          # tools.room skips files of this kind: no measurements in them
 FIELDS = ("kind", "run", "gpu", "driver", "torch", "date", "commit", "command", "what")
 NOTES = "NOTES.md"
+WHAT_MAX = 80                           # the index's "what ran": one short line
 # the kinds of run, in the index's order: results/<kind>/
 KINDS = {
-    "course": "the notebooks at full size on the GPU as it is, alone on it (nbval)",
-    "profiles": "notebooks under a GPU profile (`GPULAB_PROFILE`): the code paths and memory of another GPU, "
-                "this GPU's timings",
-    "room": "`python -m gpulab.tools.roomrun`: one learner alone, then seven at once on one GPU",
+    "course": "the notebooks at full size, no profile, alone on the GPU",
+    "profiles": "notebooks under a GPU profile (`GPULAB_PROFILE`): another GPU's code paths and memory, this GPU's "
+                "timings",
+    "room": "`python -m gpulab.tools.roomrun`: a learner alone, then seven at once",
     "bench": "`gpulab bench --check` over every lesson",
-    "diagnose": "the diagnosis's suite of bad and fixed steps (`python -m gpulab.diagnose.suite`, "
-                "`gpulab bench --lessons 15`)",
-    "zoo": "the diagnosis zoo (`python -m gpulab.diagnose.zoo`; `zoo/README.md` tells each run)",
-    "exercises": "the graded exercises' proof (`python -m gpulab.exercises.proof`)",
+    "diagnose": "the diagnosis's suite of bad and fixed steps",
+    "zoo": "the diagnosis zoo; [zoo/README.md](../zoo/README.md) tells each run",
+    "exercises": "the graded exercises and the reference answers",
 }
 NAME = re.compile(r"(\d{4}-\d\d-\d\d)-([a-z0-9]+)-([a-z0-9]+(?:-[a-z0-9]+)*)")
 COMMIT = re.compile(r"[0-9a-f]{7,40}(?:(?:\.\.|, )[0-9a-f]{7,40})*")
@@ -105,8 +105,9 @@ def check_folder(kind: str, folder: Path, m: dict) -> None:
     if m["commit"] is not None and not COMMIT.fullmatch(m["commit"]):
         raise ManifestError(f"{where}manifest.json: commit {m['commit']!r} is not a commit, "
                             "'a..b' or 'a, b' (say more in NOTES.md)")
-    if "\n" in m["what"] or not m["what"].strip():
-        raise ManifestError(f"{where}manifest.json: `what` is one line saying what ran (the history goes in {NOTES})")
+    if "\n" in m["what"] or not m["what"].strip() or len(m["what"]) > WHAT_MAX:
+        raise ManifestError(f"{where}manifest.json: `what` is one line of at most {WHAT_MAX} characters saying what "
+                            f"ran (the history goes in {NOTES})")
 
 
 def manifests(results: Path) -> list[dict]:
@@ -143,8 +144,9 @@ def table(results: Path) -> str:
                   "| date | GPU | commit | what ran | folder |", "|---|---|---|---|---|"]
         for m in mine:
             what = m["what"].replace("|", "\\|")
+            rest = NAME.fullmatch(m["run"]).group(3)            # the name's date and GPU are the first columns
             lines.append(f"| {m['date']} | {gpu_short(m['gpu'])} | {m['commit'] or '-'} | {what} | "
-                         f"[{m['run']}]({kind}/{m['run']}/) |")
+                         f"[{rest}]({kind}/{m['run']}/) |")
     return "\n".join([*lines, "", END])
 
 

@@ -85,8 +85,7 @@ def test_the_index_links_each_run_under_its_kind_and_escapes_pipes(tmp_path):
     assert RI.main(["--results", str(results)]) == 0
     text = (results / "README.md").read_text()
     assert "### course" in text and "### zoo" not in text            # a kind with no run has no table
-    assert ("| 2026-12-01 | H200 | abc1234 | a \\| b | [2026-12-01-h200-00](course/2026-12-01-h200-00/) |"
-            in text)
+    assert "| 2026-12-01 | H200 | abc1234 | a \\| b | [00](course/2026-12-01-h200-00/) |" in text
     assert text.endswith("tail\n") and RI.main(["--results", str(results), "--check"]) == 0
 
 
@@ -100,6 +99,7 @@ def test_the_index_links_each_run_under_its_kind_and_escapes_pipes(tmp_path):
     ({"gpu": "NVIDIA H200 (2 of one host)"}, "the name's GPU 'h200' is not the manifest's"),
     ({"commit": "at b35edb4 and more"}, "is not a commit"),
     ({"what": "two\nlines"}, "is one line"),
+    ({"what": "x" * (RI.WHAT_MAX + 1)}, f"at most {RI.WHAT_MAX} characters"),
 ])
 def test_a_bad_manifest_or_folder_says_what_is_wrong(tmp_path, capsys, change, says):
     results = _run(tmp_path, **change)
