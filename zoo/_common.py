@@ -57,3 +57,17 @@ def compile_backend(device: torch.device) -> str:
     correctness check compares code paths, not compilers, and sets aot_eager to spare inductor compiles."""
     import os
     return os.environ.get("ZOO_COMPILE_BACKEND") or ("inductor" if device.type == "cuda" else "aot_eager")
+
+
+def reduce_overhead(model, device: torch.device):
+    """The CUDA-graph fix as the zoo applies it: (torch.compile(model, mode="reduce-overhead"), the call to make
+    before each step: torch.compiler.cudagraph_mark_step_begin). On the CPU, where CUDA graphs do not exist,
+    the plain compile and nothing to call: the correctness check still runs the compiled code path."""
+    cuda = device.type == "cuda"
+    compiled = torch.compile(model, backend=compile_backend(device), mode="reduce-overhead" if cuda else None)
+    return compiled, (torch.compiler.cudagraph_mark_step_begin if cuda else (lambda: None))
+
+
+# The CUDA-graph fix's line in a step's FIXES.
+GRAPHS_FIX = ('torch.compile(model, mode="reduce-overhead") (CUDA graphs of the forward and backward), with '
+              "torch.compiler.cudagraph_mark_step_begin() before each step (CPU: the plain compile)")

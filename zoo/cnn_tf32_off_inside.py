@@ -5,11 +5,13 @@ training step turns cuDNN's TF32 off before it runs (torch.backends.cudnn.conv.f
 import torch
 import torch.nn.functional as F
 
-from _common import half_dtype, reordered, rows, setup
+from _common import GRAPHS_FIX, half_dtype, reduce_overhead, reordered, rows, setup
 from _convnets import resnet50
 
 FIXES = {
     "fp32_matmuls": "the forward and loss in bf16 autocast (the TF32 line left as it is)",
+    "launch_bound": GRAPHS_FIX,
+    "optimizer_unfused": "torch.optim.SGD(..., fused=True)",
 }
 
 SIZES = {"tiny": dict(width=8, depths=(1, 1, 1, 1), image=64, classes=10, batch=8),
@@ -21,7 +23,8 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     device, scale = setup(device, scale, seed)
     cfg = SIZES[scale]
     model = resnet50(cfg["classes"], cfg["width"], cfg["depths"], device=device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4,
+                          fused=True if fix == "optimizer_unfused" else None)
     dtype = half_dtype(device)
     before = torch.backends.cudnn.conv.fp32_precision
 
@@ -32,14 +35,17 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     perm = rows(B, reorder)
     k = 0
 
+    forward, mark = reduce_overhead(model, device) if fix == "launch_bound" else (model, lambda: None)
+
     def step():
         nonlocal k
         torch.backends.cudnn.conv.fp32_precision = "ieee"     # bit-for-bit reproducible convolutions
         i = (k % N_BATCHES) * B
         x, y = reordered(perm, images[i:i + B], labels[i:i + B])
         k += 1
+        mark()
         with torch.autocast(device.type, dtype=dtype, enabled=fix == "fp32_matmuls"):
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(forward(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

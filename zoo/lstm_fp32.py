@@ -5,10 +5,12 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from _common import half_dtype, reordered, rows, setup
+from _common import GRAPHS_FIX, half_dtype, reduce_overhead, reordered, rows, setup
 
 FIXES = {
     "fp32_matmuls": "the forward and loss in bf16 autocast",
+    "launch_bound": GRAPHS_FIX,
+    "optimizer_unfused": "torch.optim.Adam(..., fused=True)",
 }
 
 SIZES = {"tiny": dict(vocab=100, d=32, layers=2, seq=16, batch=8),
@@ -32,7 +34,8 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     device, scale = setup(device, scale, seed)
     cfg = SIZES[scale]
     model = LSTMLM(cfg["vocab"], cfg["d"], cfg["layers"]).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3,
+                           fused=True if fix == "optimizer_unfused" else None)
     dtype = half_dtype(device)
 
     B, T = cfg["batch"], cfg["seq"]
@@ -41,12 +44,15 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     perm = rows(B, reorder)
     k = 0
 
+    forward, mark = reduce_overhead(model, device) if fix == "launch_bound" else (model, lambda: None)
+
     def step():
         nonlocal k
         tokens = reordered(perm, data[(k % N_BATCHES) * B:(k % N_BATCHES + 1) * B])
         k += 1
+        mark()
         with torch.autocast(device.type, dtype=dtype, enabled=fix == "fp32_matmuls"):
-            logits = model(tokens[:, :-1])
+            logits = forward(tokens[:, :-1])
             loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -9,6 +9,7 @@ from _common import compile_backend, reordered, rows, setup
 FIXES = {
     "launch_bound": 'torch.compile(model, mode="reduce-overhead") (CUDA graphs), with '
                     "torch.compiler.cudagraph_mark_step_begin() before each step (CPU: the plain compile)",
+    "optimizer_unfused": "torch.optim.SGD(..., fused=True)",
 }
 
 SIZES = {"tiny": dict(features=32, hidden=32, layers=3, classes=10, batch=16),
@@ -23,7 +24,8 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     for _ in range(cfg["layers"] - 1):
         blocks += [nn.LayerNorm(cfg["hidden"]), nn.GELU(), nn.Linear(cfg["hidden"], cfg["hidden"])]
     model = nn.Sequential(*blocks, nn.GELU(), nn.Linear(cfg["hidden"], cfg["classes"])).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9,
+                          fused=True if fix == "optimizer_unfused" else None)
     forward = model
     if fix == "launch_bound":
         mode = "reduce-overhead" if device.type == "cuda" else None      # CUDA graphs exist only on a GPU

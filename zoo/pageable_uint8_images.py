@@ -7,13 +7,15 @@ from torch import nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from _common import half_dtype, reordered, rng, rows, setup
+from _common import GRAPHS_FIX, half_dtype, reduce_overhead, reordered, rng, rows, setup
 
 FIXES = {
     "pageable_copy": "a pinned staging buffer allocated once: each batch is copied into it, then "
                      ".to(device, non_blocking=True) (an event keeps the next copy from overwriting it early)",
     "input_bound": "a DataLoader with 4 workers and pin_memory=True over the same array "
                    "(batch_size=None, item k is batch k)",
+    "launch_bound": GRAPHS_FIX,
+    "optimizer_unfused": "torch.optim.SGD(..., fused=True)",
 }
 
 SIZES = {"tiny": dict(images=64, image=32, width=8, classes=10, batch=16, workers=2),
@@ -43,7 +45,8 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     model = nn.Sequential(*conv_bn(3, w, 5, 4), *conv_bn(w, 2 * w, 3, 2), *conv_bn(2 * w, 4 * w, 3, 2),
                           *conv_bn(4 * w, 8 * w, 3, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                           nn.Linear(8 * w, cfg["classes"])).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9,
+                          fused=True if fix == "optimizer_unfused" else None)
     dtype = half_dtype(device)
 
     N, B, S = cfg["images"], cfg["batch"], cfg["image"]
@@ -60,6 +63,8 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     perm = rows(B, reorder)
     k = 0
 
+    forward, mark = reduce_overhead(model, device) if fix == "launch_bound" else (model, lambda: None)
+
     def step():
         nonlocal k
         i = k % (N // B) * B
@@ -74,8 +79,9 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
             x = torch.from_numpy(images[i:i + B]).to(device)
         x, y = reordered(perm, x, labels[i:i + B])
         k += 1
+        mark()
         with torch.autocast(device.type, dtype=dtype):
-            loss = F.cross_entropy(model(x.float() / 255), y)
+            loss = F.cross_entropy(forward(x.float() / 255), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

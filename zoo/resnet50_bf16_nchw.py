@@ -4,11 +4,13 @@ layout conversions run around the convolutions."""
 import torch
 import torch.nn.functional as F
 
-from _common import half_dtype, reordered, rows, setup
+from _common import GRAPHS_FIX, half_dtype, reduce_overhead, reordered, rows, setup
 from _convnets import resnet50
 
 FIXES = {
     "layout_transposes": "model.to(memory_format=torch.channels_last) and the images converted likewise",
+    "launch_bound": GRAPHS_FIX,
+    "optimizer_unfused": "torch.optim.SGD(..., fused=True)",
 }
 
 SIZES = {"tiny": dict(width=8, depths=(1, 1, 1, 1), image=64, classes=10, batch=8),
@@ -22,7 +24,8 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     model = resnet50(cfg["classes"], cfg["width"], cfg["depths"], device=device)
     if fix == "layout_transposes":
         model = model.to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4,
+                          fused=True if fix == "optimizer_unfused" else None)
     dtype = half_dtype(device)
 
     B, S = cfg["batch"], cfg["image"]
@@ -32,6 +35,8 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     perm = rows(B, reorder)
     k = 0
 
+    forward, mark = reduce_overhead(model, device) if fix == "launch_bound" else (model, lambda: None)
+
     def step():
         nonlocal k
         i = (k % N_BATCHES) * B
@@ -39,8 +44,9 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
         if fix == "layout_transposes":
             x = x.contiguous(memory_format=torch.channels_last)
         k += 1
+        mark()
         with torch.autocast(device.type, dtype=dtype):
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(forward(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -12,6 +12,7 @@ FIXES = {
     "launch_bound": 'torch.compile(model, mode="reduce-overhead") (CUDA graphs), with '
                     "torch.compiler.cudagraph_mark_step_begin() before each step (CPU: the plain compile)",
     "memory_pressure": "torch.cuda.empty_cache() once after the big tensor is freed (on the CPU: nothing to do)",
+    "optimizer_unfused": "torch.optim.Adam(..., fused=True)",
 }
 
 SIZES = {"tiny": dict(features=32, hidden=64, layers=2, classes=10, batch=32),
@@ -39,7 +40,8 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     for a, b in zip(dims, dims[1:]):
         layers += [nn.Linear(a, b), nn.ReLU()]
     model = nn.Sequential(*layers, nn.Linear(dims[-1], cfg["classes"])).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3,
+                           fused=True if fix == "optimizer_unfused" else None)
     forward = model
     if fix == "launch_bound":
         mode = "reduce-overhead" if device.type == "cuda" else None      # CUDA graphs exist only on a GPU

@@ -3,11 +3,13 @@ trained in fp32 with PyTorch's defaults and Adam; images and masks already on th
 import torch
 import torch.nn.functional as F
 
-from _common import half_dtype, reordered, rows, setup
+from _common import GRAPHS_FIX, half_dtype, reduce_overhead, reordered, rows, setup
 from _convnets import UNet
 
 FIXES = {
     "fp32_matmuls": "the forward and loss in bf16 autocast",
+    "launch_bound": GRAPHS_FIX,
+    "optimizer_unfused": "torch.optim.Adam(..., fused=True)",
 }
 
 SIZES = {"tiny": dict(width=4, depth=2, image=32, classes=3, batch=4),
@@ -19,7 +21,8 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     device, scale = setup(device, scale, seed)
     cfg = SIZES[scale]
     model = UNet(3, cfg["classes"], cfg["width"], cfg["depth"], device=device)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3,
+                           fused=True if fix == "optimizer_unfused" else None)
     dtype = half_dtype(device)
 
     B, S = cfg["batch"], cfg["image"]
@@ -29,13 +32,16 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     perm = rows(B, reorder)
     k = 0
 
+    forward, mark = reduce_overhead(model, device) if fix == "launch_bound" else (model, lambda: None)
+
     def step():
         nonlocal k
         i = (k % N_BATCHES) * B
         x, y = reordered(perm, images[i:i + B], masks[i:i + B])
         k += 1
+        mark()
         with torch.autocast(device.type, dtype=dtype, enabled=fix == "fp32_matmuls"):
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(forward(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
