@@ -29,7 +29,8 @@ import math
 import os
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from gpulab.core.timing import intersect, merge_intervals, subtract
 from gpulab.diagnose.events import (
@@ -45,8 +46,10 @@ from gpulab.diagnose.events import (
 )
 from gpulab.diagnose.facts import (  # noqa: F401 - the contract, re-exported: analyze.Facts is what rules read
     CAUSES, CLASSES, Facts, GemmFact, MemoryFacts, StallFacts, changes)
-from gpulab.diagnose.kernels import (ALLOC_CALLS, BLOCKING_CALLS, CONV_OPS, INPUT_RANGES, SCALAR_READS, dtype_of,
-                                     gemm_flops, kernel_class, kernel_math, misaligned, mnk)
+from gpulab.diagnose.gaps import (OpsByThread, after_sync, data_dependent, is_compile, queue_full, shape_changes,
+                                  sync_kind)
+from gpulab.diagnose.kernels import (ALLOC_CALLS, BLOCKING_CALLS, CONV_OPS, INPUT_RANGES, SCALAR_READS,  # noqa: F401
+                                     conv_flops, dtype_of, gemm_flops, kernel_class, kernel_math, misaligned, mnk)
 
 
 
@@ -218,11 +221,13 @@ class HostTimeline:
     syncs: dict                     # (site, via) -> [us blocked, calls]
     pageable: dict                  # site -> [us host, bytes]
     precopy_us: float
+    sync_kinds: dict = field(default_factory=dict)     # (site, via) -> what made it wait (`gaps.sync_kind`)
 
 
 def host_causes(events: Sequence[Event], windows: Sequence[tuple[float, float]], span: list,
-                gpu: Sequence[Event], step_name: str = STEP_RANGE, on_gpu: bool = True) -> HostTimeline:
-    """What the thread that runs the step spent `span` on, by cause, in this order of precedence:
+                gpu: Sequence[Event], step_name: str = STEP_RANGE, on_gpu: bool = True, busy=None,
+                idle=None) -> HostTimeline:
+    """What the thread that runs the step spent `span` on, by cause (`gaps` says why these), in this order:
 
     1. "input": inside a DataLoader's `__next__` or a "gpulab.data" range;
     2. "pageable_copy": staging a copy from or to pageable memory (of at least PAGEABLE_MIN_BYTES),
@@ -230,6 +235,8 @@ def host_causes(events: Sequence[Event], windows: Sequence[tuple[float, float]],
     3. "sync": blocked in a call that waits for the GPU (BLOCKING_CALLS: `.item()`, `.cpu()`, a blocking
        copy's stream synchronize, `torch.cuda.synchronize()`);
     4. "allocator": in cudaMalloc / cudaFree and their relatives;
+       "compile": in torch.compile's own compiling (`gaps.is_compile`);
+       "queue_full": in a launch call of at least QUEUE_FULL_US while the GPU was `busy` (a full launch queue);
     5. "input" again: anything else before the step copies its batch to the GPU (its first host-to-device
        copy of at least BATCH_COPY_MIN_BYTES) that queues no GPU work: the batch made in the main thread;
     6. "launch": in PyTorch ops that queue GPU work;
@@ -239,6 +246,8 @@ def host_causes(events: Sequence[Event], windows: Sequence[tuple[float, float]],
        autograd engine working on its own thread while this one waits in `backward()`), and stretches
        the profiler saw nothing in shorter than GLUE_GAP_US;
     9. "other": longer stretches the profiler saw nothing in.
+    Then, given the GPU's `idle` gaps: "after_sync", the launch and other time of every gap that began while
+    the host was blocked in a synchronization (`gaps.after_sync`).
 
     On the CPU (`on_gpu` False) the ops are the device's work, not the host's: they count in no cause.
 
@@ -276,7 +285,8 @@ def host_causes(events: Sequence[Event], windows: Sequence[tuple[float, float]],
         row[0] += max((x.dur_us for x in host), default=0.0)
         row[1] += e.nbytes
     blocking = [e for e in runtime if e.name in BLOCKING_CALLS]
-    syncs: dict = {}
+    syncs, kinds, keyed = {}, {}, []
+    running = OpsByThread(e for e in events if is_op(e) and e.stream in working)
     for e in blocking:
         op = ops.get(e.op_id)
         key = (fmt_site(op.site if op is not None and op.site else site_at(e.stream, e.start_us)),
@@ -284,6 +294,8 @@ def host_causes(events: Sequence[Event], windows: Sequence[tuple[float, float]],
         row = syncs.setdefault(key, [0.0, 0])
         row[0] += e.dur_us
         row[1] += 1
+        kinds.setdefault(key, Counter())[sync_kind(running.at(e.stream, e.start_us))] += 1
+        keyed.append((e.start_us, e.end_us, key))
 
     main_ops = [e for e in on_main if is_op(e)]
     top_ops = _outermost(main_ops)
@@ -318,8 +330,10 @@ def host_causes(events: Sequence[Event], windows: Sequence[tuple[float, float]],
     take("pageable_copy", _spans(pageable_host))
     take("sync", _spans(blocking))
     take("allocator", _spans(e for e in runtime if e.name in ALLOC_CALLS))
+    take("compile", _spans(e for e in on_main if is_compile(e)))
     if not on_gpu:
         rest = subtract(rest, _spans(main_ops))
+    take("queue_full", queue_full((e for e in runtime if e.name in QUEUEING), busy or []))
     launch_spans = _spans(launching)
     take("launch", intersect(precopy, launch_spans))
     take("input", precopy)
@@ -329,19 +343,22 @@ def host_causes(events: Sequence[Event], windows: Sequence[tuple[float, float]],
     take("launch", [(a, b) for a, b in rest if b - a <= GLUE_GAP_US])
     take("other", rest)
 
+    moved = after_sync(idle, keyed, by_cause) if idle is not None else {}
     sites: dict = {c: {} for c in CAUSES}
     labelled = [(a, b) for a, b, _, _ in segments]
     for cause, intervals in by_cause.items():
-        if cause == "sync":
+        if cause in ("sync", "after_sync"):
             continue
         for lo, hi, i in labelled_overlaps(intervals, labelled):
             key = (fmt_site(frame_site(segments[i][2])), "")
             sites[cause][key] = sites[cause].get(key, 0.0) + (hi - lo)
     for key, (us, _) in syncs.items():
         sites["sync"][key] = sites["sync"].get(key, 0.0) + us
+    sites["after_sync"] = moved
     # the batch made in the main thread: the time before its copy, outside a DataLoader's __next__ (a step
     # that waits for its loader there is waiting for workers, not making the batch itself)
-    return HostTimeline(by_cause, sites, syncs, pageable, length_us(subtract(merge_intervals(precopy), inputs)))
+    return HostTimeline(by_cause, sites, syncs, pageable, length_us(subtract(merge_intervals(precopy), inputs)),
+                        {k: c.most_common(1)[0][0] for k, c in kinds.items()})
 
 
 # -- the analysis ----------------------------------------------------------------------------------
@@ -372,7 +389,10 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
     # the host's time is read inside the steps' own host ranges: diagnose's synchronize after the last step
     # (while the GPU finishes) is not the step's
     host_span = intersect(merge_intervals(step_ranges(events, step_name)), span)
-    timeline = host_causes(events, windows, host_span, gpu, step_name, on_gpu)
+    timeline = host_causes(events, windows, host_span, gpu, step_name, on_gpu, busy=busy,
+                           idle=idle if on_gpu else None)
+    mains = {e.stream for e in events if e.kind == OP and e.name == step_name}
+    main_ops = [e for e in events if is_op(e) and e.stream in mains]
     idle_by = {c: length_us(intersect(idle, timeline.by_cause[c])) for c in CAUSES}
     idle_by["other"] += max(length_us(idle) - sum(idle_by.values()), 0.0)
     pieces = sorted((a, b, c) for c, iv in timeline.by_cause.items() for a, b in iv)
@@ -411,6 +431,8 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
         syncs=tuple((site, via, us / per_step, n / steps) for (site, via), (us, n) in
                     sorted(timeline.syncs.items(), key=lambda kv: -kv[1][0])),
         hidden_syncs=tuple(hidden_syncs),
+        sync_kinds=tuple((*k, kind, timeline.syncs[k][1] / steps) for k, kind in timeline.sync_kinds.items()),
+        data_dependent=data_dependent(main_ops, steps), shape_changes=shape_changes(main_ops, windows),
         pageable_copies=tuple((site, us / per_step, nbytes / steps) for site, (us, nbytes) in
                               sorted(timeline.pageable.items(), key=lambda kv: -kv[1][0])),
         precopy_ms=timeline.precopy_us / per_step,
@@ -480,6 +502,7 @@ def _patterns(events, gpu, classes, ops, calls, windows, span, step_name) -> dic
     out["optimizer_kernels"] = len(queued) / steps
     out["optimizer_fused"] = (any("fused" in g.name.lower() for g in queued) if ranges else None)
     out["optimizer_name"] = (ranges[0].name[len(OPTIMIZER_RANGE):].split(".")[0] if ranges else "")
+    out["optimizer_ops"] = tuple(sorted({ops[g.op_id].name for g in queued if g.op_id in ops}))
     # GradScaler's unscale and inf checks (ops called from torch/amp/grad_scaler.py): a fused optimizer takes
     # the scale and the inf flag into its own kernel, so this work and its .item() go with the fix
     scaler_ops = _outermost([op for op in ops.values() if op.stream in mains and "::" in op.name
@@ -608,28 +631,6 @@ def _class_of(e: Event, ops: dict, tf32_matmul: bool, tf32_cudnn: bool) -> str:
     name = op.name if op is not None else e.op
     dtype = dtype_of(op.dtypes) if op is not None else ""
     return kernel_class(e.name, name, dtype, _tf32_for(op, name, tf32_matmul, tf32_cudnn))
-
-
-def conv_flops(ops: dict) -> dict:
-    """{op corr: FLOPs} of the convolutions, from their recorded shapes: 2 x N x K x P x Q x C/groups x R
-    x S forward (input N C H W, weight K C/g R S, output N K P Q) and twice that backward (the input's
-    and the weight's gradients). The output's P x Q comes from the matching backward op's grad_output;
-    without one (no backward), P x Q is taken as H x W (stride 1), an overestimate for strided ones."""
-    out, spatial = {}, {}
-    for op in ops.values():
-        if op.name == "aten::convolution_backward" and len(op.shapes) >= 3:
-            grad, x, w = op.shapes[:3]
-            if len(grad) >= 3 and len(w) >= 3:
-                spatial[(tuple(x), tuple(w))] = tuple(grad[2:])
-                fwd = 2 * math.prod(grad) * math.prod(w[1:])
-                out[op.corr] = 2.0 * fwd
-    for op in ops.values():
-        if op.name in CONV_OPS and op.name != "aten::convolution_backward" and len(op.shapes) >= 2:
-            x, w = tuple(op.shapes[0]), tuple(op.shapes[1])
-            if len(x) >= 3 and len(w) >= 3:
-                pq = spatial.get((x, w), x[2:])
-                out[op.corr] = 2.0 * x[0] * w[0] * math.prod(pq) * math.prod(w[1:])
-    return out
 
 
 def _gemm_facts(gpu: Sequence[Event], classes: dict, ops: dict, steps: int, tf32_matmul: bool = False,

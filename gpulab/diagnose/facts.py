@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-CAUSES = ("input", "sync", "pageable_copy", "allocator", "launch", "host_code", "other")
+# What the thread that runs the step was doing (`analyze.host_causes`): making or waiting for the batch, blocked in
+# a synchronization, refilling the GPU's queue that a synchronization emptied ("after_sync": the GPU idles from
+# the moment it ran dry until the host's next work reaches it), staging a pageable copy, in the allocator,
+# compiling (torch.compile), issuing work to a queue with room ("launch"), blocked on a full launch queue (the
+# GPU busy meanwhile: never idle), the user's own Python, or nothing the profiler saw.
+CAUSES = ("input", "sync", "after_sync", "pageable_copy", "allocator", "compile", "launch", "queue_full", "host_code",
+          "other")
 CLASSES = ("gemm_tensor_core", "gemm_no_tensor_core", "gemm_unknown", "elementwise_norm", "copy", "communication")
 
 
@@ -111,6 +117,12 @@ class Facts:
     host_sites: dict = field(default_factory=dict)       # cause -> ((user's line, library line, ms), ...)
     syncs: tuple = ()               # (user's line, library line, ms blocked per step, calls per step)
     hidden_syncs: tuple = ()        # (user's line, innermost line), one per warning of torch.cuda.set_sync_debug_mode
+    sync_kinds: tuple = ()          # (user's line, library line, kind, calls per step): what made each sync wait -
+                                    # "read" (.item(), .tolist()), "branch" (Python's if/bool on a GPU value), "shape"
+                                    # (nonzero, boolean masks: an output whose size the GPU decides), "copy", "wait"
+    data_dependent: tuple = ()      # (user's line, op, calls per step) of ops whose output size the GPU's values decide
+    shape_changes: tuple = ()       # (user's line, op, distinct input shapes seen, steps): ops whose shapes differ
+                                    # from one profiled step to the next
     pageable_copies: tuple = ()     # (user's line, ms of host time per step, bytes per step)
     precopy_ms: float = 0.0         # host time before the batch's copy to the GPU (made in the main thread)
     # -- patterns of the course's later lessons (ms per profiled step)
@@ -123,6 +135,7 @@ class Facts:
     optimizer_kernels: float = 0.0  # per step
     optimizer_fused: bool | None = None   # a fused optimizer kernel ran (None: no optimizer range seen)
     optimizer_name: str = ""
+    optimizer_ops: tuple = ()       # the ops that queued GPU work inside optimizer.step (which passes it makes)
     scaler_host_ms: float = 0.0     # GradScaler's unscale / inf checks on the host (a fused optimizer does them)
     scaler_gpu_ms: float = 0.0
     copy_exposed_ms: float = 0.0    # non-pageable copies of >= 1 MiB while no kernel ran (lesson 08)

@@ -149,3 +149,25 @@ def misaligned(op: str, shapes: Sequence[tuple], dtype: str) -> bool:
     """A 16-bit matrix product with M, N or K not a multiple of ALIGN_ELEMENTS."""
     dims = mnk(op, shapes)
     return dtype in ("bf16", "fp16") and dims is not None and any(d % ALIGN_ELEMENTS for d in dims[1:])
+
+
+def conv_flops(ops: dict) -> dict:
+    """{op corr: FLOPs} of the convolutions, from their recorded shapes: 2 x N x K x P x Q x C/groups x R
+    x S forward (input N C H W, weight K C/g R S, output N K P Q) and twice that backward (the input's
+    and the weight's gradients). The output's P x Q comes from the matching backward op's grad_output;
+    without one (no backward), P x Q is taken as H x W (stride 1), an overestimate for strided ones."""
+    out, spatial = {}, {}
+    for op in ops.values():
+        if op.name == "aten::convolution_backward" and len(op.shapes) >= 3:
+            grad, x, w = op.shapes[:3]
+            if len(grad) >= 3 and len(w) >= 3:
+                spatial[(tuple(x), tuple(w))] = tuple(grad[2:])
+                fwd = 2 * math.prod(grad) * math.prod(w[1:])
+                out[op.corr] = 2.0 * fwd
+    for op in ops.values():
+        if op.name in CONV_OPS and op.name != "aten::convolution_backward" and len(op.shapes) >= 2:
+            x, w = tuple(op.shapes[0]), tuple(op.shapes[1])
+            if len(x) >= 3 and len(w) >= 3:
+                pq = spatial.get((x, w), x[2:])
+                out[op.corr] = 2.0 * x[0] * w[0] * math.prod(pq) * math.prod(w[1:])
+    return out

@@ -34,7 +34,9 @@ def report_text(d: "Diagnosis") -> str:
     else:
         lines.append(f"on the CPU the device is the host: busy inside aten ops {d.busy_ms:.3g} ms "
                      f"({share(d.busy_ms):.0f} %), outside them {d.idle_ms:.3g} ms ({share(d.idle_ms):.0f} %)")
-    lines.append("the host's time per profiled step, by what it was doing (and, while the GPU idled):")
+    lines.append("the host's time per profiled step, by what it was doing (and how long the GPU idled meanwhile; "
+                 "after_sync: refilling the queue a wait emptied; queue_full: blocked on a full launch queue, the GPU "
+                 "busy):")
     for c in CAUSES:
         ms = f.host_by_cause.get(c, 0.0)
         if ms <= 0:
@@ -49,6 +51,13 @@ def report_text(d: "Diagnosis") -> str:
         lines.append("synchronizing calls in one step (torch.cuda.set_sync_debug_mode): "
                      + "; ".join(f"{site or '(no line of yours)'}" + (f" via {via}" if via and via != site else "")
                                  + (f" x{n}" if n > 1 else "") for (site, via), n in seen.items()))
+    if f.shape_changes:
+        lines.append("shapes that changed between the profiled steps: " + "; ".join(
+            f"{site or '(no line of yours)'} {op}: " + ", ".join("x".join(map(str, sh)) for sh in shapes)
+            for site, op, shapes, _ in f.shape_changes[:3]))
+    if f.data_dependent:
+        lines.append("ops whose output size the GPU decides (the host waits to learn it): " + "; ".join(
+            f"{site or '(no line of yours)'} {op} x{n:.2g}" for site, op, n in f.data_dependent[:3]))
     if d.on_gpu:
         lines.append("busy by kernel class (streams merged per class; classes may overlap):")
         lines += [f"  {c:<20} {d.busy_by_class[c]:8.3g} ms" for c in CLASSES if d.busy_by_class.get(c)]
@@ -100,7 +109,8 @@ def report_text(d: "Diagnosis") -> str:
 
 
 # -- the plot --------------------------------------------------------------------------------------
-CAUSE_COLORS = dict(zip(CAUSES, ("#e07b24", "#c23b3b", "#7d5ba6", "#8c6d31", "#d45fa5", "#3b8c6e", "#bbbbbb")))
+CAUSE_COLORS = dict(zip(CAUSES, ("#e07b24", "#c23b3b", "#e8a0a0", "#7d5ba6", "#8c6d31", "#5b7fa6", "#d45fa5",
+                                  "#f2c4e0", "#3b8c6e", "#bbbbbb")))
 
 
 def timeline_figure(d: "Diagnosis"):

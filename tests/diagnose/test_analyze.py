@@ -136,7 +136,12 @@ def test_a_blocking_call_is_a_sync_with_its_line_and_count():
     assert f.syncs == (("train.py:12 (step)", "torch/_tensor.py:40 (item)", pytest.approx(0.26), 2.0),)
     assert f.host_sites["sync"] == (("train.py:12 (step)", "torch/_tensor.py:40 (item)", pytest.approx(0.26)),)
     assert f.sites("sync") == "train.py:12 (step) via torch/_tensor.py:40 (item) (0.26 ms)"
-    assert f.host_by_cause["launch"] == pytest.approx(0.04)   # the rest of the two ops: they queue a copy
+    # the rest of the two ops queues copies: before the first wait that is launching; once a wait has emptied the
+    # GPU's queue (its gap began inside the wait), refilling it is the wait's ("after_sync")
+    assert f.host_by_cause["launch"] == pytest.approx(0.01)
+    assert f.host_by_cause["after_sync"] == pytest.approx(0.03) and f.idle_by_cause["after_sync"] == pytest.approx(0.03)
+    assert f.host_sites["after_sync"] == (("train.py:12 (step)", "torch/_tensor.py:40 (item)", pytest.approx(0.03)),)
+    assert f.sync_kinds == (("train.py:12 (step)", "torch/_tensor.py:40 (item)", "read", 2.0),)
 
 
 def test_a_sync_on_autograds_thread_counts_while_the_step_waits():
@@ -145,8 +150,9 @@ def test_a_sync_on_autograds_thread_counts_while_the_step_waits():
               call("cudaStreamSynchronize", 300, 400, thread=2), call("cudaMalloc", 400, 450, thread=2)]
     h = host(events)
     assert h["sync"] == pytest.approx(0.1) and h["allocator"] == pytest.approx(0.05)
-    # backward's frame (the framework issuing work) but for the sync and the allocator on autograd's thread
-    assert h["launch"] == pytest.approx(0.25) and h["other"] == pytest.approx(0.6)
+    # backward's frame (the framework issuing work) but for the sync and the allocator on autograd's thread; the
+    # GPU ran dry inside the wait, so backward's issuing after it refills an emptied queue ("after_sync")
+    assert h["launch"] == pytest.approx(0.1) and h["after_sync"] == pytest.approx(0.15) and h["other"] == pytest.approx(0.6)
 
 
 def test_pageable_copy_includes_its_wait_and_says_where():

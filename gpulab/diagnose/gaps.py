@@ -1,0 +1,155 @@
+"""What made the GPU wait: the host's side of each gap in the GPU's work, and what the step's shapes do from one
+step to the next. `analyze.host_causes` and `analyze.analyze` read these.
+
+Holistic Trace Analysis (HTA, facebookresearch/HolisticTraceAnalysis, "Idle Time Breakdown") splits a GPU's idle
+time three ways: *host wait* (the CPU did not enqueue the next kernel in time), *kernel wait* (the short launch
+overhead between kernels already queued back to back) and *other*. Host wait is where every fix the course
+teaches lives, so the diagnosis splits it further, by what the host was doing while the GPU waited:
+
+- blocked in a synchronization (`.item()`, a branch on a GPU value, `nonzero`, a blocking copy), and after it
+  returns, refilling the queue the wait emptied ("after_sync": a step that never waits keeps work queued ahead
+  of the GPU, so these gaps are the synchronization's, not the launches');
+- issuing work to an empty queue ("launch"), as HTA's host wait;
+- blocked in a launch call because the queue is full ("queue_full"): the GPU is busy all that time, so it is
+  never idle time, only host time (a long "launch" figure on a busy GPU meant this);
+- in the allocator, making the batch, compiling (torch.compile), or running the user's own Python.
+"""
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from gpulab.core.timing import intersect, merge_intervals, subtract
+from gpulab.diagnose.events import OP, Event, fmt_site
+
+# A launch call that takes this long while the GPU is busy is waiting for room in the launch queue: an
+# unblocked launch returns in a few microseconds (lesson 11 measures them), even under the profiler, and the
+# queue holds about a thousand launches, so it fills only when the host runs far ahead of a busy GPU.
+QUEUE_FULL_US = 50.0
+# torch.compile's own work on the host: the ranges dynamo's `dynamo_timed` opens around each compile phase
+# ("_compile.compile_inner (dynamo_timed)", "OutputGraph.call_user_compiler (dynamo_timed)", ...) and its
+# outermost "dynamo" / "entire_frame_compile" ranges (torch 2.13's names).
+COMPILE_SUFFIX = "(dynamo_timed)"
+COMPILE_RANGES = ("dynamo", "entire_frame_compile", "backend_compile")
+# Ops whose output's size the GPU's values decide: the host must wait for the GPU to learn it (a boolean mask's
+# indexing runs aten::nonzero inside aten::index).
+DATA_DEPENDENT_OPS = ("aten::nonzero", "aten::nonzero_numpy", "aten::argwhere", "aten::masked_select",
+                      "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_dim",
+                      "aten::unique_consecutive", "aten::repeat_interleave", "aten::nonzero_static")
+BRANCH_OPS = ("aten::is_nonzero",)                   # Python's bool(), if, and, or on a tensor
+READ_OPS = ("aten::item", "aten::_local_scalar_dense", "aten::tolist")
+COPY_OPS = ("aten::to", "aten::_to_copy", "aten::copy_", "aten::cpu", "aten::numpy")
+SYNC_GRACE_US = 20.0        # the same grace as analyze's: the two clocks and a thread's wake-up
+
+
+def is_compile(e: Event) -> bool:
+    """A host range of torch.compile compiling (not running compiled code)."""
+    return e.kind == OP and (e.name.endswith(COMPILE_SUFFIX) or e.name in COMPILE_RANGES)
+
+
+def queue_full(launches: Iterable[Event], busy: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The host time inside launch calls of at least QUEUE_FULL_US during which the GPU was busy: the host
+    waiting for room in a full launch queue."""
+    long = merge_intervals((e.start_us, e.end_us) for e in launches if e.dur_us >= QUEUE_FULL_US)
+    return intersect(long, list(busy))
+
+
+class OpsByThread:
+    """The ops of each host thread, sorted, for "which ops were running at time t" (each sync's own)."""
+
+    def __init__(self, ops: Iterable[Event]):
+        self.rows: dict[int, list[Event]] = {}
+        for e in ops:
+            self.rows.setdefault(e.stream, []).append(e)
+        self.starts: dict[int, list[float]] = {}
+        self.longest: dict[int, float] = {}
+        for thread, rows in self.rows.items():
+            rows.sort(key=lambda e: e.start_us)
+            self.starts[thread] = [e.start_us for e in rows]
+            self.longest[thread] = max((e.dur_us for e in rows), default=0.0)
+
+    def at(self, thread: int, t: float) -> list[Event]:
+        """The ops of `thread` that contain t, outermost first."""
+        rows, starts = self.rows.get(thread, []), self.starts.get(thread, [])
+        hi = bisect.bisect_right(starts, t)
+        lo = bisect.bisect_left(starts, t - self.longest.get(thread, 0.0))
+        return sorted((e for e in rows[lo:hi] if e.end_us >= t), key=lambda e: (e.start_us, -e.end_us))
+
+
+def sync_kind(running: Sequence[Event]) -> str:
+    """What made a synchronizing call wait, from the ops running around it (outermost first): "shape" (an op
+    whose output size the GPU decides), "branch" (Python's bool() of a tensor), "read" (.item(), .tolist()),
+    "copy" (a blocking copy to the host), "wait" (no op: torch.cuda.synchronize(), an event)."""
+    names = [e.name for e in running]
+    if any(n in DATA_DEPENDENT_OPS for n in names):
+        return "shape"
+    if any(n in BRANCH_OPS for n in names):
+        return "branch"
+    if any(n in COPY_OPS for n in names):
+        return "copy"
+    if any(n in READ_OPS for n in names):
+        return "read"
+    return "wait"
+
+
+def after_sync(idle: Sequence[tuple[float, float]], blocking: Sequence[tuple[float, float, tuple]],
+               by_cause: dict, movable: tuple = ("launch",)) -> dict:
+    """Move the GPU's gaps that began while the host was blocked in a synchronization from `movable` causes to
+    "after_sync", in place: from the moment the GPU ran dry until its next work, what the host spent issuing
+    work was refilling the queue the wait emptied (its own Python, a batch, the allocator keep their causes).
+    A gap counts when a blocking call began by its start (give or take SYNC_GRACE_US) and had not ended
+    SYNC_GRACE_US before it. Returns {sync's key: us moved}."""
+    calls = sorted(blocking, key=lambda c: c[0])
+    starts = [c[0] for c in calls]
+    moved: dict = {}
+    for a, b in idle:
+        i = bisect.bisect_right(starts, a + SYNC_GRACE_US)
+        # the latest calls that began by then (a few: one thread's waits do not overlap, autograd's may)
+        hit = next((key for lo, hi, key in reversed(calls[max(i - 4, 0):i]) if hi >= a - SYNC_GRACE_US), None)
+        if hit is None:
+            continue
+        for cause in movable:
+            pieces = intersect(by_cause.get(cause, []), [(a, b)])
+            if not pieces:
+                continue
+            by_cause[cause] = subtract(by_cause[cause], pieces)
+            by_cause["after_sync"] = merge_intervals(by_cause.get("after_sync", []) + pieces)
+            moved[hit] = moved.get(hit, 0.0) + sum(hi - lo for lo, hi in pieces)
+    return moved
+
+
+# -- shapes from one step to the next ---------------------------------------------------------------------------
+def shape_changes(ops: Iterable[Event], windows: Sequence[tuple[float, float]], top: int = 5) -> tuple:
+    """Ops whose input shapes differ from one profiled step to the next: for each (user's line, op), the set of
+    input shapes it saw in each step; where two steps' sets differ, (line, op, the distinct shapes of the first
+    input that changes (at most 4), the steps it ran in). A line whose shapes vary within a step but repeat every
+    step (a loop over layers of different widths) does not count; nor one that runs in one step only."""
+    per: dict = {}
+    starts = [lo for lo, _ in windows]
+    for e in ops:
+        if not e.shapes or "::" not in e.name:
+            continue
+        i = bisect.bisect_right(starts, e.start_us) - 1
+        if i < 0 or e.start_us > windows[i][1]:
+            continue
+        key = (fmt_site(e.site), e.name)
+        per.setdefault(key, {}).setdefault(i, set()).add(tuple(tuple(s) for s in e.shapes))
+    out = []
+    for (site, name), steps in per.items():
+        sets = [frozenset(v) for v in steps.values()]
+        if len(sets) < 2 or len(set(sets)) < 2:
+            continue
+        every = [shapes for s in sets for shapes in s]
+        width = max(len(x) for x in every)
+        column = next((j for j in range(width) if len({x[j] if j < len(x) else None for x in every}) > 1), 0)
+        seen = sorted({x[column] for x in every if column < len(x) and x[column]})
+        out.append((site, name, tuple(seen[:4]), len(sets), len(set(sets))))
+    out.sort(key=lambda r: (-r[4], r[0], r[1]))
+    return tuple(r[:4] for r in out[:top])
+
+
+def data_dependent(ops: Iterable[Event], steps: int) -> tuple:
+    """(user's line, op, calls per step) of the ops whose output size the GPU's values decide."""
+    n = Counter((fmt_site(e.site), e.name) for e in ops if e.name in DATA_DEPENDENT_OPS)
+    return tuple((site, name, calls / steps) for (site, name), calls in n.most_common())

@@ -1,0 +1,131 @@
+"""What made the GPU wait, gap by gap (gpulab.diagnose.gaps through analyze): a wait's refill, a full launch queue,
+torch.compile's compiling, what made each sync wait, shapes that change from step to step, the optimizer's ops."""
+import pytest
+
+from gpulab.diagnose import gaps as G
+from gpulab.diagnose.analyze import analyze
+from gpulab.diagnose.events import GPU, OP, RUNTIME, STEP_RANGE, Event
+
+USER = ("train.py", 12, "step")
+
+
+def step(a, b):
+    return Event(OP, STEP_RANGE, a, b, stream=1)
+
+
+def op(name, a, b, corr=0, **kw):
+    return Event(OP, name, a, b, stream=1, corr=corr, **kw)
+
+
+def call(name, a, b, corr=0, op_id=0):
+    return Event(RUNTIME, name, a, b, stream=1, corr=corr, op_id=op_id)
+
+
+def kernel(a, b, corr=0, op_id=0):
+    return Event(GPU, "k", a, b, stream=7, corr=corr, op_id=op_id)
+
+
+def launched(name, a, b, corr, kernel_at, kernel_us=5.0):
+    """An op [a, b] that launches one kernel at its start; the kernel runs from kernel_at."""
+    return [op(name, a, b, corr=corr, site=USER), call("cudaLaunchKernel", a + 1, a + 3, corr=1000 + corr, op_id=corr),
+            Event(GPU, f"{name}_k", kernel_at, kernel_at + kernel_us, stream=7, corr=1000 + corr, op_id=corr)]
+
+
+def test_the_gap_a_wait_leaves_is_the_waits_until_the_gpu_has_work_again():
+    """A per-sample loop: each iteration launches a tiny kernel and then waits for it. The GPU idles during the
+    wait and during the next launch; without the wait the launches would have queued ahead, so both are the
+    sync's. The first launch of the step, before any wait, stays the launches'."""
+    events = [step(0, 400)]
+    t, corr = 0.0, 1
+    for _ in range(4):              # launch 0-50 (its kernel 45-50), wait 50-100 in bool(): a branch on its value
+        events += launched("aten::eq", t, t + 50, corr, t + 45)
+        events += [op("aten::is_nonzero", t + 50, t + 100, corr=500 + corr, site=USER),
+                   call("cudaStreamSynchronize", t + 50, t + 100, op_id=500 + corr)]
+        t += 100
+        corr += 1
+    f = analyze(events)
+    # launching: the first 50 us, and the last 5 us of each later launch (its kernel already running)
+    assert f.host_by_cause["launch"] == pytest.approx(0.065)
+    assert f.host_by_cause["after_sync"] == pytest.approx(0.135)       # each later launch until its kernel starts
+    assert f.idle_by_cause["after_sync"] == pytest.approx(0.135)
+    assert f.idle_by_cause["launch"] == pytest.approx(0.045)            # the step's first launch, queue empty
+    assert f.host_by_cause["sync"] == pytest.approx(0.2)
+    assert f.sync_kinds == (("train.py:12 (step)", "", "branch", 4.0),)
+    assert f.host_sites["after_sync"][0][0] == "train.py:12 (step)"
+    # a gap that began before the wait did (the host was slow, then read a finished value) is not the wait's
+    late = [step(0, 300)] + launched("aten::mm", 0, 20, 1, 10) + [op("aten::add", 20, 200, site=USER),
+                                                                   call("cudaLaunchKernel", 190, 195, corr=9, op_id=0),
+                                                                   call("cudaStreamSynchronize", 200, 210),
+                                                                   kernel(250, 260, corr=9)]
+    assert analyze(late).host_by_cause["after_sync"] == 0.0
+
+
+def test_a_long_launch_on_a_busy_gpu_is_a_full_queue_not_idle_time():
+    """The host blocked in cudaLaunchKernel for 400 us while the GPU ran a long kernel: host time "queue_full",
+    none of it idle; a slow launch while the GPU idles stays "launch"."""
+    events = [step(0, 1000), op("aten::mm", 0, 10, corr=1), call("cudaLaunchKernel", 1, 5, corr=101, op_id=1),
+              kernel(6, 900, corr=101),
+              op("aten::mm", 100, 520, corr=2), call("cudaLaunchKernel", 110, 510, corr=102, op_id=2),
+              kernel(900, 950, corr=102)]
+    f = analyze(events)
+    assert f.host_by_cause["queue_full"] == pytest.approx(0.4) and f.idle_by_cause["queue_full"] == 0.0
+    assert G.queue_full([call("cudaLaunchKernel", 0, G.QUEUE_FULL_US - 1)], [(0, 100)]) == []
+    assert G.queue_full([call("cudaLaunchKernel", 0, G.QUEUE_FULL_US)], [(10, 100)]) == [(10, G.QUEUE_FULL_US)]
+
+
+def test_torch_compiles_own_work_is_compiling():
+    events = [step(0, 1000), op("_compile.compile_inner (dynamo_timed)", 100, 700),
+              op("aten::empty", 200, 300, corr=3), kernel(900, 950)]
+    f = analyze(events)
+    assert f.host_by_cause["compile"] == pytest.approx(0.6) and f.idle_by_cause["compile"] == pytest.approx(0.6)
+    assert G.is_compile(op("entire_frame_compile", 0, 1)) and not G.is_compile(op("Torch-Compiled Region: 0/0", 0, 1))
+
+
+@pytest.mark.parametrize("names, kind", [
+    (("aten::index", "aten::nonzero", "aten::_local_scalar_dense"), "shape"),
+    (("aten::is_nonzero", "aten::item", "aten::_local_scalar_dense"), "branch"),
+    (("aten::item", "aten::_local_scalar_dense"), "read"),
+    (("aten::to", "aten::_to_copy", "aten::copy_"), "copy"),
+    ((), "wait"),
+])
+def test_what_made_a_sync_wait(names, kind):
+    assert G.sync_kind([op(n, 0, 10) for n in names]) == kind
+
+
+def test_ops_by_thread_finds_the_ops_around_a_moment():
+    running = G.OpsByThread([op("aten::is_nonzero", 0, 100), op("aten::item", 10, 90), op("aten::add", 120, 130)])
+    assert [e.name for e in running.at(1, 50)] == ["aten::is_nonzero", "aten::item"]
+    assert running.at(1, 110) == [] and running.at(2, 50) == []
+
+
+def test_shapes_that_change_from_step_to_step_and_those_that_do_not():
+    """An embedding whose batch length changes each step; a linear layer looping over two widths every step
+    (its shapes vary within a step, the same every step); a log line that runs in one step only."""
+    events, windows = [], []
+    for i, length in enumerate((87, 112, 64)):
+        a = 1000 * i
+        windows.append((a, a + 900))
+        events += [op("aten::embedding", a + 10, a + 20, site=USER, shapes=((30522, 256), (32, length))),
+                   op("aten::linear", a + 30, a + 40, site=("m.py", 5, "forward"), shapes=((32, 256),)),
+                   op("aten::linear", a + 50, a + 60, site=("m.py", 5, "forward"), shapes=((32, 512),))]
+    events.append(op("aten::add", 100, 110, site=("train.py", 90, "log"), shapes=((1,),)))
+    out = G.shape_changes(events, windows)
+    # the input that changes is the embedding's second (the ids), not its weight
+    assert out == (("train.py:12 (step)", "aten::embedding", ((32, 64), (32, 87), (32, 112)), 3),)
+    assert G.shape_changes(events[:3] * 1, windows[:1]) == ()                  # one step: nothing to compare
+
+
+def test_analyze_reads_shape_changes_data_dependent_ops_and_the_optimizers_ops():
+    events = []
+    for i, length in enumerate((40, 56)):
+        a = 1000 * i
+        events += [step(a, a + 900), op("aten::embedding", a + 10, a + 20, site=USER, shapes=((100, 8), (4, length))),
+                   op("aten::nonzero", a + 30, a + 40, site=("m.py", 9, "forward")),
+                   op("Optimizer.step#SGD.step", a + 100, a + 200),
+                   op("aten::_foreach_mul_", a + 110, a + 120, corr=10 + i),
+                   call("cudaLaunchKernel", a + 111, a + 113, corr=100 + i, op_id=10 + i),
+                   kernel(a + 115, a + 125, 100 + i, 10 + i)]
+    f = analyze(events)
+    assert f.shape_changes == (("train.py:12 (step)", "aten::embedding", ((4, 40), (4, 56)), 2),)
+    assert f.data_dependent == (("m.py:9 (forward)", "aten::nonzero", 1.0),)
+    assert f.optimizer_ops == ("aten::_foreach_mul_",) and f.optimizer_name == "SGD"
