@@ -11,6 +11,7 @@ training steps: the model trains on, as it does during the rest of the diagnosis
 | pageable_copy | every pageable host-to-GPU `Tensor.to` or `Tensor.cuda` staged through a pinned buffer (reused after its copy's event) and copied with `non_blocking=True` | |
 | input_bound | the DataLoader's first batch handed out again every step, its tensors copied to the GPU once: what the input pipeline costs | the batch is made by the step's own code (no DataLoader): it runs anyway |
 | host_sync, host_code, periodic_stall | the step without the calls the learner marked with `skippable(...)` | nothing marked |
+| launch_bound | the step's model (`step.model`) compiled in place with `mode="reduce-overhead"` (CUDA graphs), `cudagraph_mark_step_begin()` before each step | no `step.model`; the step compiles its model already; the verdict is blocked (a sync in the forward, shapes that change: graphs cannot work yet) |
 
 Every other verdict says "not measured" and why, and keeps its expected gain. A verdict whose variant
 saved less than half of what it was expected to is demoted (`rules.demote`) and says so.
@@ -33,6 +34,9 @@ from gpulab.diagnose.rules import Verdict, demote, rank
 CONFIRM_WINDOW_S = 0.5
 CONFIRM_WARMUP = 2
 CONFIRM_MAX_CHUNKS = 20
+# The CUDA-graph variant's warm-up steps: the first compiles, the next ones warm the CUDA graph trees up and
+# record the graphs, which later steps replay.
+CONFIRM_GRAPH_WARMUP = 4
 
 
 # -- marks the learner puts in their own step -------------------------------------------------------------
@@ -233,6 +237,50 @@ def replayed_batch(device: torch.device) -> Iterator[str]:
         raise Unavailable("the step read no batch from a DataLoader")
 
 
+@contextlib.contextmanager
+def cuda_graphs(model: torch.nn.Module, device: torch.device) -> Iterator[str]:
+    """`model` compiled in place with torch.compile(mode="reduce-overhead") (`nn.Module.compile`: calling it runs
+    the compiled code, whoever calls it), undone after, with torch.compile's state (its CUDA graphs' memory
+    pool included)."""
+    if device.type != "cuda":
+        raise Unavailable("CUDA graphs exist only on a GPU")
+    model.compile(mode="reduce-overhead")
+    try:
+        yield 'the model compiled with mode="reduce-overhead" (CUDA graphs)'
+    finally:
+        model._compiled_call_impl = None
+        torch.compiler.reset()
+
+
+def graphs_variant(v: Verdict, facts, step, device: torch.device):
+    """(the CUDA-graph variant's context, the step that marks each step's start) for a launch verdict, or
+    Unavailable(why): where graphs cannot work yet, where the step exposes no model, or compiles it already."""
+    if v.blocked_by:
+        raise Unavailable(f"blocked by {v.blocked_by}: CUDA graphs cannot work until its fix is made")
+    model = getattr(step, "model", None)
+    if not isinstance(model, torch.nn.Module):
+        raise Unavailable("the step exposes no model (step.model = the module it calls) to compile")
+    if facts.compiled_regions > 0:
+        raise Unavailable("the step compiles its model already: the variant would compile it twice")
+
+    def marked():
+        torch.compiler.cudagraph_mark_step_begin()
+        return step()
+    return cuda_graphs(model, device), marked
+
+
+def took_graphs(step: Callable) -> None:
+    """Unavailable unless one run of `step` under the CUDA-graph variant compiled something: a step that does not
+    call `step.model` itself (it calls a part of it, or another module) runs as before, and its time would
+    measure nothing."""
+    from gpulab.diagnose.core import compile_counters
+
+    before = compile_counters().get("graphs", 0)
+    step()
+    if compile_counters().get("graphs", 0) == before:
+        raise Unavailable("the step does not call its model (step.model) itself: compiling it changed nothing")
+
+
 def _variant(v: Verdict, facts, device: torch.device):
     """The context manager that makes `v`'s fix, or Unavailable(why)."""
     if v.rule == "fp32_matmuls":
@@ -282,15 +330,14 @@ def product_dtypes(step: Callable) -> set:
     return set(product_counts(step))
 
 
-def measure(step: Callable, steps: int, device: torch.device, context, check=None) -> float:
-    """ms per step of `step` run inside `context` (steps back to back, chunks of `steps`, host clock).
+def measure(step: Callable, steps: int, device: torch.device, context, check=None, warmup: int = CONFIRM_WARMUP):
+    """The Timing (ms per step) of `step` run inside `context` (steps back to back, chunks of `steps`, host clock).
     `check(step)`, run first inside the context, raises Unavailable where the variant did not take."""
     with context:
         if check is not None:
             check(step)
-        timing = benchmark(step, warmup=CONFIRM_WARMUP, repeat=None, budget_s=CONFIRM_WINDOW_S,
-                           max_repeat=CONFIRM_MAX_CHUNKS, calls=steps, clock="host", device=device)
-    return timing.median_ms
+        return benchmark(step, warmup=warmup, repeat=None, budget_s=CONFIRM_WINDOW_S,
+                         max_repeat=CONFIRM_MAX_CHUNKS, calls=steps, clock="host", device=device)
 
 
 # The variant took when at least half of the forward's products ran 16-bit. A step that turns autocast off
@@ -324,13 +371,21 @@ def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) ->
             out.append(v)
             continue
         try:
-            context = _variant(v, d.facts, device)
+            run, warmup = step, CONFIRM_WARMUP
+            if v.rule == "launch_bound":
+                context, run = graphs_variant(v, d.facts, step, device)
+                warmup = CONFIRM_GRAPH_WARMUP
+            else:
+                context = _variant(v, d.facts, device)
             hits: dict = {}
             if v.rule in ("host_sync", "host_code", "periodic_stall"):
                 context = _counting(context, hits)
             check = took_16bit if v.rule == "fp32_matmuls" and torch.cuda.is_available() and \
                 device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False) else None
-            ms = measure(step, steps, device, context, check)
+            if v.rule == "launch_bound":
+                check = took_graphs
+            timing = measure(run, steps, device, context, check, warmup)
+            ms = timing.median_ms
         except Unavailable as why:
             out.append(_note(v, f"not measured: {why}"))
             continue
@@ -355,8 +410,8 @@ def _counting(context, hits: dict):
 
 
 def _describe(v: Verdict) -> str:
-    return {"fp32_matmuls": "16-bit math", "pageable_copy": "pinned staging",
-            "input_bound": "the batch replayed", }.get(v.rule, "the marked calls skipped")
+    return {"fp32_matmuls": "16-bit math", "pageable_copy": "pinned staging", "input_bound": "the batch replayed",
+            "launch_bound": 'the model compiled with mode="reduce-overhead"'}.get(v.rule, "the marked calls skipped")
 
 
 def _note(v: Verdict, text: str) -> Verdict:

@@ -94,8 +94,14 @@ def input_bound(f: Facts) -> Verdict | None:
                    f"{pct(INPUT_SHARE_MIN)})" + (f"; where: {where}" if where else ""), fix)
 
 
+SYNC_KINDS = {"shape": "an output size the GPU decides (nonzero, a boolean mask)", "branch": "a branch on a GPU value",
+              "read": "a value read back", "copy": "a blocking copy", "wait": "an explicit wait"}
+
+
 def _sync_rows(f: Facts, where=lambda site, via: True) -> list[str]:
+    kinds = {(site, via): kind for site, via, kind, _ in f.sync_kinds}
     rows = [f"{site or '(no line of yours)'}" + (f" via {via}" if via and via != site else "")
+            + (f" [{SYNC_KINDS[kinds[(site, via)]]}]" if kinds.get((site, via)) in SYNC_KINDS else "")
             + f": blocked {ms:.3g} ms, {n:.2g} call(s) per step" for site, via, ms, n in f.syncs
             if ms > 0 and where(site, via)]
     if not rows and f.hidden_syncs:
@@ -105,10 +111,12 @@ def _sync_rows(f: Facts, where=lambda site, via: True) -> list[str]:
 
 
 def host_sync(f: Facts) -> Verdict | None:
-    """The host waits for the GPU (`.item()`, `.cpu()`, a blocking copy, `torch.cuda.synchronize()`), so
-    nothing is queued ahead and the host's other work runs while the GPU idles. Share: the time the host
-    was blocked, at most the GPU's idle: without the wait, that other work overlaps the GPU's."""
-    ms = f.idle("sync")
+    """The host waits for the GPU (`.item()`, `.cpu()`, a branch on a GPU value, `nonzero`, a blocking copy,
+    `torch.cuda.synchronize()`), so nothing is queued ahead: the GPU idles while the host is blocked, and again
+    from the moment the wait returns until the host has refilled the queue the wait emptied ("after_sync": a
+    step that never waits has that work queued while the GPU still runs). Share: both, at most the GPU's idle;
+    without the wait, the host's other work overlaps the GPU's."""
+    ms = min(f.idle("sync") + f.idle("after_sync"), f.base_idle_ms)
     share = f.share(ms)
     if share < SYNC_SHARE_MIN:
         return None
@@ -116,11 +124,14 @@ def host_sync(f: Facts) -> Verdict | None:
     scaler = any("grad_scaler" in via for _, via, *_ in f.syncs)
     fix = ("keep values on the GPU (no .item()/.cpu()/print per step; read them every N steps); "
            "copy with non_blocking=True from pinned memory")
+    if any(kind == "shape" for *_, kind, _ in f.sync_kinds):
+        fix += "; give data-dependent work fixed shapes (a mask or padding instead of nonzero/boolean indexing)"
     if scaler:
         fix += "; GradScaler's own .item() goes with a fused optimizer (fused=True)"
     return verdict("host_sync", "host synchronization (.item(), .cpu(), a blocking copy)", "01", share,
-                   f"the host was blocked {f.host('sync'):.3g} ms per step waiting for the GPU, the GPU idle "
-                   f"{f.base_idle_ms:.3g} ms; at most {ms:.3g} ms ({pct(share)}) to win (threshold "
+                   f"the host was blocked {f.host('sync'):.3g} ms per step waiting for the GPU, then refilled the "
+                   f"queue each wait had emptied while the GPU idled {f.idle('after_sync'):.3g} ms; the GPU idle "
+                   f"{f.base_idle_ms:.3g} ms in all; at most {ms:.3g} ms ({pct(share)}) to win (threshold "
                    f"{pct(SYNC_SHARE_MIN)}); where: {evidence_lines(rows) or 'not found'}", fix)
 
 
@@ -172,44 +183,98 @@ def _in_forward(site: str, via: str) -> bool:
     return "(forward)" in site or "torch/nn/modules/" in via
 
 
+def _graphable(f: Facts, ms: float) -> tuple[float, float, float]:
+    """(what CUDA graphs of the model can take of `ms` launch idle, the optimizer's and GradScaler's part they
+    leave, the recurrent layers' part they leave): the model's graphs leave the optimizer's launches on the
+    host, and the recurrent layers', which Dynamo runs eagerly (on the H200, 2026-12-01, lstm_tuned's
+    torch.compile bought 1.01x)."""
+    opt = min((f.optimizer_host_ms + f.scaler_host_ms) * f.host_scale, ms)
+    rnn = min(f.rnn_host_ms * f.host_scale, ms - opt)
+    return ms - opt - rnn, opt, rnn
+
+
+def _shapes_vary(f: Facts) -> bool:
+    """Shapes that change from step to step because the host chose them (a batch padded to its own longest
+    sequence, a token budget): those the GPU's values decide (nonzero, masks) are their syncs' evidence."""
+    return bool(f.shape_changes) and not f.data_dependent
+
+
+def graphs_blocked_by(f: Facts) -> str:
+    """Why CUDA graphs of the model cannot work on this step, as the rule whose fix must come first ("" if
+    nothing stops them): a synchronization inside the model's forward (a graph cannot capture a wait for the
+    GPU, nor a branch on a GPU value; in a compiled model each is a graph break first), or shapes that change
+    from step to step (a graph replays one shape: one graph per shape)."""
+    timed = [(site, via) for site, via, ms, _ in f.syncs if ms > 0] + [(site, via) for site, via, *_ in f.hidden_syncs]
+    if any(_in_forward(site, via) for site, via in timed):
+        return "compile_graph_breaks" if f.compiled_regions > 0 else "host_sync"
+    if _shapes_vary(f):
+        return "compile_recompiles" if f.compiled_regions > 0 else "varying_shapes"
+    return ""
+
+
 def launch_bound(f: Facts) -> Verdict | None:
-    """The host cannot issue kernels as fast as the GPU runs them: PyTorch's ops and the framework's Python
-    on the host's path. Share: that host time, at most the GPU's idle: a replayed CUDA graph runs none of
-    it; expected: that time less the optimizer's (and GradScaler's) host time, which the model's graphs leave
-    outside. The usual fix captures the model (torch.compile(model, mode="reduce-overhead")): a synchronization
-    outside the model (a metric's `.item()`, GradScaler's inf check) stays outside its graphs and does not
-    stop it; one inside the model's forward splits its graphs, so those go first (blocked by host_sync)."""
+    """The host cannot issue kernels as fast as the GPU runs them: the GPU's gaps in which the host was issuing
+    work to an empty queue (not the gaps a synchronization left: `host_sync`'s). Share: that idle time: a
+    replayed CUDA graph runs none of it; expected: that time less the optimizer's (and GradScaler's) host time
+    and the recurrent layers', which the model's graphs leave outside. The usual fix captures the model
+    (torch.compile(model, mode="reduce-overhead")): a synchronization outside the model (a metric's `.item()`,
+    GradScaler's inf check) stays outside its graphs and does not stop it; one inside the model's forward, or
+    shapes that change from step to step, do (`graphs_blocked_by`): that rule's fix comes first."""
     ms = _launch_idle(f, LAUNCH_SHARE_MIN)
     if ms is None:
         return None
-    timed = [(site, via) for site, via, ms, _ in f.syncs if ms > 0] + [(site, via) for site, via, *_ in f.hidden_syncs]
-    inside = [(site, via) for site, via in timed if _in_forward(site, via)]
-    # in a torch.compile'd model a sync inside forward is a graph break first (lesson 12's fix)
-    blocked = ("compile_graph_breaks" if f.compiled_regions > 0 else "host_sync") if inside else ""
+    blocked = graphs_blocked_by(f)
     fix = ("capture the model's forward and backward as CUDA graphs (torch.compile(model, mode='reduce-overhead'), "
            "torch.compiler.cudagraph_mark_step_begin() before each step) or fuse small ops")
-    if blocked:
-        fix = (f"first move the synchronizations out of the model's forward (they split its graphs: "
-               f"{evidence_lines(_sync_rows(f), 1)}); then " + fix)
+    if blocked in ("host_sync", "compile_graph_breaks"):
+        fix = (f"first move the synchronizations out of the model's forward (a graph cannot capture them: "
+               f"{evidence_lines(_sync_rows(f, _in_forward), 1)}); then " + fix)
+    elif blocked:
+        fix = "first give the step a few fixed shapes (a graph replays one shape); then " + fix
     elif _has_syncs(f):
         fix += (f"; the step's synchronizations ({evidence_lines(_sync_rows(f), 1)}) are outside the model and stay "
                 "outside its graphs (a capture of the whole step with torch.cuda.graph would need them gone)")
-    # the model's graphs leave the optimizer's (and GradScaler's) launches on the host, and the recurrent
-    # layers', which Dynamo runs eagerly (on the H200, 2026-12-01, lstm_tuned's torch.compile bought 1.01x)
-    left = min((f.optimizer_host_ms + f.scaler_host_ms) * f.host_scale, ms)
-    rnn = min(f.rnn_host_ms * f.host_scale, ms - left)
-    left += rnn
-    if f.share(ms - left) < LAUNCH_SHARE_MIN:       # what the graphs could take is under the threshold
+    graphs, opt, rnn = _graphable(f, ms)
+    if f.share(graphs) < LAUNCH_SHARE_MIN:       # what the graphs could take is under the threshold
         return None
     return verdict("launch_bound", "kernel launch overhead (the host issues work slower than the GPU runs it)", "11",
-                   f.share(ms), f"the host spent {f.host('launch'):.3g} ms per step issuing GPU work, the GPU idle "
-                   f"{f.base_idle_ms:.3g} ms; {f.kernels_per_step:.0f} kernels per step, median "
-                   f"{f.median_kernel_us or 0:.3g} us (threshold {pct(LAUNCH_SHARE_MIN)})"
-                   + (f"; where: {f.sites('launch')}" if f.sites("launch") else "")
-                   + (f"; the optimizer's {left - rnn:.3g} ms stay outside the graphs" if left - rnn > 0 else "")
+                   f.share(ms), f"the GPU idled {ms:.3g} ms per step while the host issued work to an empty queue "
+                   f"({f.host('launch'):.3g} ms of host time issuing work; the GPU idle {f.base_idle_ms:.3g} ms in all); "
+                   f"{f.kernels_per_step:.0f} kernels per step, median {f.median_kernel_us or 0:.3g} us (threshold "
+                   f"{pct(LAUNCH_SHARE_MIN)})" + (f"; where: {f.sites('launch')}" if f.sites("launch") else "")
+                   + (f"; the optimizer's {opt:.3g} ms stay outside the graphs" if opt > 0 else "")
                    + (f"; the recurrent layers' {rnn:.3g} ms too (torch.compile runs nn.LSTM/GRU/RNN eagerly)"
                       if rnn > 0 else ""), fix,
-                   expected=f.share(ms - left), blocked_by=blocked)
+                   expected=f.share(graphs), blocked_by=blocked)
+
+
+def varying_shapes(f: Facts) -> Verdict | None:
+    """The step's shapes change from step to step (a batch padded to its own longest sequence, batches built to
+    a token budget), so CUDA graphs cannot take its launch gaps: a graph replays one shape, and
+    torch.compile(mode="reduce-overhead") records one per shape. Eager kernels do not care about the shapes,
+    so this fires only where the launch gaps are worth the graphs (launch_bound's bar) and the step is not
+    compiled (there compile_recompiles is the same cause). Share: the launch gaps that graphs could then take
+    (launch_bound's share); expected: launch_bound's expected, the fix being a few shapes and then the graphs.
+    Evidence: the lines whose ops saw other shapes in other profiled steps, and the shapes."""
+    if not _shapes_vary(f) or f.compiled_regions > 0:
+        return None
+    ms = _launch_idle(f, LAUNCH_SHARE_MIN)
+    if ms is None:
+        return None
+    graphs, _, _ = _graphable(f, ms)
+    if f.share(graphs) < LAUNCH_SHARE_MIN:
+        return None
+    rows = [f"{site or '(no line of yours)'} {op.replace('aten::', '')}: "
+            + ", ".join("x".join(map(str, shape)) for shape in shapes) + f" across {steps} steps"
+            for site, op, shapes, steps in f.shape_changes]
+    return verdict("varying_shapes", "shapes that change from step to step (no CUDA graph can replay them)", "11",
+                   f.share(ms), f"the shapes changed between the profiled steps, so CUDA graphs cannot take the "
+                   f"{ms:.3g} ms per step the GPU idled while the host issued work (threshold {pct(LAUNCH_SHARE_MIN)}); "
+                   f"where: {evidence_lines(rows)}",
+                   "pad or bucket to a few shapes (DataCollatorWithPadding(pad_to_multiple_of=...), length buckets), "
+                   "then capture each as CUDA graphs (torch.compile(mode='reduce-overhead')); or "
+                   "torch.compile(dynamic=True) / torch._dynamo.mark_dynamic to compile one graph for all of them",
+                   expected=f.share(graphs))
 
 
 def host_code(f: Facts) -> Verdict | None:
@@ -444,6 +509,7 @@ TABLE: tuple[Rule, ...] = (
     Rule(compile_recompiles, "recomp", 14, None),
     Rule(compile_graph_breaks, "breaks", 13, None),
     Rule(cudagraphs_skipped, "cgskip", 15, "needs a GPU: CUDA graphs exist only there"),
+    Rule(varying_shapes, "shapes", 20, "needs a GPU: CUDA graphs exist only there"),
     Rule(compute_bound, "compute", None, None),
 )
 RULES: list[Callable[[Facts], Verdict | None]] = [r.check for r in TABLE]
@@ -496,6 +562,8 @@ def run_rules(f: Facts, rules: list | None = None) -> tuple[list[Verdict], dict[
     for v in list(fired):          # a fix blocked by a cause no rule fired on: that cause, as its first step
         if v.blocked_by and v.blocked_by not in {w.rule for w in fired} and v.blocked_by in PREREQUISITES:
             fired.append(PREREQUISITES[v.blocked_by](f, v))
+    for v in [v for v in fired if v.blocked_by]:     # the blocker's share includes the gaps it keeps the fix from
+        fired = [exposing(f, w, v) if w.rule == v.blocked_by else w for w in fired]
     if any(v.actionable for v in fired):
         fired = [v for v in fired if v.rule != "compute_bound"]
     return rank(fired), skipped
@@ -526,6 +594,36 @@ def break_first(f: Facts, blocked: Verdict) -> Verdict:
                    "outside the compiled model every N steps; TORCH_LOGS=graph_breaks names each break")
 
 
-PREREQUISITES = {"host_sync": sync_first, "compile_graph_breaks": break_first}
+def shapes_first(f: Facts, blocked: Verdict) -> Verdict:
+    """varying_shapes (or, in a compiled step, compile_recompiles) as the step before `blocked` when its own rule
+    stayed silent: the shapes change from step to step and a CUDA graph replays one shape; its share and
+    expected are the graphs' that it unlocks (its fix is a few shapes, then the graphs)."""
+    rows = [f"{site or '(no line of yours)'} {op.replace('aten::', '')}: "
+            + ", ".join("x".join(map(str, shape)) for shape in shapes) for site, op, shapes, _ in f.shape_changes]
+    return verdict(blocked.blocked_by, "shapes that change from step to step (no CUDA graph can replay them)", "11",
+                   blocked.share, f"the shapes changed between the profiled steps; they must settle before "
+                   f"{blocked.rule} (up to {blocked.bound:.3g}x) can work; where: {evidence_lines(rows) or 'not found'}",
+                   "pad or bucket to a few shapes, then capture each as CUDA graphs; or torch.compile(dynamic=True) / "
+                   "torch._dynamo.mark_dynamic", expected=blocked.expected_share)
+
+
+def exposing(f: Facts, blocker: Verdict, blocked: Verdict) -> Verdict:
+    """`blocker` with the gaps it keeps `blocked`'s fix from added to its share (at most the GPU's idle): with it
+    gone, that fix can take them too. Its expected stays what its own fix saves alone; a blocker whose share is
+    already the blocked fix's (varying_shapes, shapes_first's) is left as it is."""
+    if blocker.share >= blocked.share and blocker.rule in ("varying_shapes", "compile_recompiles"):
+        return blocker
+    share = min(blocker.share + blocked.share, f.share(f.base_idle_ms) if f.on_gpu else 1.0)
+    if share <= blocker.share:
+        return blocker
+    out = verdict(blocker.rule, blocker.bottleneck, blocker.lesson, share,
+                  blocker.evidence + f"; with it gone, {blocked.rule}'s fix can take {pct(blocked.share)} more of the "
+                  f"step: at most {1 / (1 - share) if share < 1 else float('inf'):.3g}x together",
+                  blocker.fix, blocker.actionable, blocker.expected_share, blocker.blocked_by)
+    return out
+
+
+PREREQUISITES = {"host_sync": sync_first, "compile_graph_breaks": break_first, "varying_shapes": shapes_first,
+                 "compile_recompiles": shapes_first}
 
 

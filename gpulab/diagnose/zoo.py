@@ -20,7 +20,9 @@ file diagnoses the zoo with the rules before a change (an older checkout on PYTH
 - the top verdict names the best fix's rule on at least TOP_HITS_MIN of the steps with a label;
 - on the tuned steps no verdict that proposes a fix expects more than TUNED_GAIN_MAX;
 - every fired verdict whose gain was measured (by `gpulab.diagnose.confirm`, or by a fix of the zoo for
-  its rule) saved at least half of what it expected, or it was demoted with its measurement shown.
+  its rule) saved at least half of what it expected, or it was demoted with its measurement shown. A verdict
+  blocked by another (`blocked_by`: CUDA graphs behind a sync in the forward) promises what its fix buys once
+  the other's is made; the zoo's fix, made alone, does not measure that, so it is listed as not measured.
 """
 from __future__ import annotations
 
@@ -386,6 +388,11 @@ def judge(labels: list[dict], diagnoses: list[dict], only: str | None = None) ->
         for v in fixes:
             gain, how = v.get("measured"), "confirmed"
             zoo_fix = lab["fixes"].get(_rule(v), {})
+            if gain is None and v.get("blocked_by"):
+                # its promise holds once the blocker's fix is made: the zoo's fix, made alone, does not measure it
+                measured.append((lab["name"], _rule(v), None, f"blocked by {v['blocked_by']}: the zoo's fix is made "
+                                 "without it", v.get("demoted", False)))
+                continue
             if gain is None and "gain" in zoo_fix:
                 gain, how = zoo_fix["gain"], "the zoo's fix"
             if gain is None:

@@ -150,6 +150,41 @@ def test_confirm_verdicts_measures_the_marked_calls():
     assert C.skippable(lambda: "ran") == "ran"                         # the marks are on again
 
 
+def test_the_cuda_graph_variant_needs_the_model_a_free_path_and_a_gpu():
+    """launch_bound's variant compiles `step.model` with mode="reduce-overhead": not where the verdict is blocked
+    (graphs cannot work yet), the step exposes no model, or compiles it already; on the CPU there are no graphs."""
+    import torch
+
+    model = torch.nn.Linear(4, 4)
+
+    def step():
+        model(torch.randn(2, 4)).sum().backward()
+
+    step.model = model
+    d = diagnosis({"host_code": 1.0}, 5.0)
+    launch = verdict("launch_bound", "launch", "11", 0.4, "e", "f")
+    with pytest.raises(C.Unavailable, match="blocked by host_sync"):
+        C.graphs_variant(verdict("launch_bound", "l", "11", 0.4, "e", "f", blocked_by="host_sync"), d.facts, step, CPU)
+    with pytest.raises(C.Unavailable, match="exposes no model"):
+        C.graphs_variant(launch, d.facts, lambda: None, CPU)
+    from dataclasses import replace
+    with pytest.raises(C.Unavailable, match="compiles its model already"):
+        C.graphs_variant(launch, replace(d.facts, compiled_regions=2.0), step, CPU)
+    context, marked = C.graphs_variant(launch, d.facts, step, CPU)
+    with pytest.raises(C.Unavailable, match="only on a GPU"):
+        with context:
+            pass
+    assert model._compiled_call_impl is None                          # nothing was compiled
+    # a step that does not call step.model itself: compiling it changes nothing, so nothing is measured
+    calls = []
+    with pytest.raises(C.Unavailable, match="does not call its model"):
+        C.took_graphs(lambda: calls.append(1))
+    assert calls == [1]
+    d.verdicts.append(launch)
+    C.confirm_verdicts(d, step, CPU, steps=1)
+    assert {v.rule: v for v in d.verdicts}["launch_bound"].confirmation == "not measured: CUDA graphs exist only on a GPU"
+
+
 def test_confirm_verdicts_demotes_a_fix_that_bought_too_little():
     def step():
         time.sleep(0.004)                                               # the marked call costs nothing

@@ -471,7 +471,10 @@ def test_a_sync_inside_the_forward_comes_before_launch_bound_one_outside_does_no
     verdicts, _ = R.run_rules(f)
     assert [v.rule for v in verdicts] == ["host_sync", "launch_bound"]
     first, launch = verdicts
-    assert first.share == pytest.approx(0.01) and "it must go before launch_bound" in first.evidence
+    # its share includes the launch gaps it keeps the graphs from (issue 41, item 2); it is expected to save
+    # only its own wait
+    assert first.share == pytest.approx(0.31) and first.expected_share == pytest.approx(0.01)
+    assert "it must go before launch_bound" in first.evidence and "launch_bound's fix can take 30.0 %" in first.evidence
     assert launch.blocked_by == "host_sync" and "out of the model's forward" in launch.fix
     # host_sync over its threshold: its own verdict, not a second one
     verdicts, _ = R.run_rules(facts({"launch": 30.0, "sync": 10.0}, syncs=inside))
@@ -490,7 +493,8 @@ def test_a_sync_inside_the_forward_comes_before_launch_bound_one_outside_does_no
     breaks, launch = verdicts
     assert launch.blocked_by == "compile_graph_breaks" and breaks.lesson == "12"
     assert "model.py:20 (forward)" in breaks.evidence and "train.py:30" not in breaks.evidence
-    assert breaks.share == pytest.approx(0.02) and "must go before launch_bound" in breaks.evidence
+    assert breaks.share == pytest.approx(0.31) and breaks.expected_share == pytest.approx(0.02)   # at most the idle
+    assert "must go before launch_bound" in breaks.evidence
     # outside the model: a metric's .item() in the loop, GradScaler's inf check: nothing blocked
     for outside in ((("train.py:20 (step)", "train.py:20 (step)", 1.0, 1.0),),
                     (("t.py:3 (s)", "torch/amp/grad_scaler.py:1 (step)", 1.0, 1.0),)):
@@ -499,9 +503,72 @@ def test_a_sync_inside_the_forward_comes_before_launch_bound_one_outside_does_no
         assert "outside the model" in verdicts[0].fix
 
 
+SHAPES = (("train.py:40 (step)", "aten::embedding", ((32, 87), (32, 112), (32, 64)), 5),)
+
+
+def test_varying_shapes_edge_blocks_the_graphs_and_carries_their_share():
+    """Shapes that change from step to step: the launch gaps CUDA graphs would take stay until the step has a
+    few shapes, so launch_bound waits behind varying_shapes, whose share and expected are the graphs'."""
+    edge = R.LAUNCH_SHARE_MIN * WINDOW
+    assert R.varying_shapes(facts({"launch": edge - BELOW}, shape_changes=SHAPES)) is None
+    assert R.varying_shapes(facts({"launch": 3 * edge})) is None                          # the same shapes every step
+    v = R.varying_shapes(facts({"launch": edge}, shape_changes=SHAPES))
+    assert v.rule == "varying_shapes" and v.lesson == "11" and v.share == pytest.approx(0.10)
+    assert v.expected_share == pytest.approx(0.10)
+    assert "train.py:40 (step) embedding: 32x87, 32x112, 32x64 across 5 steps" in v.evidence
+    assert "pad or bucket" in v.fix and "dynamic=True" in v.fix and "mark_dynamic" in v.fix
+    # what the graphs leave on the host (the optimizer) is not expected to go, as for launch_bound
+    v = R.varying_shapes(facts({"launch": 3 * edge}, shape_changes=SHAPES, optimizer_host_ms=edge))
+    assert v.share == pytest.approx(0.30) and v.expected_share == pytest.approx(0.20)
+    assert R.varying_shapes(facts({"launch": 2 * edge - BELOW}, shape_changes=SHAPES, optimizer_host_ms=edge)) is None
+    # shapes the GPU's values decide (nonzero, masks) are their syncs' evidence; a compiled step's are recompiles'
+    assert R.varying_shapes(facts({"launch": 3 * edge}, shape_changes=SHAPES,
+                                  data_dependent=(("m.py:9 (forward)", "aten::nonzero", 4.0),))) is None
+    assert R.varying_shapes(facts({"launch": 3 * edge}, shape_changes=SHAPES, compiled_regions=1.0)) is None
+    verdicts, _ = R.run_rules(facts({"launch": 3 * edge}, shape_changes=SHAPES))
+    assert [v.rule for v in verdicts] == ["varying_shapes", "launch_bound"]
+    assert verdicts[1].blocked_by == "varying_shapes" and "a few fixed shapes" in verdicts[1].fix
+    assert verdicts[0].share == pytest.approx(0.30)                   # not doubled: its share is the graphs' already
+
+
+def test_graphs_are_blocked_by_a_sync_in_the_forward_a_branch_or_changing_shapes_and_nothing_else():
+    base = facts({"launch": 30.0})
+    assert R.graphs_blocked_by(base) == ""
+    branch = (("model.py:7 (forward)", "model.py:7 (forward)", 0.5, 2.0),)
+    assert R.graphs_blocked_by(facts({"launch": 30.0}, syncs=branch,
+                                     sync_kinds=(("model.py:7 (forward)", "model.py:7 (forward)", "branch", 2.0),))) \
+        == "host_sync"
+    assert R.graphs_blocked_by(facts({"launch": 30.0}, syncs=branch, compiled_regions=2.0)) == "compile_graph_breaks"
+    assert R.graphs_blocked_by(facts({"launch": 30.0}, shape_changes=SHAPES)) == "varying_shapes"
+    assert R.graphs_blocked_by(facts({"launch": 30.0}, shape_changes=SHAPES, compiled_regions=1.0)) == \
+        "compile_recompiles"
+    # a branch on a GPU value in the loop (a NaN filter) is outside the model's graphs
+    loop = (("train.py:50 (step)", "train.py:50 (step)", 0.5, 2.0),)
+    assert R.graphs_blocked_by(facts({"launch": 30.0}, syncs=loop)) == ""
+    # a compiled step whose shapes change and that recompiled too little to fire: its launch verdict still waits
+    verdicts, _ = R.run_rules(facts({"launch": 30.0}, shape_changes=SHAPES, compiled_regions=1.0))
+    assert [v.rule for v in verdicts] == ["compile_recompiles", "launch_bound"]
+    assert "must settle before launch_bound" in verdicts[0].evidence
+
+
+def test_host_sync_counts_the_gaps_a_wait_leaves_and_names_what_made_it_wait():
+    """The GPU idles while the host is blocked and again while it refills the queue the wait emptied
+    ("after_sync"): both are the sync's; each line says what made it wait."""
+    row = (("train.py:61 (step)", "train.py:61 (step)", 1.0, 256.0),)
+    kinds = (("train.py:61 (step)", "train.py:61 (step)", "branch", 256.0),)
+    assert R.host_sync(facts({"sync": 1.0, "after_sync": 4.0 - BELOW}, syncs=row)) is None
+    v = R.host_sync(facts({"sync": 1.0, "after_sync": 4.0}, syncs=row, sync_kinds=kinds))
+    assert v.share == pytest.approx(0.05) and "refilled the queue" in v.evidence
+    assert "[a branch on a GPU value]" in v.evidence
+    assert R.launch_bound(facts({"sync": 1.0, "after_sync": 40.0}, syncs=row)) is None     # not the launches'
+    shape = (("m.py:9 (forward)", "m.py:9 (forward)", "shape", 9.0),)
+    v = R.host_sync(facts({"sync": 6.0}, syncs=(("m.py:9 (forward)", "m.py:9 (forward)", 6.0, 9.0),), sync_kinds=shape))
+    assert "fixed shapes" in v.fix and "[an output size the GPU decides" in v.evidence
+
+
 def test_every_rule_is_listed_ranked_and_every_gpu_only_name_is_a_rule():
     names = [r.__name__ for r in R.RULES]
-    assert len(names) == len(set(names)) == 22
+    assert len(names) == len(set(names)) == 23
     assert set(R.GPU_ONLY) <= set(names)
     assert set(R.FIX_ORDER) == set(names) - {"compute_bound", "memory_full"}       # the notes are no fix
     assert len(R.FIX_ORDER) == len(set(R.FIX_ORDER))

@@ -69,6 +69,20 @@ def test_judge_a_miss_and_the_tuned_bar_at_ten_percent():
     assert checks(over)["tuned steps: no verdict expects more than 10 %"][0] is False
 
 
+def test_a_blocked_verdict_is_not_judged_by_the_zoos_fix_made_alone():
+    """launch_bound blocked by host_sync promises what graphs buy once the syncs are gone; the zoo times the
+    graphs on the step as written, which cannot show that: not measured, and said why."""
+    labels = [{"name": "s", "best": "host_sync", "best_gain": 1.4,
+               "fixes": {"host_sync": {"gain": 1.4}, "launch_bound": {"gain": 1.05}}}]
+    blocked = {**verdict("launch_bound", 2.5), "blocked_by": "host_sync"}
+    r = Z.judge(labels, [{"name": "s", "verdicts": [verdict("host_sync", 1.3), blocked]}])
+    measured = {(m[0], m[1]): m for m in r["measured"]}
+    assert measured[("s", "launch_bound")][2] is None and "blocked by host_sync" in measured[("s", "launch_bound")][3]
+    assert measured[("s", "host_sync")][2:5] == (1.4, "the zoo's fix", True)
+    assert checks(r)["every measured verdict kept half its expectation, or was demoted"][0] is True
+    assert checks(r)["top verdict names the best fix"] == (True, "1 of 1 labelled steps")
+
+
 def test_judge_one_half_of_the_zoo():
     held = Z.judge(LABELS, DIAGNOSES, only="held_out")
     assert [row["name"] for row in held["rows"]] == ["a"]
