@@ -44,6 +44,40 @@ def _text_outputs(outputs) -> list[str]:
     return texts
 
 
+# Memory checks that can fail (issue 40, item 2). Where the notebooks run on the CPU (CI), nbval runs them
+# - counting: GPULAB_MEMORY_CPU=1, "allocated" is the bytes of the live CPU tensors (gpulab.core.memory);
+# - strict: GPULAB_MEMORY_STRICT=1, a failed memory check raises MemoryNotReturned and fails its cell;
+# - planted: GPULAB_MEMORY_PLANT bytes (8 MiB) left allocated right after each notebook's first code cell, as a
+#   cell that forgot a tensor would. Every check that compares with the notebook's start must count them
+#   (PlantNotSeen if not, naming the bytes), then leaves them out of its verdict: the same run is the control.
+# A value set on purpose is kept (GPULAB_MEMORY_PLANT=0: no plant); on a GPU none is set. The unit tests under
+# tests/ run without them (tests/conftest.py).
+MEMORY_MODES = {"GPULAB_MEMORY_CPU": "1", "GPULAB_MEMORY_STRICT": "1", "GPULAB_MEMORY_PLANT": str(8 * 2**20)}
+
+
+def _notebooks_on_cpu() -> bool:
+    if os.environ.get("GPULAB_DEVICE") == "cpu":
+        return True
+    import torch
+    return not torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    cells = [item for item in items if type(item).__name__ == "IPyNbCell"]
+    if not cells or not _notebooks_on_cpu():
+        return
+    for name, value in MEMORY_MODES.items():       # before any notebook's kernel starts: it inherits them
+        os.environ.setdefault(name, value)
+    plant = int(os.environ["GPULAB_MEMORY_PLANT"] or 0)
+    first = {}
+    for item in cells:
+        first.setdefault(id(item.parent), item)      # the notebook's first code cell
+    for item in first.values():
+        if plant > 0:
+            item.cell.source += ("\n__import__('gpulab.core.memory', fromlist=['plant_leak'])"
+                                 f".plant_leak({plant})   # the planted-leak test (conftest.py)")
+
+
 def pytest_runtest_teardown(item):
     if _OUTPUTS and getattr(item, "test_outputs", None) is not None:
         import json
