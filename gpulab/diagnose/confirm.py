@@ -14,7 +14,8 @@ training steps: the model trains on, as it does during the rest of the diagnosis
 | launch_bound | the step's model (`step.model`) compiled in place with `mode="reduce-overhead"` (CUDA graphs), `cudagraph_mark_step_begin()` before each step | no `step.model`; the step compiles its model already; the verdict is blocked (a sync in the forward, shapes that change: graphs cannot work yet) |
 
 Every other verdict says "not measured" and why, and keeps its expected gain. A verdict whose variant
-saved less than half of what it was expected to is demoted (`rules.demote`) and says so.
+saved less than half of what it was expected to, by more than the two timings' spread, is demoted
+(`rules.demote`) and says so.
 """
 from __future__ import annotations
 
@@ -398,7 +399,8 @@ def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) ->
             continue
         measured = d.step_ms / ms if ms > 0 else float("inf")
         out.append(demote(v, measured, f"measured {measured:.3g}x ({d.step_ms:.3g} -> {ms:.3g} ms per step) with "
-                                       f"{_describe(v)}"))
+                                       f"{_describe(v)}", step_ms=d.step_ms,
+                          noise_ms=(d.step_spread_ms or 0.0) + (timing.spread_ms or 0.0)))
     d.verdicts = rank(out)
 
 

@@ -75,11 +75,13 @@ class Diagnosis:
     memory = property(lambda self: self.facts.memory)
     flops_per_step = property(lambda self: self.facts.flops_per_step)
     tflops = property(lambda self: self.facts.tflops)
-    mfu = property(lambda self: self.facts.mfu)
+    mfu = property(lambda self: self.facts.mfu, doc="model FLOP/s over the datasheet's 16-bit peak (PaLM's MFU)")
+    measured_peak_fraction = property(lambda self: self.facts.measured_peak_fraction,
+                                      doc="model FLOP/s over the 16-bit peak notebook 00 measured")
     peak_tflops = property(lambda self: self.facts.peak_tflops)
     peak_source = property(lambda self: self.facts.peak_source)
     FROM_FACTS = ("on_gpu", "step_ms", "profiled_step_ms", "busy_ms", "idle_ms", "idle_by_cause", "busy_by_class",
-                  "memory", "flops_per_step", "tflops", "mfu", "peak_tflops", "peak_source")
+                  "memory", "flops_per_step", "tflops", "mfu", "measured_peak_fraction", "peak_tflops", "peak_source")
 
     @classmethod
     def from_facts(cls, facts: Facts, *, device: str = "cuda", step_spread_ms: float = 0.0,
@@ -432,7 +434,7 @@ def peak_16bit(device: torch.device) -> tuple[float | None, str]:
     from gpulab.core.ceilings import ceilings
 
     if device.type != "cuda":     # notebook 00's CPU figures are tiny-size illustrations, not a peak
-        return None, "no MFU on the CPU: notebook 00 measures a GPU's peak; its CPU run is a tiny illustration"
+        return None, "no measured peak on the CPU: notebook 00 measures a GPU's peak; its CPU run is a tiny illustration"
     bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
     name = "matmul_bf16" if bf16 else "matmul_fp16"
     try:
@@ -521,7 +523,8 @@ def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, dev
     if flops_per_step is None:
         flops_per_step = counted
         if counted is None:
-            notes.append("FlopCounterMode counted no FLOPs in the step: pass flops_per_step for an MFU")
+            notes.append("FlopCounterMode counted no FLOPs in the step: pass flops_per_step for MFU and the "
+                         "fraction of measured peak")
     if peak_tflops is not None:
         source = "given by the caller"
     else:

@@ -223,7 +223,16 @@ class Facts:
 
     @property
     def mfu(self) -> float | None:
-        """Model FLOP/s utilization: tflops / the 16-bit peak notebook 00 measured (None if unknown)."""
+        """Model FLOP/s utilization as PaLM defines it: tflops / the datasheet's dense 16-bit peak
+        (`kernel_ceiling_tflops`; None where the datasheet is unknown or the step's FLOPs are)."""
+        if self.tflops is None or not self.kernel_ceiling_tflops:
+            return None
+        return self.tflops / self.kernel_ceiling_tflops
+
+    @property
+    def measured_peak_fraction(self) -> float | None:
+        """tflops / the 16-bit peak notebook 00 measured on this GPU (`peak_tflops`): the fraction of measured
+        peak, not MFU (None if unknown)."""
         if self.tflops is None or not self.peak_tflops:
             return None
         return self.tflops / self.peak_tflops
@@ -237,7 +246,8 @@ class Facts:
         """The facts as plain values, without the plot's intervals (thousands of them)."""
         out = asdict(self)
         del out["intervals"]
-        out.update(tflops=self.tflops, mfu=self.mfu, base_ms=self.base_ms, idle_scale=self.idle_scale,
+        out.update(tflops=self.tflops, mfu=self.mfu, measured_peak_fraction=self.measured_peak_fraction,
+                   base_ms=self.base_ms, idle_scale=self.idle_scale,
                    host_scale=self.host_scale, base_idle_ms=self.base_idle_ms)
         return out
 

@@ -26,10 +26,38 @@ TRANSPOSE_SHARE_MIN = 0.05
 ATTENTION_SHARE_MIN = 0.05
 # An unfused optimizer whose phase (host and GPU) takes 5 % of the step: fused=True is one argument.
 OPTIMIZER_SHARE_MIN = 0.05
-# A fused AdamW reads a parameter, its gradient and two moments and writes three: 7 tensor passes. The
-# foreach one runs about eight elementwise ops over the same tensors (lerp, mul, addcmul, sqrt, div, add,
-# addcdiv, the weight decay's mul): about 21 passes. So fused takes about a third of the GPU time.
-FUSED_OPTIMIZER_FRACTION = 1 / 3
+# What a fused optimizer kernel takes of the unfused one's GPU time: the ratio of their passes over the
+# parameters (each a read or a write of one parameter-sized tensor), counted per optimizer from torch.optim's
+# multi-tensor ("foreach") code, which the single-tensor loop matches op for op:
+# - AdamW: fused reads p, g, m, v and writes p, m, v: 7. Foreach: the decay's mul_(p) 2, lerp_(m, g) 3, mul_(v) 2,
+#   addcmul_(v, g, g) 4, sqrt(v) 2, div_ 2, add_(eps) 2, addcdiv_(p, m, denom) 4: 21. 7/21.
+# - Adam: the same without the decoupled decay: 19 (an L2 weight decay adds grad + wd p: 3 more). 7/19.
+# - SGD with momentum: fused reads p, g, buf and writes p, buf: 5. Foreach: mul_(buf) 2, add_(buf, g) 3,
+#   add_(p, buf) 3: 8 (weight decay or Nesterov's out-of-place add: 3 more each). 5/8.
+# - SGD without momentum: fused 3, foreach add_(p, g) 3: nothing to win (weight decay: 3/6).
+# Other optimizers (Adadelta, RMSprop, Adamax, NAdam, RAdam...) have no fused CUDA kernel in torch.optim: no
+# verdict proposes one.
+FUSED_PASSES = {"AdamW": 7, "Adam": 7}
+FOREACH_PASSES = {"AdamW": 21, "Adam": 19}
+PASSES_EXTRA = 3          # an out-of-place add over the parameters: weight decay (L2) or Nesterov's look-ahead
+OUT_OF_PLACE_ADD = ("aten::_foreach_add", "aten::add")
+MOMENTUM_OPS = ("aten::_foreach_mul_", "aten::mul_")
+
+
+def fused_fraction(name: str, ops: tuple) -> tuple[float, str] | None:
+    """(the fused kernel's share of the unfused optimizer's GPU time, how it was counted) for optimizer `name`,
+    from the ops that queued its GPU work (`Facts.optimizer_ops`: SGD's momentum shows as a mul_ of its buffers,
+    weight decay or Nesterov as an out-of-place add); None where torch.optim has no fused form of it."""
+    extra = PASSES_EXTRA if any(op in OUT_OF_PLACE_ADD for op in ops) else 0
+    if name == "SGD":
+        momentum = any(op in MOMENTUM_OPS for op in ops)
+        fused, foreach = (5, 8 + extra) if momentum else (3, 3 + extra)
+        what = "SGD with momentum" if momentum else "SGD"
+    elif name in FUSED_PASSES:
+        fused, foreach, what = FUSED_PASSES[name], FOREACH_PASSES[name] + (extra if name == "Adam" else 0), name
+    else:
+        return None
+    return fused / foreach, f"{what}: {fused} passes over the parameters fused, {foreach} unfused"
 # Elementwise and normalization kernels above 25 % of the step, outside torch.compile: fusing them is a
 # compile away (lesson 12), and a quarter of the step is where that beats the one-line fixes' 5 %.
 ELEMENTWISE_SHARE_MIN = 0.25
@@ -129,19 +157,24 @@ def attention_math(f: Facts) -> Verdict | None:
 def optimizer_unfused(f: Facts) -> Verdict | None:
     """An optimizer that updates parameters with many kernels (foreach or a loop), not one fused kernel.
     Share: its phase on the host's path (its host time beyond its GPU time, at most the idle) plus its GPU
-    time; expected: two thirds of the GPU time (FUSED_OPTIMIZER_FRACTION) and GradScaler's blocked .item(),
-    not the host part: a fused step runs the same Python per parameter (grouping, state) and GradScaler
-    still checks the gradients for inf with its own kernels. On the H200 (2026-12-01) the zoo's
-    fp16_gradscaler_foreach, whose foreach AdamW and unscale took 3.1 ms of host time per 16.9 ms step,
-    ran 0.93x with fused=True, where counting the host part had expected 1.22x."""
+    time; expected: the GPU time a fused kernel saves (1 - `fused_fraction`: its passes over the parameters
+    against the unfused ones', counted per optimizer) and GradScaler's blocked .item(), not the host part: a
+    fused step runs the same Python per parameter (grouping, state) and GradScaler still checks the gradients
+    for inf with its own kernels. Silent for an optimizer torch.optim has no fused kernel for. On the H200
+    (2026-12-01) the zoo's fp16_gradscaler_foreach, whose foreach AdamW and unscale took 3.1 ms of host time
+    per 16.9 ms step, ran 0.93x with fused=True, where counting the host part had expected 1.22x."""
     if f.optimizer_fused is None or f.optimizer_fused:
         return None
+    counted = fused_fraction(f.optimizer_name, f.optimizer_ops)
+    if counted is None:
+        return None
+    fraction, how = counted
     host_ms = (f.optimizer_host_ms + f.scaler_host_ms) * f.host_scale
     gpu_ms = f.optimizer_gpu_ms + f.scaler_gpu_ms
     exposed_host = min(max(host_ms - gpu_ms, 0.0), f.base_idle_ms)
     scaler = sum(min(ms * f.host_scale, f.base_idle_ms) for _, via, ms, _ in f.syncs if "grad_scaler" in via)
     share = f.share(exposed_host + f.busy_share(gpu_ms) * f.base_ms + scaler)
-    expected = f.share(gpu_ms * (1 - FUSED_OPTIMIZER_FRACTION) + scaler)
+    expected = f.share(gpu_ms * (1 - fraction) + scaler)
     if expected < OPTIMIZER_SHARE_MIN:
         return None
     name = f.optimizer_name or "the optimizer"
@@ -151,7 +184,8 @@ def optimizer_unfused(f: Facts) -> Verdict | None:
                                            "into its kernel and drops the .item(); GradScaler still checks the "
                                            "gradients for inf/NaN)" if f.scaler_host_ms else "")
                    + (f"; GradScaler's .item() blocked {scaler:.3g} ms" if scaler else "")
-                   + f" (threshold {pct(OPTIMIZER_SHARE_MIN)})",
+                   + f"; a fused kernel takes {fraction:.2f} of its GPU time ({how}) (threshold "
+                   f"{pct(OPTIMIZER_SHARE_MIN)})",
                    f"torch.optim.{f.optimizer_name or 'AdamW'}(..., fused=True)", expected=expected)
 
 

@@ -1,6 +1,6 @@
 """A diagnosis as the learner reads it: `report_text` (the busy/idle split, the host's time by cause, kernel
-classes, memory, MFU and the ranked verdicts) and `timeline_figure` (the profiled steps' timeline). `Diagnosis.report()`
-and `Diagnosis.plot()` call them."""
+classes, memory, MFU and the fraction of measured peak, and the ranked verdicts) and `timeline_figure` (the
+profiled steps' timeline). `Diagnosis.report()` and `Diagnosis.plot()` call them."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -76,16 +76,16 @@ def report_text(d: "Diagnosis") -> str:
         lines.append(f"memory: peak allocated {fmt_bytes(m.peak_allocated_bytes)} of {fmt_bytes(m.total_bytes)} "
                      f"({m.cap_source}), the allocator's cache {fmt_bytes(m.cached_bytes)} more (reserved "
                      f"{fmt_bytes(m.peak_reserved_bytes)}); {m.alloc_retries} allocation retries in {m.steps} steps")
-    if d.mfu is not None:
+    if d.tflops is not None:
         sheet = d.facts.kernel_ceiling_tflops
         lines.append(f"model {d.tflops:.3g} TFLOP/s: "
-                     + (f"MFU {100 * d.tflops / sheet:.1f} % of the datasheet's {sheet:.3g} TFLOP/s (PaLM's definition: "
-                        "the theoretical peak), " if sheet else "MFU against the datasheet unknown (no datasheet row, "
-                        "or a GPU profile), ")
-                     + f"{100 * d.mfu:.1f} % of the {d.peak_tflops:.3g} TFLOP/s this GPU's products reached "
-                     f"({d.peak_source})")
+                     + (f"MFU {100 * d.mfu:.1f} % (of the datasheet's {sheet:.3g} TFLOP/s, PaLM's definition)"
+                        if d.mfu is not None else "MFU unknown (no datasheet row for this GPU, or a GPU profile)")
+                     + ("; " + (f"{100 * d.measured_peak_fraction:.1f} % of the measured peak, {d.peak_tflops:.3g} "
+                                f"TFLOP/s ({d.peak_source})" if d.measured_peak_fraction is not None
+                                else f"fraction of measured peak unknown: {d.peak_source}")))
     else:
-        lines.append("MFU unknown: " + (d.peak_source if not d.peak_tflops else "no FLOP count for the step"))
+        lines.append("MFU and the fraction of measured peak unknown: no FLOP count for the step")
     lines.append("verdicts, by measured gain where a variant ran, else expected gain:" if d.verdicts
                  else "verdicts: no rule fired")
     for i, v in enumerate(d.verdicts, 1):

@@ -32,9 +32,9 @@ from gpulab.core.timing import GPU_PACED_MIN
 from gpulab.diagnose.facts import Facts
 from gpulab.diagnose.kernel_rules import (  # noqa: F401 - the GPU-side rules and their thresholds, re-exported
     ATTENTION_SHARE_MIN, COMM_EXPOSED_SHARE_MIN, COPY_EXPOSED_SHARE_MIN, ELEMENTWISE_SHARE_MIN, FP32_GEMM_SHARE_MIN,
-    FUSED_OPTIMIZER_FRACTION, MISALIGNED_SHARE_MIN, NO_SYNC_SHARE_MIN, OPTIMIZER_SHARE_MIN, TRANSPOSE_SHARE_MIN,
+    FUSED_PASSES, MISALIGNED_SHARE_MIN, NO_SYNC_SHARE_MIN, OPTIMIZER_SHARE_MIN, TRANSPOSE_SHARE_MIN,
     UNKNOWN_FLOPS_SAVING, attention_math, comm_not_overlapped, copy_not_overlapped, elementwise_unfused,
-    fp32_matmuls, layout_transposes, misaligned_gemm, no_sync_accumulation, optimizer_unfused)
+    fp32_matmuls, fused_fraction, layout_transposes, misaligned_gemm, no_sync_accumulation, optimizer_unfused)
 from gpulab.diagnose.verdicts import (  # noqa: F401 - re-exported
     NOISE_FLOOR, PROMISE_KEPT_MIN, TIE, Verdict, demote, evidence_lines, judge_gain, pct, verdict)
 
@@ -448,9 +448,10 @@ def cudagraphs_skipped(f: Facts) -> Verdict | None:
 
 
 def compute_bound(f: Facts) -> Verdict | None:
-    """The device is kept busy: what is left is how fast its kernels run. Share: 1 - (the fraction of the
-    measured 16-bit peak the step reaches), what it would save at that peak: an estimate, not a bound, since
-    some shapes beat notebook 00's best (`Facts.kernel_ceiling_tflops`); 0 when unknown.
+    """The device is kept busy: what is left is how fast its kernels run. Share: 1 - (the fraction of measured
+    peak: the step's FLOP/s over the 16-bit peak notebook 00 measured), what it would save at that peak: an
+    estimate, not a bound, since some shapes beat notebook 00's best (`Facts.kernel_ceiling_tflops`); 0 when
+    unknown. The evidence gives MFU too, against the datasheet's peak (PaLM's definition): two ratios, two names.
     `rank` shows it last, and only when no other rule fired."""
     busy = f.share(f.busy_ms)
     if busy < COMPUTE_BUSY_MIN:
@@ -458,17 +459,20 @@ def compute_bound(f: Facts) -> Verdict | None:
     gemm = sum(f.busy_by_class.get(c, 0.0) for c in ("gemm_tensor_core", "gemm_no_tensor_core", "gemm_unknown"))
     elementwise = f.busy_by_class["elementwise_norm"] > gemm
     lesson = "12" if elementwise else "13"
-    if f.mfu is None:
-        mfu = ("MFU unknown: run notebook 00 to measure this GPU's peak" if not f.peak_tflops
-               else "MFU unknown: no FLOP count for the step")
+    measured = f.measured_peak_fraction
+    if measured is None:
+        rate = ("fraction of measured peak unknown: run notebook 00 to measure this GPU's peak" if not f.peak_tflops
+                else "fraction of measured peak unknown: no FLOP count for the step")
         share = 0.0
     else:
-        mfu = f"{f.tflops:.3g} TFLOP/s = MFU {pct(f.mfu)} of the measured peak, {f.peak_tflops:.3g} TFLOP/s ({f.peak_source})"
-        share = 1.0 - min(f.mfu, 1.0)
+        rate = (f"{f.tflops:.3g} TFLOP/s = {pct(measured)} of the measured peak, {f.peak_tflops:.3g} TFLOP/s "
+                f"({f.peak_source})" + (f"; MFU {pct(f.mfu)} of the datasheet's {f.kernel_ceiling_tflops:.3g} TFLOP/s"
+                                        if f.mfu is not None else ""))
+        share = 1.0 - min(measured, 1.0)
     fix = ("fuse the elementwise and normalization kernels (torch.compile)" if elementwise
            else "larger matrix products, 16-bit math, fused attention: lesson 13's stack")
     return verdict("compute_bound", "compute-bound: the kernels themselves", lesson, share,
-                   f"device busy {pct(busy)} of the step (threshold {pct(COMPUTE_BUSY_MIN)}); {mfu}", fix,
+                   f"device busy {pct(busy)} of the step (threshold {pct(COMPUTE_BUSY_MIN)}); {rate}", fix,
                    actionable=False)
 
 

@@ -657,10 +657,17 @@ def test_stall_site_is_the_line_whose_time_grew_most():
 
 
 # -- CPU mode, MFU, JSON ---------------------------------------------------------------------------
-def test_tflops_and_mfu():
-    f = analyze([step(0, 100)], step_ms=10.0, flops_per_step=1e12, peak_tflops=400.0, peak_source="test")
-    assert f.tflops == pytest.approx(100.0) and f.mfu == pytest.approx(0.25)
-    assert analyze([step(0, 100)], step_ms=10.0, flops_per_step=1e12).mfu is None
+def test_tflops_mfu_against_the_datasheet_and_the_fraction_of_measured_peak():
+    """One name per ratio: MFU divides by the datasheet's peak (PaLM's definition), the fraction of measured peak
+    by notebook 00's measured one."""
+    f = analyze([step(0, 100)], step_ms=10.0, flops_per_step=1e12, peak_tflops=400.0, peak_source="test",
+                kernel_ceiling_tflops=500.0)
+    assert f.tflops == pytest.approx(100.0) and f.mfu == pytest.approx(0.2)
+    assert f.measured_peak_fraction == pytest.approx(0.25)
+    assert f.to_dict()["mfu"] == pytest.approx(0.2) and f.to_dict()["measured_peak_fraction"] == pytest.approx(0.25)
+    no_sheet = analyze([step(0, 100)], step_ms=10.0, flops_per_step=1e12, peak_tflops=400.0)
+    assert no_sheet.mfu is None and no_sheet.measured_peak_fraction == pytest.approx(0.25)
+    assert analyze([step(0, 100)], step_ms=10.0, flops_per_step=1e12).measured_peak_fraction is None
     assert analyze([step(0, 100)], peak_tflops=400.0).tflops is None
 
 
