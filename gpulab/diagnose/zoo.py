@@ -536,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     jud.add_argument("labels", help="labels JSON; several comma-separated (a run in groups)")
     jud.add_argument("diagnoses", help="diagnoses JSON; several comma-separated")
     jud.add_argument("--only", choices=("dev", "held_out"), default=None)
+    jud.add_argument("--names", default=None, help="judge only these steps (comma-separated): the steps of one issue")
     jud.add_argument("--json", default=None)
     sub.add_parser("probe").add_argument("--out", required=True)
     rec = sub.add_parser("records", help="analyse recorded diagnoses with the gpulab importable here")
@@ -605,6 +606,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "judge":
         labels = [row for name in a.labels.split(",") for row in json.loads(Path(name).read_text())["steps"]]
         diagnoses = [row for name in a.diagnoses.split(",") for row in json.loads(Path(name).read_text())["steps"]]
+        if a.names:
+            wanted = set(a.names.split(","))
+            labels = [row for row in labels if row["name"] in wanted]
         result = judge(labels, diagnoses, a.only)
         print(matrix_text(result))
         if a.json:

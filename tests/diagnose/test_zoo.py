@@ -145,6 +145,8 @@ def test_groups_split_the_zoo_for_device_calls_and_judge_reads_them_together(tmp
     out = tmp_path / "j.json"
     assert Z.main(["judge", ",".join(map(str, halves)), str(diagnoses), "--json", str(out)]) == 0
     assert [r["name"] for r in json.loads(out.read_text())["rows"]] == ["a", "b", "c", "d"]
+    assert Z.main(["judge", ",".join(map(str, halves)), str(diagnoses), "--names", "a,c", "--json", str(out)]) == 0
+    assert [r["name"] for r in json.loads(out.read_text())["rows"]] == ["a", "c"]
 
 
 def test_diagnose_each_step_in_its_own_process(tmp_path, monkeypatch):
