@@ -47,6 +47,7 @@ FILE_KINDS = {
     "zoo": "gpulab zoo",                            # the diagnosis zoo's labels, diagnoses, judgements ("gpulab zoo ...")
     "suite": "gpulab diagnose suite",               # `python -m gpulab.diagnose.suite --json`
     "proof": "gpulab exercises proof",              # `python -m gpulab.exercises.proof`: the graded exercises' verdicts
+    "answers": "gpulab exercises answers",          # `python -m gpulab.exercises.answers`: the reference answers' runs
 }
 
 

@@ -181,10 +181,10 @@ def read_store(records: list[Record], source: str,
 
 
 # Files that hold no lesson's measurements, by their kind (gpulab.core.results.FILE_KINDS): the diagnosis zoo's and
-# suite's verdicts and the exercises' proof (read by `python -m gpulab.diagnose.zoo judge`), a run folder's manifest (results_index), and
+# suite's verdicts, the exercises' proof and the reference answers' runs (read by `python -m gpulab.diagnose.zoo judge`), a run folder's manifest (results_index), and
 # roomrun's timings, exit codes and summary (its learners' stores hold the records)
 ZOO_KIND = FILE_KINDS["zoo"]
-DIAGNOSIS_KINDS = (FILE_KINDS["zoo"], FILE_KINDS["suite"], FILE_KINDS["proof"])
+DIAGNOSIS_KINDS = (FILE_KINDS["zoo"], FILE_KINDS["suite"], FILE_KINDS["proof"], FILE_KINDS["answers"])
 MANIFEST_KIND = FILE_KINDS["manifest"]
 ROOMRUN_KIND = FILE_KINDS["roomrun"]
 

@@ -15,6 +15,7 @@ import time
 import traceback
 
 from gpulab.core.memory import memory_guard
+from gpulab.core.results import FILE_KINDS
 from gpulab.exercises.answers import answers
 
 
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                      else "ERROR: " + rec["error"] if "error" in rec else "skipped: " + rec.get("skipped", ""))
             print(f"{nb}.{n}: {state} ({rec.get('seconds', 0)} s)", flush=True)
             with open(args.out, "w", encoding="utf-8") as f:
-                json.dump({"scale": args.scale, "answers": records}, f, indent=1)
+                json.dump({"kind": FILE_KINDS["answers"], "scale": args.scale, "answers": records}, f, indent=1)
     return 1 if bad else 0
 
 

@@ -171,7 +171,8 @@ def _busy(scale: str) -> dict:
     device = pick_device()
     seconds = max(1.5, config(scale)["monitor_seconds"])
     props = torch.cuda.get_device_properties(device)
-    threads = getattr(props, "max_threads_per_multi_processor", 2048) * props.multi_processor_count
+    # device_facts' SM count: under a MIG-slice profile the slice's, not the whole GPU's
+    threads = getattr(props, "max_threads_per_multi_processor", 2048) * device_facts().sm_count
     out: dict = {**_where(scale, device), "seconds per loop": seconds,
                  # at most one thread per element: the most of the GPU's resident threads the kernel can occupy
                  "tiny kernel's share of the GPU's thread slots, %": 100 * TINY_ELEMENTS / threads}
