@@ -347,15 +347,26 @@ def test_strict_mode_from_the_environment_raises_but_never_masks_an_error(counti
     monkeypatch.setenv(memory.STRICT_ENV, "1")
     kept = []
     with pytest.raises(MemoryNotReturned, match="NOT returned"):
-        with memory_guard(device=CPU, quiet=True):
+        with memory_guard(device=CPU, quiet=True, since_start=True):
             kept.append(torch.ones(2**20))
-    with memory_guard(device=CPU, strict=False, quiet=True) as report:        # strict=False wins
+    with memory_guard(device=CPU, strict=False, quiet=True, since_start=True) as report:     # strict=False wins
         kept.append(torch.ones(2**20))
     assert not report.ok
     with pytest.raises(ZeroDivisionError):                     # the block's own error goes on
-        with memory_guard(device=CPU, quiet=True):
+        with memory_guard(device=CPU, quiet=True, since_start=True):
             kept.append(torch.ones(2**20))
             1 / 0
+
+
+def test_counting_mode_counts_only_the_checks_against_the_notebooks_start(counting, capsys):
+    """A function's own block check (quiet, or inside another check) stays skipped on the CPU: each count scans
+    the kernel's objects; what its block leaves behind fails the enclosing check."""
+    kept = []
+    with memory_guard(device=CPU) as outer:
+        with memory_guard(device=CPU, quiet=True) as inner:
+            kept.append(torch.ones(2**20))
+    assert inner.leaked is None and inner.ok
+    assert outer.leaked == 4 * MiB and not outer.ok
 
 
 def test_notebook_check_compares_with_the_start_only(counting, capsys):
