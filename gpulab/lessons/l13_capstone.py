@@ -452,6 +452,7 @@ class Inputs:
 
     def __exit__(self, *exc) -> None:
         self._it = None                     # the iterator's finalizer stops its workers
+        self.pool = []                      # and the batches go: a name still bound to this object holds none
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._it is not None:
@@ -1395,6 +1396,7 @@ def time_to_loss(options: Options = Options(), target: float | None = None, *, b
             if target is not None and points[-1][2] <= target:
                 reached = (steps, seconds)
                 break
+        del model, train                       # before the memory check at the block's end: nothing held
     return LossCurve(options, points, first.ms / 1e3, cfg["batch"] * cfg["seq"], target, reached, tuple(notes))
 
 
