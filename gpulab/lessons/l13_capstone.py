@@ -12,8 +12,10 @@ timing budgets (`CONFIG`, `config(scale)`, `job_config(job, scale)`), the runs, 
   `gpulab.core.timing.benchmark` for as long as the scale's budget allows: throughput, model TFLOP/s, peak
   memory, GPU busy %. Each step is `gpulab.models.step.train_step` (autocast, GradScaler, accumulation,
   CUDA-graph marks).
-- `loss_tolerance`, `loss_matches`, `Runs`: correct before fast; every run (at one scale) is memoized and
-  checked against the fp32 baseline on the same batches.
+- `Runs`, `Checked` (and `gpulab.lessons.capstone.checks`): correct before fast; every run (at one scale) is
+  memoized and checked against the fp32 baseline from the same weights on the same batches: its losses, how
+  far each tensor moved, its systems toggles in fp32 against a measured noise floor, its numerics toggles'
+  gradients against the baseline's own rounding; GradScaler's skipped updates retried and counted.
 - `waterfall`, `attribute`: toggles added one at a time; each one's share of the total speed-up (in log
   space, so the shares add to 100%) and of the memory saved.
 - `bf16_peak`, `mfu`: model FLOPs utilization against notebook 00's measured peak.
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -69,6 +72,8 @@ from gpulab.models.sizing import count_flops, fit_batch, memory_budget
 from gpulab.core.measured import Measured
 from gpulab.core.predict import Plan, StepCap, Work
 from gpulab.lessons.l11_cuda_graphs import cudagraph_skips
+from gpulab.lessons.capstone import checks as K
+from gpulab.lessons.capstone.checks import MOVE_MAX, NUMERICS_MAX, SYSTEMS_MAX     # the checks' allowances (section 5)
 
 
 # -- knobs ------------------------------------------------------------------------------------------
@@ -141,7 +146,11 @@ def plan(scale: str | None = None) -> Plan:
     `benchmark`'s probe and 3 timed); its time budget beyond them is host time. Runs by precision, from
     the notebook's default waterfalls (`ORDERS`), seed tables and memory toggles: per job one fp32 run, one
     TF32 run, the rest 16-bit; `fit_batches` adds two small untimed fp32 runs (at 1/8 and 1/4 of the
-    config's batch, before any cap); the batch ladder (section 12c) one 16-bit run at each of its larger batches."""
+    config's batch, before any cap); the batch ladder (section 12c) one 16-bit run at each of its larger batches.
+    The checks (`Runs.checked`) add, per job, the fp32 baseline's noise floors (its loss steps again with its
+    rows reordered, one step per format) and one untimed fp32 run of LOSS_STEPS steps for each systems toggle
+    of the default waterfalls. HOST_S was measured before the checks: their host time (building each model, a
+    second compile of the GPT, in fp32) is not in it."""
     cfg = config(scale)
     gpt, cnn = cfg["gpt"], cfg["cnn"]
     gpt_step = gpt_flops_per_token(**gpt)["total"] * gpt["seq"] * gpt["batch"]
@@ -150,8 +159,13 @@ def plan(scale: str | None = None) -> Plan:
     work, caps = [], {}
     for name, flops, half_runs in (("GPT", gpt_step, 9), ("CNN", cnn_step, 8)):     # GPT: section 14b's FP8 step too
         probes = LOSS_STEPS * flops * (1 / 8 + 1 / 4)        # two untimed runs of LOSS_STEPS steps each
+        systems = len([t for t in ORDERS[name.lower()] if t not in NUMERICS_TOGGLES]) + len(MEMORY_TOGGLES)
         work += [Work("matmul_fp32", probes, share, f"{name}: two untimed probe runs (fit_batches)"),
                  Work("matmul_fp32", steps * flops, share, f"{name}: fp32 baseline", job=name),
+                 Work("matmul_fp32", (LOSS_STEPS + len(K.FORMATS)) * flops, share,
+                      f"{name}: the baseline's noise floors (rows reordered, each format's rounding)", job=name),
+                 Work("matmul_fp32", systems * LOSS_STEPS * flops, share,
+                      f"{name}: {systems} untimed fp32 runs of the systems toggles (their checks)", job=name),
                  Work("matmul_tf32", steps * flops, share, f"{name}: TF32 run", job=name),
                  Work("matmul_bf16", half_runs * steps * flops, share, f"{name}: {half_runs} 16-bit runs", job=name)]
         if cfg.get("step_s"):
@@ -233,6 +247,9 @@ AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 SPEED_TOGGLES = ("tf32", "amp", "fp8", "channels_last", "aligned", "fused", "loader", "compile", "cuda_graphs")
+
+
+NUMERICS_TOGGLES = ("tf32", "amp", "fp8")      # the numerics tier of the checks; the rest are the systems tier
 
 
 MEMORY_TOGGLES = ("checkpointing", "accumulation")
@@ -447,7 +464,7 @@ class Inputs:
         if self.loader:
             from gpulab.lessons.l03_input_pipeline import make_loader
             self._it = iter(make_loader(HostBatches(self.pool), batch_size=None, num_workers=LOADER_WORKERS,
-                                        pin_memory=True))
+                                        pin_memory=self.device.type == "cuda"))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -468,9 +485,13 @@ class Inputs:
 
 
 # -- one run -----------------------------------------------------------------------------------------
+SKIP_RETRIES = 24      # an update GradScaler skips is tried again on its batch at most this often (2^16 -> 2^-8)
+
+
 @dataclass(frozen=True)
 class JobResult:
-    """What `run_job` measured. `time` is per optimizer step (None for an untimed reference run)."""
+    """What `run_job` measured. `time` is per optimizer step (None for an untimed run, or one whose check
+    failed)."""
 
     job: str
     options: Options
@@ -486,7 +507,10 @@ class JobResult:
     monitor_status: str = ""
     notes: tuple[str, ...] = ()
     device: str = "cpu"
-    skipped_updates: tuple[int, ...] = ()     # loss steps whose update GradScaler skipped (inf/NaN gradients)
+    skipped_updates: tuple[int, ...] = ()     # the loss step (from 0) of each update GradScaler skipped, then retried
+    first_scale: float | None = None          # GradScaler's scale before the first update (fp16)
+    sample: K.Sample | None = None            # what the correctness checks compare (`capstone.checks`)
+    parts: tuple[K.Part, ...] = ()            # the checks made during the run, before it was timed
 
     @property
     def items_per_s(self) -> float | None:
@@ -503,6 +527,22 @@ class JobResult:
 
 
 _FLOPS: dict[tuple, float] = {}
+_SAMPLED: dict[tuple, tuple[list, list[str]]] = {}
+
+
+def _sizes_key(job: str, config: dict) -> tuple:
+    return (job, tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v)
+                              for k, v in config.items() if k != "batch")))
+
+
+def sampled(job: str, config: dict) -> tuple[K.Positions, list[str]]:
+    """(the positions `checks.take` keeps of each parameter tensor, the tensors' names) for `job` at sizes
+    `config`, from the model without toggles (built on the meta device: no memory)."""
+    key = _sizes_key(job, config)
+    if key not in _SAMPLED:
+        named = list(JOBS[job].build(config, torch.device("meta")).named_parameters())
+        _SAMPLED[key] = (K.sample_positions([p.shape for _, p in named]), [n for n, _ in named])
+    return _SAMPLED[key]
 
 
 def model_flops(job: str, config: dict, batch: int, device: torch.device | None = None) -> float:
@@ -512,9 +552,7 @@ def model_flops(job: str, config: dict, batch: int, device: torch.device | None 
     Counted on the unpadded model: padding the vocabulary adds arithmetic, not model FLOPs. On the CPU,
     attention is counted through its math path (its flash kernel there has no FLOP formula)."""
     device = device or pick_device()
-    sizes = tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v)
-                         for k, v in config.items() if k != "batch"))
-    key = (job, sizes, str(device))
+    key = (*_sizes_key(job, config), str(device))
     if key not in _FLOPS:
         spec, probe = JOBS[job], 2
         torch.manual_seed(0)
@@ -529,12 +567,15 @@ def model_flops(job: str, config: dict, batch: int, device: torch.device | None 
     return _FLOPS[key] * batch
 
 
+Check = Callable[[tuple, tuple, "K.Sample", "Callable[[], K.Sample] | None"], Sequence["K.Part"]]
+
+
 def run_job(job: str, options: Options = Options(), batch: int | None = None, *, config: dict | None = None,
             loss_steps: int = LOSS_STEPS, timed: bool = True, warmup: int | None = None,
             budget_s: float | None = None, max_repeat: int | None = None, monitor: bool = False,
-            expected_losses: Sequence[float] | None = None, tolerance: float | None = None,
+            floors: Sequence[str] = (), check: Check | None = None, own_floor: bool = False,
             device: torch.device | None = None, seed: int = 0, scale: str | None = None) -> JobResult:
-    """Train `job` with `options` from the weights seed `seed` gives: `loss_steps` steps whose losses are
+    """Train `job` with `options` from the weights seed `seed` gives: `loss_steps` updates whose losses are
     kept, then (if `timed`) `benchmark` times further steps: `warmup` untimed, then as many as fit about
     `budget_s` seconds (at most `max_repeat`). Inside `memory_guard`: GPU memory goes back to where it was.
 
@@ -545,9 +586,16 @@ def run_job(job: str, options: Options = Options(), batch: int | None = None, *,
     up to a second). The loss steps warm up the step (the first compiles it, the next ones record CUDA
     graphs), so `warmup` defaults to one more.
 
-    Correct before fast: with `expected_losses` (a reference run's) and `tolerance`, the loss steps are
-    compared with them (`loss_matches`) before anything is timed; a run that does not match is not timed
-    (`time` None, and a note says why). A combination no device runs, or one this device cannot, raises
+    Correct before fast: the run keeps a `checks.Sample` (its parameters before and after the loss steps and
+    its first update's gradients, at fixed positions). An update GradScaler skips (inf or NaN gradients) is
+    tried again on its batch until it is applied (at most SKIP_RETRIES times), and counted in
+    `skipped_updates`, so every run makes `loss_steps` updates on the same batches. `floors` (a reference
+    run's, `checks`): "reorder", the same updates again from the same weights with each batch's rows in
+    another order, and formats of `checks.FORMATS`, the first update's gradients with the weights rounded to
+    each. `check(losses, skipped, sample, own_floor)` returns the comparisons (`checks.Part`) before anything is
+    timed; a run that fails one is not timed (`time` None, and a note says why). With `own_floor`, the run keeps
+    its starting weights, and `own_floor()` (None without) gives its sample with its own "reorder" floor,
+    measured only if the check asks for it. A combination no device runs, or one this device cannot, raises
     ValueError with the reason.
     """
     device = device or pick_device()
@@ -557,14 +605,17 @@ def run_job(job: str, options: Options = Options(), batch: int | None = None, *,
     batch = batch or cfg["batch"]
     if loss_steps < 1:
         raise ValueError(f"loss_steps must be >= 1 (got {loss_steps}).")
+    unknown = [f for f in floors if f != "reorder" and f not in K.FORMATS]
+    if unknown:
+        raise ValueError(f"floors: {unknown} are not 'reorder' or one of {', '.join(K.FORMATS)}.")
     warmup = 1 if warmup is None else warmup
     budget_s = knobs["monitor_budget_s" if monitor else "budget_s"] if budget_s is None else budget_s
     max_repeat = knobs["max_repeat"] if max_repeat is None else max_repeat
     flops = model_flops(job, cfg, batch, device)
+    sampled(job, cfg)                             # the checks' positions, once per configuration (cached)
     with _run(job, options, batch, device) as guard:
-        expect = None if expected_losses is None else (list(expected_losses), tolerance)
         out = _train(job, options, batch, cfg, loss_steps, timed, warmup, budget_s, max_repeat, monitor,
-                     expect, device, seed)
+                     tuple(floors), check, own_floor, device, seed)
     notes = out.pop("notes")
     if not guard.ok:
         notes.append(guard.message())
@@ -590,19 +641,29 @@ def _run(job: str, options: Options, batch: int, device: torch.device):
                 torch.compiler.reset()
 
 
+@dataclass
+class Trainer:
+    """A job's model as `options` change it, its AdamW, its GradScaler (fp16) and `train(x, y)`: one update."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+    train: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 def _built(job: str, options: Options, cfg: dict, batch: int, device: torch.device, seed: int):
     """`job`'s model from the weights seed `seed` gives, its POOL batches (made on the device from the model
-    as built, kept in host memory), then `_trainer`'s changes: (model, scaler, train, pool)."""
+    as built, kept in host memory), then `_trainer`'s changes: (Trainer, pool)."""
     torch.manual_seed(seed)
     model = JOBS[job].build(cfg, device)
     pool = [(x.cpu(), y.cpu()) for x, y in JOBS[job].batches(model, batch, POOL)]
-    return (*_trainer(job, options, model, device), pool)
+    return _trainer(job, options, model, device), pool
 
 
-def _trainer(job: str, options: Options, model: nn.Module, device: torch.device):
+def _trainer(job: str, options: Options, model: nn.Module, device: torch.device) -> Trainer:
     """`model` as `options` change it (the padded vocabulary, checkpointed blocks, channels_last), its
     GradScaler (fp16) and `train(x, y)`: one `train_step` with AdamW (fused or not), autocast, the compiled
-    loss (torch.compile, with CUDA graphs under reduce-overhead) and accumulation. Returns (model, scaler, train)."""
+    loss (torch.compile, with CUDA graphs under reduce-overhead) and accumulation."""
     spec = JOBS[job]
     if options.aligned:
         model = padded_copy(model, ALIGN)            # same weights, zero rows for the padding tokens
@@ -625,41 +686,62 @@ def _trainer(job: str, options: Options, model: nn.Module, device: torch.device)
         return train_step(model, x, y, loss=lambda _, xs, ys: loss_of(xs, ys), optimizer=optimizer,
                           precision=AMP_DTYPES[options.amp], scaler=scaler,
                           accumulation=options.accumulation, graphs=options.cuda_graphs)
-    return model, scaler, train
+    return Trainer(model, optimizer, scaler, train)
+
+
+def _update(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, step: int, skipped: list[int]) -> float:
+    """One update on (x, y), its loss. An update GradScaler skips (its scale falls) is tried again on the
+    same batch, at most SKIP_RETRIES times; `step` is appended to `skipped` for each skip."""
+    for _ in range(SKIP_RETRIES + 1):
+        before = trainer.scaler.get_scale() if trainer.scaler is not None else None
+        loss = trainer.train(x, y).item()
+        if before is None or trainer.scaler.get_scale() >= before:
+            break
+        skipped.append(step)
+    return loss
 
 
 def _train(job: str, options: Options, batch: int, cfg: dict, loss_steps: int, timed: bool, warmup: int,
-           budget_s: float, max_repeat: int, monitor: bool, expect: tuple | None, device: torch.device,
-           seed: int) -> dict:
+           budget_s: float, max_repeat: int, monitor: bool, floors: tuple[str, ...], check: Check | None,
+           own_floor: bool, device: torch.device, seed: int) -> dict:
     notes: list[str] = []
     skips = cudagraph_skips()
     allocated = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+    positions, _ = sampled(job, cfg)
     with track_peak(device) as mem:
-        model, scaler, train, pool = _built(job, options, cfg, batch, device, seed)
-
-        def step(inputs: Inputs) -> torch.Tensor:
-            return train(*inputs.next())
-
-        monitor_status, busy = "", None
+        trainer, pool = _built(job, options, cfg, batch, device, seed)
+        params = list(trainer.model.parameters())
+        if len(params) != len(positions):
+            raise RuntimeError(f"{options.label}: the model has {len(params)} parameter tensors where {job}'s has "
+                               f"{len(positions)}: a toggle changed the model's parameters, which the checks compare")
+        first_scale = trainer.scaler.get_scale() if trainer.scaler is not None else None
+        start = [p.detach().to("cpu", copy=True) for p in params] if floors or own_floor else None
+        p0 = K.take(params, positions)
+        monitor_status, busy, parts, skipped = "", None, (), []
         with Inputs(pool, device, options.loader, options.channels_last) as inputs:
-            skipped: list[int] = []
-
-            def checked_step(i: int) -> float:
-                before = scaler.get_scale() if scaler is not None else None
-                loss = step(inputs).item()
-                if scaler is not None and scaler.get_scale() < before:     # inf/NaN gradients: update skipped
-                    skipped.append(i)
-                return loss
-
             with stopwatch(device=device) as first:
-                losses = [checked_step(0)]               # the first step compiles, if compile is on
-            losses += [checked_step(i) for i in range(1, loss_steps)]
-            if expect is not None:
-                ok, diff = loss_matches(expect[0], comparable(losses, skipped), expect[1])
-                if not ok:
+                losses = [_update(trainer, *inputs.next(), 0, skipped)]     # the first step compiles, if compile is on
+            g1 = K.take([p.grad for p in params], positions)
+            losses += [_update(trainer, *inputs.next(), i, skipped) for i in range(1, loss_steps)]
+            sample = K.Sample(p0, g1, K.take(params, positions))
+            floor = functools.partial(_floor_samples, trainer, start=start, batches=pool[:loss_steps], device=device,
+                                      channels_last=options.channels_last, chunks=options.accumulation,
+                                      positions=positions)
+            if floors:
+                sample = floor(sample, floors=floors)
+
+            def with_own_floor() -> K.Sample:
+                nonlocal sample
+                if sample.reordered is None:
+                    sample = floor(sample, floors=("reorder",))
+                return sample
+            if check is not None:
+                parts = tuple(check(tuple(losses), tuple(skipped), sample, with_own_floor if own_floor else None))
+                failed = [p for p in parts if not p.ok]
+                if failed:
                     timed = False
-                    notes.append(f"not timed: its losses differ from the reference's by {diff:.1e} "
-                                 f"(tolerance {expect[1]:.0e})")
+                    notes.append("not timed: " + "; ".join(p.why for p in failed))
+            del start, floor                # the host copies of the starting weights
             t = None
             if timed:
                 mon = None
@@ -667,19 +749,56 @@ def _train(job: str, options: Options, batch: int, cfg: dict, loss_steps: int, t
                     from gpulab.core.monitor import GpuMonitor
                     mon = GpuMonitor(interval_s=0.05, pcie=False, device=device).start()
                 try:
-                    t = benchmark(lambda: step(inputs), warmup=warmup, budget_s=budget_s, max_repeat=max_repeat,
-                                  device=device)
+                    t = benchmark(lambda: trainer.train(*inputs.next()), warmup=warmup, budget_s=budget_s,
+                                  max_repeat=max_repeat, device=device)
                 finally:
                     if mon is not None:
                         mon.stop()
                         busy, monitor_status = mon.mean("busy_pct"), mon.status
-        model.zero_grad(set_to_none=True)
+        trainer.model.zero_grad(set_to_none=True)
     if options.cuda_graphs and cudagraph_skips() > skips:
         notes.append(f"CUDA graphs NOT applied: torch.compile skipped them {cudagraph_skips() - skips} time(s) "
                      "(its log above says why); this row ran compiled code without graphs.")
     peak = None if mem.peak is None else mem.peak - allocated
     return {"losses": tuple(losses), "time": t, "peak_bytes": peak, "first_step_ms": first.ms,
-            "busy_pct": busy, "monitor_status": monitor_status, "notes": notes, "skipped_updates": tuple(skipped)}
+            "busy_pct": busy, "monitor_status": monitor_status, "notes": notes, "skipped_updates": tuple(skipped),
+            "first_scale": first_scale, "sample": sample, "parts": parts}
+
+
+def _floor_samples(trainer: Trainer, sample: K.Sample, *, start: list, batches: list, floors: tuple[str, ...],
+                   device: torch.device, channels_last: bool, chunks: int, positions: list) -> K.Sample:
+    """`sample` with a reference run's noise floors (`checks`), each from the starting weights `start` (host
+    copies; the optimizer's state cleared, the gradients dropped): "reorder", the same updates on `batches`
+    with each batch's rows in another order (`checks.rows_order`, within each of `chunks` micro-batches), and
+    its parameters after them (added to `sample`'s); each format,
+    the first update's gradients with the weights rounded to it (`checks.round_weights`). The loader is not
+    used: the floors are the arithmetic's, and the batches are the same."""
+    params = list(trainer.model.parameters())
+
+    def restart() -> None:
+        with torch.no_grad():
+            for p, w in zip(params, start):
+                p.copy_(w)
+        trainer.optimizer.state.clear()
+        trainer.model.zero_grad(set_to_none=True)
+
+    def on_device(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = x.to(device), y.to(device)
+        return (x.contiguous(memory_format=torch.channels_last) if channels_last else x), y
+
+    reordered, rounded = sample.reordered, dict(sample.rounded)
+    if "reorder" in floors:
+        restart()
+        perm = K.rows_order(batches[0][0].shape[0], chunks)
+        for i, (x, y) in enumerate(batches):
+            _update(trainer, *on_device(x[perm], y[perm]), i, [])
+        reordered = K.take(params, positions)
+    for fmt in (f for f in floors if f != "reorder"):
+        restart()
+        K.round_weights(trainer.model, fmt)
+        trainer.train(*on_device(*batches[0]))
+        rounded[fmt] = K.take([p.grad for p in params], positions)
+    return dataclasses.replace(sample, reordered=reordered, rounded=rounded)
 
 
 # -- correct before fast -----------------------------------------------------------------------------
@@ -690,9 +809,11 @@ def loss_tolerance(job: str, options: Options) -> tuple[float, str]:
       each; through tens of layers and two AdamW updates the loss moves by a few of those: 3e-2.
     - TF32 (10-bit mantissa inputs, fp32 sums): 1e-2.
     - FP8 (the blocks' linear products on e4m3 inputs and e5m2 gradients, one scale per tensor):
-      `precision.FP8_TOLERANCE`, a single forward product's bound, 6e-2. Loose, as every tolerance here: two
-      updates move the loss less than this; `fp8_gradients` is the check that can catch a wrong FP8 layer.
+      `precision.FP8_TOLERANCE`, a single forward product's bound, 6e-2.
     - fp32 throughout: only the order of sums changes (memory layout, fused kernels, compiled code): 2e-3.
+
+    Loose on purpose, and the weakest of the four comparisons (`Runs.parts`): the losses see a run gone wrong,
+    not a dropped gradient (zeroing every FP8 weight gradient moved the tiny GPT's loss by 0.2 %).
     """
     if options.fp8:
         return P.FP8_TOLERANCE, ("FP8 rounds each linear product's inputs to 3 mantissa bits: a product is off by "
@@ -705,51 +826,53 @@ def loss_tolerance(job: str, options: Options) -> tuple[float, str]:
 
 
 def reference_options(job: str, options: Options) -> Options:
-    """The fp32 run whose losses `options` must reproduce: the baseline, except that the CNN keeps its
-    accumulation. BatchNorm normalizes each micro-batch with that micro-batch's own statistics, so for
-    the CNN splitting the batch changes the arithmetic (by several percent at the tiny size) and belongs
-    to the model; the GPT has no batch statistics, and its split batch is checked against the whole one."""
+    """The fp32 run `options` is compared with: the baseline, except that the CNN keeps its accumulation.
+    BatchNorm normalizes each micro-batch with that micro-batch's own statistics, so for the CNN splitting
+    the batch changes the arithmetic (by several percent at the tiny size) and belongs to the model; the GPT
+    has no batch statistics, and its split batch is checked against the whole one."""
     return Options(accumulation=options.accumulation) if job == "cnn" else Options()
 
 
-def comparable(losses: Sequence[float], skipped: Sequence[int]) -> tuple[float, ...]:
-    """The losses that can be compared with a reference that updated every step: those up to and including
-    the first step whose update GradScaler skipped. fp16's scaler starts at 2^16 and skips (and halves) on
-    overflowing gradients by design; after a skip the run has made fewer updates than its fp32 reference, so
-    its later losses differ for that reason alone (issue 24: the CNN's 2.7e-1 under fp16 on a T4)."""
-    return tuple(losses[: min(skipped) + 1]) if skipped else tuple(losses)
+def systems_only(options: Options) -> Options:
+    """`options` with its numerics toggles off (TF32, autocast, FP8): its systems toggles alone, in fp32."""
+    return dataclasses.replace(options, tf32=False, amp="none", fp8=False)
 
 
-def loss_matches(baseline: Sequence[float], candidate: Sequence[float], tol: float) -> tuple[bool, float]:
-    """(every step's loss within `tol` of the baseline's, relatively; the largest relative difference).
+def numerics_format(options: Options) -> str | None:
+    """The coarsest number format `options` computes in (`checks.FORMATS`), None for fp32 throughout."""
+    return "fp8" if options.fp8 else options.amp if options.amp != "none" else "tf32" if options.tf32 else None
 
-    Compares the first min(len) steps; a NaN or infinite loss never matches.
-    """
-    n = min(len(baseline), len(candidate))
-    if n == 0:
-        raise ValueError("no losses to compare")
-    worst = 0.0
-    for b, c in zip(baseline[:n], candidate[:n]):
-        if not (math.isfinite(b) and math.isfinite(c)):
-            return False, math.inf
-        worst = max(worst, abs(c - b) / max(abs(b), 1e-12))
-    return worst <= tol, worst
+
+TIERS = ("The checks, each against the fp32 reference from the same weights on the same batches "
+         f"(`capstone.checks`): losses of the first {LOSS_STEPS} updates; how far each tensor moved (within "
+         f"{1 / K.MOVE_MAX:g} to {K.MOVE_MAX:g} times the reference's); systems toggles, in fp32, their parameters "
+         f"after {LOSS_STEPS} updates within {K.SYSTEMS_MAX:g}x the noise floor of the runs with their batch rows "
+         f"reordered; numerics toggles (tf32, amp, fp8), the first update's gradients within {K.NUMERICS_MAX:g}x "
+         "the reference's own rounding to the run's format. Each figure is the share of its allowance used "
+         "(at most 1 passes).")
 
 
 @dataclass(frozen=True)
 class Checked:
-    """A run and its loss check against the fp32 baseline on the same batches."""
+    """A run and its checks against its fp32 reference (`Runs.parts`) on the same batches."""
 
     result: JobResult | None
-    status: str                  # "baseline", "ok", "loss mismatch", "out of memory", "skipped: ..."
-    loss_diff: float | None = None
-    tolerance: float | None = None
+    status: str                  # "baseline", "ok", "mismatch", "out of memory", "skipped: ..."
+    parts: tuple[K.Part, ...] = ()
     why: str = ""
 
     @property
     def counted(self) -> bool:
-        """Whether its time counts: the baseline itself, or a run whose losses matched."""
+        """Whether its time counts: the baseline itself, or a run that passed every check."""
         return self.status in ("baseline", "ok")
+
+    @property
+    def summary(self) -> str:
+        """Each check's share of its allowance, for a table cell ("-" without checks)."""
+        return ", ".join(f"{p.name} {p.used:.2g}" for p in self.parts) or "-"
+
+    def part(self, name: str) -> K.Part | None:
+        return next((p for p in self.parts if p.name == name), None)
 
 
 def state_bytes(job: str, cfg: dict) -> int:
@@ -779,15 +902,15 @@ def fit_model(job: str, cfg: dict, limit: int) -> tuple[dict, str]:
 
 
 class Runs:
-    """Every run of a notebook, memoized by (job, options, batch): a configuration runs once.
+    """Every run of a notebook, memoized by (job, options, batch, ...): a configuration runs once.
 
         runs = Runs()
         runs("gpt", Options(amp="bf16"))                 # a JobResult
-        runs.checked("gpt", Options(amp="bf16"))         # the same, with its loss check
+        runs.checked("gpt", Options(amp="bf16"))         # the same, with its checks
 
-    `checked` compares the first LOSS_STEPS losses with the fp32 baseline's at the same batch (its
-    timed run if there is one, else an untimed reference run; see `reference_options`) and keeps every
-    check in `checks`.
+    `checked` compares the run with its fp32 reference at the same batch (`reference_options`: its timed run
+    if there is one, else an untimed run), which keeps its noise floors, and keeps every check in `checks`.
+    A run with systems toggles under 16-bit or TF32 has them checked in fp32 first, by an untimed run.
 
     All runs are at one `scale` ("tiny" or "full"; None: the course's, read once here): it gives the
     jobs' sizes that `configs` leaves out, and every run's timing budget (`run_job(..., scale=)`).
@@ -801,9 +924,23 @@ class Runs:
         self.results: dict[tuple, JobResult] = {}
         self.checks: list[tuple[str, Checked]] = []
         self.lowered: dict[str, str] = {}          # job -> why `fit_batches` lowered its batch
+        self._formats: dict[str, tuple[str, ...]] = {}
 
     def batch(self, job: str, batch: int | None = None) -> int:
         return batch or self.configs[job]["batch"]
+
+    def floors(self, job: str) -> tuple[str, ...]:
+        """The noise floors a reference run of `job` keeps (`checks`): its rows reordered, and its rounding to
+        each format the notebook trains `job` in here: TF32 where it runs, the 16-bit type `best_half` picks,
+        FP8 for the GPT where it runs. Another format (fp16 on a GPU with bf16, in the panel) is measured when a
+        run asks for it (`rounded`)."""
+        if job not in self._formats:
+            facts = device_facts()
+            fmts = [f for f in ("tf32", P.best_half(facts)) if P.refusal(f, facts) is None]
+            if job == "gpt" and P.fp8_refusal(facts) is None:
+                fmts.append("fp8")
+            self._formats[job] = ("reorder", *fmts)
+        return self._formats[job]
 
     def fit_batches(self, jobs: Sequence[str] | None = None, cap: int = MEMORY_CAP) -> int | None:
         """Fit each job to this GPU, on a GPU (None on the CPU, where nothing changes; else the memory
@@ -852,42 +989,103 @@ class Runs:
         return budget
 
     def __call__(self, job: str, options: Options = Options(), batch: int | None = None, *, timed: bool = True,
-                 monitor: bool = False, **check: Any) -> JobResult:
-        """The run's result, run now if it has not run before (`check`: expected_losses and tolerance)."""
+                 monitor: bool = False, floors: Sequence[str] = (), check: Check | None = None,
+                 own_floor: bool = False) -> JobResult:
+        """The run's result, run now if it has not run before (`floors`, `check`, `own_floor`: `run_job`'s)."""
         batch = self.batch(job, batch)
-        key = (job, options, batch, timed, monitor)
+        key = (job, options, batch, timed, monitor, tuple(floors), own_floor)
         if key not in self.results:
             self.results[key] = self.runner(job, options, batch, config=self.configs[job], scale=self.scale,
-                                            timed=timed, monitor=monitor, **check, **self.run_kw)
+                                            timed=timed, monitor=monitor, floors=tuple(floors), check=check,
+                                            own_floor=own_floor, **self.run_kw)
         return self.results[key]
 
     def reference(self, job: str, batch: int | None = None, options: Options = Options()) -> JobResult:
-        """The fp32 reference run of `options` (`reference_options`) at `batch`: a timed run if there is
-        one, else an untimed run of LOSS_STEPS steps."""
+        """The fp32 reference run of `options` (`reference_options`) at `batch`, with its noise floors
+        (`floors`): a timed run if there is one, else an untimed run of LOSS_STEPS steps."""
         batch = self.batch(job, batch)
-        ref = reference_options(job, options)
-        for (j, o, b, timed, _), r in self.results.items():
-            if (j, o, b) == (job, ref, batch) and timed:
+        ref, floors = reference_options(job, options), self.floors(job)
+        for (j, o, b, timed, _, f, _), r in self.results.items():
+            if (j, o, b, f) == (job, ref, batch, floors) and timed:
                 return r
-        return self(job, ref, batch, timed=False)
+        return self(job, ref, batch, timed=False, floors=floors)
+
+    def rounded(self, job: str, ref: JobResult, fmt: str) -> list | None:
+        """The reference's first-update gradients with its weights rounded to `fmt` (the numerics floor): kept
+        by the reference run where `floors` names `fmt`, else measured now by an untimed run of it."""
+        if ref.sample is None:
+            return None
+        if fmt not in ref.sample.rounded:
+            extra = self(job, ref.options, ref.batch, timed=False, floors=(fmt,))
+            return extra.sample.rounded[fmt] if extra.sample is not None else None
+        return ref.sample.rounded[fmt]
+
+    def parts(self, job: str, options: Options, ref: JobResult, losses: Sequence[float], sample: K.Sample | None,
+              systems: K.Part | None = None, own_floor: Callable[[], K.Sample] | None = None) -> list[K.Part]:
+        """The checks of a run with `options` against its reference `ref` (`capstone.checks`): its losses;
+        with samples (a test's runner keeps none), how far each tensor moved; its systems toggles (`systems`,
+        found by an fp32 run of them, or measured here where this run is that fp32 run: against the reference's
+        noise floor, and its own too (`own_floor`) where the first alone does not pass); its numerics toggles."""
+        tol, tol_why = loss_tolerance(job, options)
+        out = [K.losses(ref.losses, losses, tol, tol_why)]
+        if sample is None or ref.sample is None:
+            return out + ([systems] if systems else [])
+        _, names = sampled(job, self.configs[job])
+        out.append(K.movement(ref.sample.p0, ref.sample.pk, sample.pk, names))
+        if systems is None and systems_only(options) == options:
+            systems = self.systems_part(ref, sample, options, own_floor)
+        if systems is not None:
+            out.append(systems)
+        fmt = numerics_format(options)
+        if fmt is not None:
+            floor = self.rounded(job, ref, fmt)
+            out.append(K.numerics(ref.sample.g1, sample.g1, floor, names, fmt) if floor is not None else
+                       K.Part("numerics", False, math.inf, f"the reference kept no {fmt} floor"))
+        return out
+
+    def systems_part(self, ref: JobResult, sample: K.Sample, fp32: Options,
+                     own_floor: Callable[[], K.Sample] | None = None) -> K.Part:
+        """`checks.systems`: an fp32 run's parameters after LOSS_STEPS updates against the reference's, within
+        SYSTEMS_MAX times the noise floor of the reference with its batch rows reordered; where that alone
+        does not pass, the run's own floor too (`own_floor()`: the run measures it then). A toggle that
+        reorders the sums inside every product (channels_last's convolution kernels) moves the parameters
+        further than reordering the batch's rows does, and the run with its own rows reordered measures that."""
+        what = f"the fp32 run with {' + '.join(fp32.on())}"
+        part = K.systems(ref.sample.p0, ref.sample.pk, sample.pk, [(ref.sample.reordered, ref.sample.pk)],
+                         LOSS_STEPS, what)
+        if part.ok or own_floor is None:
+            return part
+        sample = own_floor()
+        return K.systems(ref.sample.p0, ref.sample.pk, sample.pk, [(ref.sample.reordered, ref.sample.pk),
+                                                                   (sample.reordered, sample.pk)], LOSS_STEPS, what)
 
     def checked(self, job: str, options: Options = Options(), batch: int | None = None, *,
                 monitor: bool = False) -> Checked:
-        """The run, its losses checked against its fp32 reference's; out of memory becomes a status."""
+        """The run, checked against its fp32 reference (`parts`) before it is timed; out of memory becomes a
+        status. A run with systems toggles under 16-bit or TF32 has them checked first, by an untimed fp32 run
+        of them alone (`systems_only`): in 16-bit, rounding would hide what they change."""
         try:
-            if options == reference_options(job, options):
-                out = Checked(self(job, options, batch, monitor=monitor), "baseline",
+            ref_options = reference_options(job, options)
+            if options == ref_options:
+                out = Checked(self(job, options, batch, monitor=monitor, floors=self.floors(job)), "baseline",
                               why="the fp32 reference itself")
             else:
                 ref = self.reference(job, batch, options)
-                tol, why = loss_tolerance(job, options)
-                result = self(job, options, batch, monitor=monitor, expected_losses=ref.losses, tolerance=tol)
-                ok, diff = loss_matches(ref.losses, comparable(result.losses, result.skipped_updates), tol)
-                if result.skipped_updates:
-                    why += (f"; GradScaler skipped the update of step(s) {', '.join(str(i + 1) for i in result.skipped_updates)} "
-                            f"(its scale starts at 2^16 and halves on overflow): compared the first "
-                            f"{min(result.skipped_updates) + 1} loss(es), before fewer updates than fp32's could show")
-                out = Checked(result, "ok" if ok else "loss mismatch", diff, tol, why)
+                fp32, systems = systems_only(options), None
+                if fp32 not in (options, ref_options):
+                    def systems_check(losses: tuple, skipped: tuple, sample: K.Sample, own) -> list[K.Part]:
+                        return [] if ref.sample is None else [self.systems_part(ref, sample, fp32, own)]
+                    s = self(job, fp32, batch, timed=False, own_floor=True, check=systems_check)
+                    systems = s.parts[0] if s.parts else None
+
+                def check(losses: tuple, skipped: tuple, sample: K.Sample, own) -> list[K.Part]:
+                    return self.parts(job, options, ref, losses, sample, systems, own)
+                result = self(job, options, batch, monitor=monitor, own_floor=fp32 == options, check=check)
+                parts = result.parts or tuple(self.parts(job, options, ref, result.losses, result.sample, systems))
+                said = K.skipped_text(result.skipped_updates, result.first_scale)
+                failed = [p.why for p in parts if not p.ok]
+                why = "; ".join(([said] if said else []) + (failed or [p.why for p in parts]))
+                out = Checked(result, "mismatch" if failed else "ok", parts, why)
         except torch.OutOfMemoryError as err:
             out = Checked(None, "out of memory", why=str(err).splitlines()[0])
             del err
@@ -895,8 +1093,8 @@ class Runs:
         return out
 
     def mismatches(self) -> list[str]:
-        """Every checked run whose losses did not match the baseline's."""
-        return [name for name, c in self.checks if c.status == "loss mismatch"]
+        """Every checked run that did not train the same model as its reference (`checked`'s "mismatch")."""
+        return [name for name, c in self.checks if c.status == "mismatch"]
 
 
 # -- the waterfall -----------------------------------------------------------------------------------
@@ -931,9 +1129,9 @@ def waterfall(job: str, order: Sequence[str] | None = None, runs: Runs | None = 
               backend: str | None = None) -> list[Step]:
     """Start from `base` and add each toggle of `order` in turn (cumulative), one run per row.
 
-    A toggle this device or job cannot take is a "skipped: why" row and is not kept; a run whose
-    losses differ from the fp32 baseline's is a "loss mismatch" row: its time is not counted and its
-    toggle is not kept. Then `attribute` fills in speed-ups and shares.
+    A toggle this device or job cannot take is a "skipped: why" row and is not kept; a run that does not
+    train the same model as its fp32 reference (`Runs.checked`) is a "mismatch" row: its time is not counted
+    and its toggle is not kept. Then `attribute` fills in speed-ups and shares.
     """
     runs = runs or Runs()
     facts = facts or device_facts()
@@ -1172,14 +1370,14 @@ def training_step(job: str, options: Options, batch: int | None = None, *, scale
     cfg = dict(cfg) if cfg is not None else job_config(job, scale)
     batch = batch or cfg["batch"]
     with _run(job, options, batch, device):
-        _, _, train, pool = _built(job, options, cfg, batch, device, seed)
+        trainer, pool = _built(job, options, cfg, batch, device, seed)
         with Inputs(pool, device, options.loader, options.channels_last) as inputs:
-            step = _Step(lambda: train(*inputs.next()))
+            step = _Step(lambda: trainer.train(*inputs.next()))
             try:
                 yield step
             finally:
                 step.fn = None
-                del train, pool
+                del trainer, pool
 
 
 # -- FP8: from which size it beats bf16 --------------------------------------------------------------
@@ -1382,7 +1580,8 @@ def time_to_loss(options: Options = Options(), target: float | None = None, *, b
 
     with _run("gpt", options, cfg["batch"], device):
         torch.manual_seed(seed)
-        model, _, train = _trainer("gpt", options, JOBS["gpt"].build(cfg, device), device)
+        trainer = _trainer("gpt", options, JOBS["gpt"].build(cfg, device), device)
+        model, train = trainer.model, trainer.train
         with stopwatch(device=device) as first:
             train(*batch())
         steps, seconds, reached = 1, 0.0, None
@@ -1396,7 +1595,7 @@ def time_to_loss(options: Options = Options(), target: float | None = None, *, b
             if target is not None and points[-1][2] <= target:
                 reached = (steps, seconds)
                 break
-        del model, train                       # before the memory check at the block's end: nothing held
+        del model, train, trainer              # before the memory check at the block's end: nothing held
     return LossCurve(options, points, first.ms / 1e3, cfg["batch"] * cfg["seq"], target, reached, tuple(notes))
 
 
@@ -1486,8 +1685,8 @@ def headline_numbers(job: str = "gpt", scale: str | None = None, runs: Runs | No
     """Baseline (fp32) against everything this device accepts (`all_on`), for one job at `scale`.
 
     `runs`: runs already made (notebook 13's), reused; they carry their own scale, so `scale` is then
-    ignored. Without them, a fresh `Runs(scale=scale)`. The optimized run's losses are checked against
-    the baseline's before its time counts. Returns the throughputs, their ratio, the check, and the
+    ignored. Without them, a fresh `Runs(scale=scale)`. The optimized run is checked against the baseline
+    before its time counts (`Runs.checked`). Returns the throughputs, their ratio, the check, and the
     model FLOPs utilization against `bf16_peak()`.
     """
     if runs is None:
@@ -1503,8 +1702,7 @@ def headline_numbers(job: str = "gpt", scale: str | None = None, runs: Runs | No
     return {
         "baseline": base.result.items_per_s, "optimized": top.result.items_per_s, "unit": unit,
         "ratio": top.result.items_per_s / base.result.items_per_s, "correct": top.status == "ok",
-        "check": (f"first {LOSS_STEPS} losses within {top.tolerance:.0e} of fp32's (largest relative "
-                  f"difference {top.loss_diff:.1e}; {top.why})"),
+        "check": f"{top.status} against fp32 ({top.summary} of each allowance): {top.why}",
         "baseline_label": "fp32 baseline", "optimized_label": best.label,
         "baseline_ms": base.result.step_ms, "optimized_ms": top.result.step_ms,
         "tflops": top.result.tflops, "mfu": mfu(top.result, peak),
@@ -1523,13 +1721,13 @@ def _pct(v: float | None) -> str:
 
 
 STEP_HEADER = ("step", "status", "ms per step", "throughput", "speed-up", "this step", "share of speed-up",
-               "peak GiB", "memory saved GiB", "share of memory saved", "model TFLOP/s", "loss vs fp32 (tolerance)",
-               "first step ms", "notes")
+               "peak GiB", "memory saved GiB", "share of memory saved", "model TFLOP/s",
+               "checks (share of allowance)", "first step ms", "notes")
 
 
 def _short_status(s: Step) -> str:
     """A step's status for a table cell: the word before the reason ("skipped", ...); the reason goes below."""
-    return s.status.split(":")[0] + (" (see below)" if ":" in s.status else "")
+    return s.status.split(":")[0] + (" (see below)" if ":" in s.status or s.status == "mismatch" else "")
 
 
 def step_rows(steps: Sequence[Step], shares: bool = True) -> list[tuple]:
@@ -1543,15 +1741,14 @@ def step_rows(steps: Sequence[Step], shares: bool = True) -> list[tuple]:
         r, c = s.result, s.checked
         if r is None or r.time is None:
             rows.append((s.label, _short_status(s)) + ("-",) * (len(STEP_HEADER) - 3)
-                        + ("; ".join(r.notes) if r else "",))
+                        + ("; ".join(n for n in r.notes if not n.startswith("not timed:")) if r else "",))
             continue
-        check = "-" if c.loss_diff is None else f"{c.loss_diff:.1e} ({c.tolerance:.0e})"
         share = _pct(s.share_pct) if shares else ("n/a" if s.share_pct is not None else "-")
         rows.append((s.label, s.status, f"{r.step_ms:.4g}", f"{r.items_per_s:,.0f} {r.unit}",
                      "-" if s.speedup is None else f"{s.speedup:.2f}x", "-" if s.gain is None else f"{s.gain:.2f}x",
                      share, _gib(r.peak_bytes),
                      "-" if s.memory_saved is None else _gib(s.memory_saved), _pct(s.memory_share_pct),
-                     f"{r.tflops:.3g}", check, f"{r.first_step_ms:,.0f}", "; ".join(r.notes)))
+                     f"{r.tflops:.3g}", c.summary, f"{r.first_step_ms:,.0f}", "; ".join(r.notes)))
     return rows
 
 
@@ -1561,8 +1758,8 @@ CPU_SHARES = ("share of speed-up: n/a on the CPU. The toggles target GPU hardwar
 
 
 def step_notes(steps: Sequence[Step], shares: bool = True) -> list[str]:
-    """The lines below a `step_rows` table: why each step that did not count did not, and, with
-    `shares=False`, why the shares are not shown."""
+    """The lines below a `step_rows` table: why each step that did not count did not, the updates GradScaler
+    skipped, what the checks column holds (TIERS) and, with `shares=False`, why the shares are not shown."""
     notes = []
     for s in steps:
         if ":" in s.status:
@@ -1570,7 +1767,11 @@ def step_notes(steps: Sequence[Step], shares: bool = True) -> list[str]:
             toggle = s.label.removeprefix("+ ").strip()
             why = why.strip().removeprefix(f"{toggle}:").strip()
             notes.append(f"{s.label} {word}: {why}")
-    return notes + ([] if shares else [CPU_SHARES])
+        elif s.status == "mismatch":
+            notes.append(f"{s.label} mismatch, not timed: {s.checked.why}")
+        elif s.result is not None and s.result.skipped_updates:
+            notes.append(f"{s.label}: {K.skipped_text(s.result.skipped_updates, s.result.first_scale)}")
+    return notes + [TIERS] + ([] if shares else [CPU_SHARES])
 
 
 def waterfall_figure(steps: Sequence[Step], title: str = "", memory: bool = False, shares: bool = True):

@@ -31,7 +31,8 @@ def _runs(scale: str) -> C.Runs:
 
 
 def _mismatches(steps) -> list[str]:
-    return [s.label for s in steps if s.status == "loss mismatch"]
+    """The rows that failed a check of section 5 (not the same training as fp32)."""
+    return [s.label for s in steps if s.status == "mismatch"]
 
 
 def _row(steps, label: str):
@@ -48,7 +49,7 @@ def _reversed(scale: str) -> dict:
     out = {**_where(scale), "half": half}
     for name, o in (("as given", order), ("amp first", swapped)):
         steps = C.waterfall("gpt", o, runs, facts=facts, half=half)
-        out[f"{name}: loss mismatches"] = ", ".join(_mismatches(steps)) or "none"
+        out[f"{name}: mismatches"] = ", ".join(_mismatches(steps)) or "none"
         for s in steps:
             out[f"{name}: {s.label}"] = (f"{s.share_pct:.0f}% of the speed-up, x{s.gain:.2f}"
                                          if s.share_pct is not None and s.gain is not None else s.status)
@@ -61,8 +62,8 @@ def _reversed(scale: str) -> dict:
 
 def _reversed_claim(f: dict) -> str | None:
     for name in ("as given", "amp first"):
-        if f[f"{name}: loss mismatches"] != "none":
-            return f"{name}: a run's losses differed from fp32's ({f[f'{name}: loss mismatches']})"
+        if f[f"{name}: mismatches"] != "none":
+            return f"{name}: a run did not train the same model as fp32 ({f[f'{name}: mismatches']})"
     first, after = f["as given: gain of tf32"], f["amp first: gain of tf32"]
     if f["device"] == "cuda" and isinstance(first, float) and isinstance(after, float):
         if after > 1.15:
@@ -79,7 +80,7 @@ def _cnn_compiled(scale: str) -> dict:
     steps = C.waterfall("cnn", C.ORDERS["cnn"] + ("compile",), runs, facts=facts, half=P.best_half(facts))
     comp = _row(steps, "+ compile")
     before = [s for s in steps[:steps.index(comp)] if s.counted][-1]
-    out = {**_where(scale), "compile row": comp.status, "loss mismatches": ", ".join(_mismatches(steps)) or "none"}
+    out = {**_where(scale), "compile row": comp.status, "mismatches": ", ".join(_mismatches(steps)) or "none"}
     if comp.counted:
         r, b = comp.result, before.result
         saved = b.step_ms - r.step_ms
@@ -91,8 +92,8 @@ def _cnn_compiled(scale: str) -> dict:
 
 
 def _cnn_compiled_claim(f: dict) -> str | None:
-    if f["loss mismatches"] != "none":
-        return f"losses differed from fp32's: {f['loss mismatches']}"
+    if f["mismatches"] != "none":
+        return f"a run did not train the same model as fp32: {f['mismatches']}"
     if "first compiled step ms" not in f:
         return f"the compile row did not run: {f['compile row']}"
     if f["first compiled step ms"] <= f["compiled step ms"]:
