@@ -18,7 +18,8 @@ timing budgets (`CONFIG`, `config(scale)`, `job_config(job, scale)`), the runs, 
   gradients against the baseline's own rounding; GradScaler's skipped updates retried and counted.
 - `waterfall`, `attribute`: toggles added one at a time; each one's share of the total speed-up (in log
   space, so the shares add to 100%) and of the memory saved.
-- `bf16_peak`, `mfu`: model FLOPs utilization against notebook 00's measured peak.
+- `mfu`, `datasheet_peak`: model FLOPs utilization (PaLM's), against the datasheet's 16-bit peak;
+  `peak_fraction`, `bf16_peak`: the fraction of measured peak, against notebook 00's measured 16-bit peak.
 - `training_step`: a job's step with given toggles as a callable, for `gpulab.diagnose` (what keeps the
   fastest GPT step from the peak).
 - `time_to_loss`, `LossCurve`: speed tied to quality: a byte-level GPT trained on the stdlib's source to the
@@ -1287,7 +1288,7 @@ def batch_ladder(runs: "Runs", options: Options, job: str = "gpt", factors: Sequ
 
 def ladder_rows(rows: Sequence[LadderRow], peak: Ceiling | None, sheet_peak: float | None = None) -> list[tuple]:
     """The ladder as table rows: batch, step ms, predicted ms, tokens (or images) per second, model TFLOP/s,
-    its share of the measured peak and of the datasheet's."""
+    its fraction of the measured peak (`peak`) and its MFU (of the datasheet's `sheet_peak`)."""
     out = []
     for r in rows:
         res = r.result
@@ -1295,15 +1296,15 @@ def ladder_rows(rows: Sequence[LadderRow], peak: Ceiling | None, sheet_peak: flo
             out.append((r.batch, "-", "-" if r.predicted_ms is None else f"{r.predicted_ms:.4g}", "-", "-", "-", "-",
                         r.why or "not timed"))
             continue
-        share = mfu(res, peak)
+        share, sheet = peak_fraction(res, peak), mfu(res, sheet_peak)
         out.append((r.batch, f"{res.step_ms:.4g}", "-" if r.predicted_ms is None else f"{r.predicted_ms:.4g}",
                     f"{res.items_per_s:,.0f}", f"{res.tflops:,.4g}", _pct(None if share is None else 100 * share),
-                    _pct(100 * res.tflops / sheet_peak if sheet_peak else None), _gib(res.peak_bytes)))
+                    _pct(None if sheet is None else 100 * sheet), _gib(res.peak_bytes)))
     return out
 
 
-LADDER_HEADER = ("batch", "step ms", "predicted ms", "per s", "model TFLOP/s", "of measured peak", "of datasheet",
-                 "peak memory / why not")
+LADDER_HEADER = ("batch", "step ms", "predicted ms", "per s", "model TFLOP/s", "of measured peak",
+                 "MFU (of datasheet)", "peak memory / why not")
 
 
 # -- FP8 in the step: its gradients first ------------------------------------------------------------
@@ -1599,26 +1600,51 @@ def time_to_loss(options: Options = Options(), target: float | None = None, *, b
     return LossCurve(options, points, first.ms / 1e3, cfg["batch"] * cfg["seq"], target, reached, tuple(notes))
 
 
-# -- model FLOPs utilization -------------------------------------------------------------------------
+# -- model FLOPs utilization, and the fraction of measured peak -------------------------------------------
+# Two ratios, one name each. MFU (PaLM, Chowdhery et al. 2022, appendix B): model FLOP/s over the theoretical
+# peak, the datasheet's dense 16-bit rate. The fraction of measured peak: model FLOP/s over the 16-bit peak notebook
+# 00 measured on this GPU (the best of its sweep over shapes), what this GPU's products really reach.
 def bf16_peak(store=None) -> Ceiling | None:
-    """The 16-bit matrix-product peak to measure MFU against: notebook 00's bf16 (measured if it ran, else
-    the datasheet's, as `ceilings()` labels it), fp16 on a GPU without bf16; None if neither is known."""
+    """The 16-bit matrix-product peak notebook 00 measured on this GPU (bf16, fp16 on a GPU without bf16), which
+    the fraction of measured peak divides by; None if it has not measured one (a datasheet figure is MFU's)."""
     found = ceilings(store)
-    return found.get("matmul_bf16") or found.get("matmul_fp16")
+    peak = found.get("matmul_bf16") or found.get("matmul_fp16")
+    return peak if peak is not None and peak.source.startswith("measured") else None
 
 
 def peak_is_measured(peak: Ceiling | None) -> bool:
-    """True for a peak notebook 00 measured at full size on this GPU (not a datasheet figure)."""
+    """True for a peak notebook 00 measured at full size on this GPU (not at the tiny size)."""
     return peak is not None and peak.source.startswith("measured") and "(full)" in peak.source
 
 
-def mfu(tflops: float | JobResult | None, peak: Ceiling | None) -> float | None:
-    """Model FLOPs utilization: achieved model TFLOP/s over the peak's TFLOP/s (a fraction, not %)."""
-    if isinstance(tflops, JobResult):
-        tflops = tflops.tflops
+def datasheet_peak(facts: DeviceFacts | None = None) -> float | None:
+    """This GPU's datasheet dense 16-bit TFLOP/s (bf16 where native, else fp16), which MFU divides by; None on
+    the CPU, under a GPU profile (its datasheet is not the GPU running it) or for a GPU not in the table."""
+    facts = facts or device_facts()
+    sheet = None if facts.profile or not facts.on_gpu else facts.datasheet
+    return getattr(sheet, P.best_half(facts), None) if sheet is not None else None
+
+
+def _tflops(tflops: float | JobResult | None) -> float | None:
+    return tflops.tflops if isinstance(tflops, JobResult) else tflops
+
+
+def peak_fraction(tflops: float | JobResult | None, peak: Ceiling | None) -> float | None:
+    """The fraction of measured peak: model TFLOP/s over notebook 00's measured 16-bit peak (`bf16_peak`), a
+    fraction; None without both. Not MFU, which divides by the datasheet's."""
+    tflops = _tflops(tflops)
     if tflops is None or peak is None or peak.value <= 0:
         return None
     return tflops / peak.value
+
+
+def mfu(tflops: float | JobResult | None, sheet_tflops: float | None) -> float | None:
+    """Model FLOPs utilization as PaLM defines it: model TFLOP/s over the datasheet's dense 16-bit TFLOP/s
+    (`datasheet_peak`), a fraction; None without both."""
+    tflops = _tflops(tflops)
+    if tflops is None or not sheet_tflops:
+        return None
+    return tflops / sheet_tflops
 
 
 # -- the seeds' tables -------------------------------------------------------------------------------
@@ -1686,8 +1712,8 @@ def headline_numbers(job: str = "gpt", scale: str | None = None, runs: Runs | No
 
     `runs`: runs already made (notebook 13's), reused; they carry their own scale, so `scale` is then
     ignored. Without them, a fresh `Runs(scale=scale)`. The optimized run is checked against the baseline
-    before its time counts (`Runs.checked`). Returns the throughputs, their ratio, the check, and the
-    model FLOPs utilization against `bf16_peak()`.
+    before its time counts (`Runs.checked`). Returns the throughputs, their ratio, the check, the model FLOPs
+    utilization (`mfu`, against the datasheet) and the fraction of measured peak (`peak_fraction`).
     """
     if runs is None:
         runs = Runs(scale=scale)
@@ -1697,7 +1723,7 @@ def headline_numbers(job: str = "gpt", scale: str | None = None, runs: Runs | No
     top = runs.checked(job, best)
     if top.result is None or base.result is None:
         raise RuntimeError(f"{job}: a run did not complete ({top.status}: {top.why})")
-    peak = bf16_peak()
+    peak, sheet = bf16_peak(), datasheet_peak()
     unit = JOBS[job].unit
     return {
         "baseline": base.result.items_per_s, "optimized": top.result.items_per_s, "unit": unit,
@@ -1705,7 +1731,8 @@ def headline_numbers(job: str = "gpt", scale: str | None = None, runs: Runs | No
         "check": f"{top.status} against fp32 ({top.summary} of each allowance): {top.why}",
         "baseline_label": "fp32 baseline", "optimized_label": best.label,
         "baseline_ms": base.result.step_ms, "optimized_ms": top.result.step_ms,
-        "tflops": top.result.tflops, "mfu": mfu(top.result, peak),
+        "tflops": top.result.tflops, "mfu": mfu(top.result, sheet), "peak_fraction": peak_fraction(top.result, peak),
+        "datasheet_peak": None if sheet is None else f"{sheet:.4g} TFLOP/s (datasheet)",
         "peak": None if peak is None else f"{peak.value:.4g} TFLOP/s ({peak.source})",
         "notes": "; ".join(top.result.notes),
     }
@@ -1861,6 +1888,9 @@ def headline(scale: str | None = None, runs: Runs | None = None) -> Measured:
     """The GPT job, fp32 against every toggle this device accepts (`headline_numbers`), as a `Measured`:
     what notebook 13's self-check (with its `runs`, so nothing runs twice) and `gpulab bench` read."""
     h = headline_numbers("gpt", scale, runs)
-    notes = f"MFU {100 * h['mfu']:.0f}% of {h['peak']}" if h["mfu"] is not None else "MFU: no 16-bit peak known"
+    notes = "; ".join([f"MFU {100 * h['mfu']:.0f}% of the datasheet's {h['datasheet_peak']}" if h["mfu"] is not None
+                       else "MFU: no datasheet 16-bit peak for this device",
+                       f"{100 * h['peak_fraction']:.0f}% of the measured peak, {h['peak']}"
+                       if h["peak_fraction"] is not None else "fraction of measured peak: notebook 00 has not measured one"])
     return Measured(h["baseline"], h["optimized"], h["unit"], h["ratio"], h["correct"], h["check"],
                     h["baseline_label"], h["optimized_label"], notes=notes)

@@ -234,20 +234,26 @@ def test_gpt_flops_counted_agree_with_the_formula():
 
 
 # -- MFU -------------------------------------------------------------------------------------------
-def test_mfu_against_a_fake_ceiling():
+def test_mfu_and_the_fraction_of_measured_peak_are_two_ratios_with_two_names():
+    """Issue 40: "MFU" named two ratios. MFU (PaLM, appendix B) divides by the datasheet's peak; the fraction of
+    measured peak by notebook 00's measured peak."""
     measured = Ceiling("matmul_bf16", 200.0, "TFLOP/s", "measured 2026-11-29T10:00:00+00:00 (full)")
-    assert C.mfu(50.0, measured) == pytest.approx(0.25)
+    assert C.peak_fraction(50.0, measured) == pytest.approx(0.25)
+    assert C.mfu(50.0, 989.0) == pytest.approx(50 / 989)
     r = fake_result("gpt", C.Options(), 10, rate=1000, peak=None)      # a step: 10 ms, 1e9 FLOPs -> 0.1 TFLOP/s
     assert r.tflops == pytest.approx(0.1)
-    assert C.mfu(r, measured) == pytest.approx(0.1 / 200)
+    assert C.peak_fraction(r, measured) == pytest.approx(0.1 / 200) and C.mfu(r, 989.0) == pytest.approx(0.1 / 989)
     assert C.peak_is_measured(measured)
     assert not C.peak_is_measured(Ceiling("matmul_bf16", 989.0, "TFLOP/s", "datasheet: NVIDIA H200"))
     assert not C.peak_is_measured(Ceiling("matmul_bf16", 1.0, "TFLOP/s", "measured 2026 (tiny)"))
-    assert C.mfu(50.0, None) is None and C.mfu(None, measured) is None
+    assert C.peak_fraction(50.0, None) is None and C.peak_fraction(None, measured) is None and C.mfu(50.0, None) is None
+    h200 = facts_for_capability("NVIDIA H200", 9, 0)
+    assert C.datasheet_peak(h200) == h200.datasheet.bf16 and C.datasheet_peak(CPU_FACTS) is None
+    assert C.datasheet_peak(dataclasses.replace(h200, profile="t4")) is None    # a profile's datasheet is not this GPU's
 
 
 def test_bf16_peak_comes_from_notebook_00s_record():
-    assert C.bf16_peak() is None                          # nothing measured, and the CPU has no datasheet
+    assert C.bf16_peak() is None                          # nothing measured (a datasheet figure would be MFU's)
     gpulab.results_store().record("00", "matmul_bf16", 1.5, "TFLOP/s", n=256)
     peak = C.bf16_peak()
     assert peak.value == 1.5 and peak.source.startswith("measured") and not C.peak_is_measured(peak)

@@ -195,7 +195,7 @@ def test_notebook_01_profiles_quietly_into_a_table():
 def test_capstone_on_the_cpu_prints_no_mfu_and_no_full_size_step_time(capsys):
     cell = cell_with("13_capstone.ipynb", "C.bf16_peak()")
     tiny_peak = Ceiling("matmul_bf16", 0.001043, "TFLOP/s", "measured 2026-11-30 (tiny)")
-    ns = {"C": SimpleNamespace(bf16_peak=lambda: tiny_peak), "on_gpu": False,
+    ns = {"C": SimpleNamespace(bf16_peak=lambda: tiny_peak, datasheet_peak=lambda facts: None), "on_gpu": False,
           "f": {"total": 3.2e9}, "tokens": 8192, "facts": SimpleNamespace(profile=None, datasheet=None),
           "P": SimpleNamespace(best_half=lambda facts: "bf16")}
     exec(cell, ns)

@@ -187,14 +187,14 @@ def _hfu(scale: str) -> dict:
     ckpt_f = _flops_of(cfg, batch, True, device)
     hardware_f = _flops_of(padded, batch, True, device)
     r = C.run_job("gpt", C.Options(amp=half, aligned=True, checkpointing=True), scale=scale)
-    peak = C.bf16_peak() if device.type == "cuda" else None
+    sheet = C.datasheet_peak()                    # MFU and HFU divide by the datasheet's peak (PaLM, appendix B)
     out = {**_where(scale), "model FLOPs": model_f, "padded vocabulary FLOPs": padded_f,
            "checkpointed FLOPs": ckpt_f, "hardware FLOPs (both)": hardware_f,
            "recomputation / model": (ckpt_f - model_f) / model_f,
            "step ms": r.step_ms, "model TFLOP/s": r.tflops,
            "hardware TFLOP/s": r.tflops * hardware_f / model_f}
-    if peak is not None:
-        out.update({"MFU": C.mfu(r, peak), "HFU": C.mfu(r.tflops * hardware_f / model_f, peak)})
+    if sheet is not None:
+        out.update({"MFU": C.mfu(r, sheet), "HFU": C.mfu(r.tflops * hardware_f / model_f, sheet)})
     return out
 
 
@@ -332,11 +332,11 @@ ANSWERS = [
     Answer("13", 5, run=one_thread_on_cpu(_hfu), expect=_hfu_claim, text=(
         "Count the padded model with `C.model_flops` on a config whose vocabulary is rounded up to a multiple of "
         "`C.ALIGN`, and count a checkpointed model's step with `count_flops` (FlopCounterMode sees the recomputed "
-        "forward during backward). Hardware FLOPs = both together; HFU is hardware FLOP/s over the peak, MFU model "
-        "FLOP/s over the peak (Chowdhery et al. 2022, appendix B, define both). Recomputation adds at most one "
+        "forward during backward). Hardware FLOPs = both together; HFU is hardware FLOP/s over the datasheet's peak, "
+        "MFU model FLOP/s over the same (Chowdhery et al. 2022, appendix B, define both). Recomputation adds at most one "
         "forward pass, a third of the step. HFU says how well the GPU is used, including work that does not train "
-        "the model; MFU says how fast the model trains, and it is the one to compare between setups. On the CPU "
-        "no peak is used, so only the counts are compared.")),
+        "the model; MFU says how fast the model trains, and it is the one to compare between setups. On the CPU, "
+        "or a GPU without a datasheet row, no peak is used, so only the counts are compared.")),
     Answer("13", 6, run=one_thread_on_cpu(_fp8_shapes), expect=_fp8_claim, text=(
         "At the GPT's shapes an input is M = batch x sequence rows of K = width, and a weight N x K: cast both with "
         "`P.to_fp8` (one scale per tensor) and multiply with `P.fp8_matmul`, against `a @ w.t()` in bf16, alone and "
