@@ -1127,19 +1127,20 @@ class Step:
 
 def waterfall(job: str, order: Sequence[str] | None = None, runs: Runs | None = None, base: Options = Options(),
               batch: int | None = None, facts: DeviceFacts | None = None, half: str | None = None,
-              backend: str | None = None) -> list[Step]:
+              backend: str | None = None, monitor: bool = False) -> list[Step]:
     """Start from `base` and add each toggle of `order` in turn (cumulative), one run per row.
 
     A toggle this device or job cannot take is a "skipped: why" row and is not kept; a run that does not
     train the same model as its fp32 reference (`Runs.checked`) is a "mismatch" row: its time is not counted
-    and its toggle is not kept. Then `attribute` fills in speed-ups and shares.
+    and its toggle is not kept. With `monitor`, every row's GPU busy % is sampled while it is timed (NVML;
+    `accumulation_notes` reads it). Then `attribute` fills in speed-ups and shares.
     """
     runs = runs or Runs()
     facts = facts or device_facts()
     half = half or P.best_half(facts)
     order = ORDERS[job] if order is None else tuple(order)
     batch = runs.batch(job, batch)
-    first = runs.checked(job, base, batch)
+    first = runs.checked(job, base, batch, monitor=monitor)
     steps = [Step("baseline" if base == Options() else base.label, base, first)]
     current = base
     for toggle in order:
@@ -1148,7 +1149,7 @@ def waterfall(job: str, order: Sequence[str] | None = None, runs: Runs | None = 
         if why:
             steps.append(Step(f"+ {toggle}", candidate, Checked(None, f"skipped: {why}")))
             continue
-        c = runs.checked(job, candidate, batch)
+        c = runs.checked(job, candidate, batch, monitor=monitor)
         steps.append(Step(f"+ {toggle}", candidate, c))
         if c.counted:
             current = candidate
@@ -1799,6 +1800,45 @@ def step_notes(steps: Sequence[Step], shares: bool = True) -> list[str]:
         elif s.result is not None and s.result.skipped_updates:
             notes.append(f"{s.label}: {K.skipped_text(s.result.skipped_updates, s.result.first_scale)}")
     return notes + [TIERS] + ([] if shares else [CPU_SHARES])
+
+
+HOST_PACED_BUSY = 90.0    # a timed run whose GPU was busy less than this % of the time (NVML) waited on the host
+
+
+def accumulation_notes(steps: Sequence[Step]) -> list[str]:
+    """What this run's numbers say about each counted row that splits the batch into more micro-batches than
+    the counted row before it: its step and micro-batch times against the whole batch in one pass, and, where
+    GPU busy % was sampled (`waterfall(monitor=True)`, NVML), who set the pace. A micro-batch launches the same
+    kernels as the whole batch, each on fewer samples: where the GPU finishes them sooner than the host launches
+    them, the GPU waits between kernels (busy under HOST_PACED_BUSY %) and the step is host-bound (lesson 11);
+    where it stays busy, the smaller products themselves took longer per sample (lesson 04)."""
+    out = []
+    counted = [s for s in steps if s.counted and s.result is not None and s.result.step_ms]
+    for before, s in zip(counted, counted[1:]):
+        n = s.options.accumulation // before.options.accumulation
+        if n <= 1:
+            continue
+        r, b = s.result, before.result
+        micro = r.step_ms / s.options.accumulation
+        whole = b.step_ms / before.options.accumulation
+        line = (f"{s.label}: {r.step_ms:.4g} ms a step, {micro:.3g} ms for each of its {s.options.accumulation} "
+                f"micro-batches of {r.batch // s.options.accumulation}, against {whole:.3g} ms for "
+                f"{b.batch // before.options.accumulation} in one pass in the row before: 1/{n} of the samples took "
+                f"{micro / whole:.0%} of the time")
+        if micro / whole <= 1.1 / n:
+            line += ": about its share, so splitting the batch cost nothing measurable here"
+        elif r.busy_pct is None or b.busy_pct is None:
+            line += (f". GPU busy % was not sampled ({r.monitor_status or b.monitor_status or 'no monitor'}), so "
+                     "whether the host or the GPU set that pace is not measured here")
+        elif r.busy_pct < HOST_PACED_BUSY:
+            line += (f". The GPU was busy {r.busy_pct:.0f} % of the time (NVML) against {b.busy_pct:.0f} % before: it "
+                     "waited between kernels for the host, which launches as many kernels per micro-batch as for "
+                     "the whole batch. This step is host-bound (lesson 11: CUDA graphs or compile remove launches)")
+        else:
+            line += (f". The GPU was busy {r.busy_pct:.0f} % of the time (NVML) against {b.busy_pct:.0f} % before: "
+                     "not waiting for the host; the smaller products took longer per sample on the GPU itself")
+        out.append(line + ".")
+    return out
 
 
 def waterfall_figure(steps: Sequence[Step], title: str = "", memory: bool = False, shares: bool = True):

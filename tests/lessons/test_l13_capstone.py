@@ -705,3 +705,26 @@ def test_samples_skip_a_padded_vocabulary_and_floors_reorder_within_micro_batche
     x = torch.tensor([1.0, 1.0 + 2**-12, 1.0 + 2**-10, -1.0 - 2**-11])
     assert K.tf32_round(x).tolist() == [1.0, 1.0, 1.0 + 2**-10, -1.0 - 2**-10]   # 10 mantissa bits, ties away
 
+
+def test_accumulation_rows_are_explained_from_the_runs_own_times_and_busy_percentage():
+    """Issue 40: the memory waterfall's accumulation rows were slower (the GPT's 69.7 -> 120 ms on the H200,
+    2026-12-03) and nothing said why. The note divides the step by its micro-batches and sets it against the
+    row before, and the GPU's busy % (NVML) says whether the host set the pace."""
+    def row(label, accumulation, ms, busy, status=""):
+        t = summarize([ms] * 3, "cuda", "events")
+        r = C.JobResult("gpt", C.Options(accumulation=accumulation), 8, (1.0,), t, "tokens/s", 8192, 1e12, None, 1.0,
+                        busy_pct=busy, monitor_status=status)
+        return C.Step(label, r.options, C.Checked(r, "ok"))
+    host = C.accumulation_notes([row("base", 1, 70.0, 98.0), row("+ checkpointing", 1, 70.0, 97.0),
+                                 row("+ accumulation", 4, 120.0, 55.0)])
+    assert len(host) == 1 and "30 ms for each of its 4 micro-batches of 2, against 70 ms for 8" in host[0]
+    assert "43% of the time" in host[0] and "busy 55 %" in host[0] and "host-bound" in host[0]
+    gpu = C.accumulation_notes([row("base", 1, 70.0, 98.0), row("+ accumulation", 4, 120.0, 97.0)])
+    assert "not waiting for the host" in gpu[0] and "host-bound" not in gpu[0]
+    unknown = C.accumulation_notes([row("base", 1, 70.0, None, "CPU: no NVML"), row("+ accumulation", 4, 120.0, None)])
+    assert "not sampled (CPU: no NVML)" in unknown[0] and "not measured here" in unknown[0]
+    free = C.accumulation_notes([row("base", 1, 70.0, None), row("+ accumulation", 4, 72.0, None)])
+    assert "cost nothing measurable" in free[0]
+    runner = fake_runner({"fp32 baseline": (100, 1000), "checkpointing": (90, 500)})
+    C.waterfall("gpt", ("checkpointing",), C.Runs(runner=runner), facts=A100, monitor=True)
+    assert all(monitor for _, _, timed, monitor in runner.calls if timed)      # busy % sampled on every timed row
