@@ -470,6 +470,15 @@ DATASHEET_SHARE_LOW = 0.5
 DATASHEET_SHARE_LOW_POWER_CAPPED = 0.25
 
 
+# The least share of its datasheet's memory bandwidth a healthy GPU's large device copy reaches (notebook 00's
+# "copy bandwidth / datasheet" check, and its exercise 3's reference answer). The datasheet's figure is the bus width
+# times the pin rate with every cycle moving data; a copy also pays DRAM refresh, row switches and the turnaround
+# between reads and writes. The H200 reached 4,186-4,257 of 4,800 GB/s (0.87-0.89; copy_bandwidth in every full-size
+# run under results/course/); 0.6 leaves room for boards whose memory controllers keep less, and still fails a copy
+# sharing the GPU with another process's or a datasheet row for another variant of the card. A judgement.
+COPY_SHARE_LOW = 0.6
+
+
 def datasheet_share_low(sheet) -> tuple[float, str]:
     """The least measured / datasheet 16-bit rate notebook 00 accepts for the GPU of datasheet `sheet`, and why."""
     if sheet.power_capped:

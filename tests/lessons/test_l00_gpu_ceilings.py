@@ -277,3 +277,15 @@ def test_a_power_capped_board_is_held_to_a_lower_share_of_its_datasheet():
     assert low_t4 < DATASHEET_SHARE_LOW and "70 W" in why
     assert datasheet_share_low(h200)[0] == DATASHEET_SHARE_LOW
     assert not datasheet_for("NVIDIA L40S").power_capped            # "L4" is not "L40S"
+
+
+def test_the_copy_share_low_end_passes_every_committed_full_size_copy():
+    """Notebook 00's "copy bandwidth / datasheet" check takes its low end from COPY_SHARE_LOW (issue 40: it was a
+    constant in the cell): every committed full-size copy of a GPU in the datasheet table passes it, below 1."""
+    from gpulab.core.figures import Tag, committed_records, reference_records
+    from gpulab.core.specs import datasheet_for
+    from gpulab.lessons.l00_gpu_ceilings import COPY_SHARE_LOW
+    shares = [r.value / datasheet_for(r.gpu).mem_gbps
+              for r in reference_records(Tag("00", "copy_bandwidth"), committed_records()) if datasheet_for(r.gpu)]
+    assert shares, "no committed full-size copy_bandwidth record of a GPU in the datasheet table"
+    assert COPY_SHARE_LOW <= min(shares) and max(shares) < 1.0, (COPY_SHARE_LOW, min(shares), max(shares))
