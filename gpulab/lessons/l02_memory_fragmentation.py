@@ -3,8 +3,9 @@
 How PyTorch's CUDA caching allocator works, in the parts that matter here:
 - a request of 10 MiB or more gets its own segment from the driver (cudaMalloc),
   rounded up to 2 MiB; when freed, the segment stays cached for reuse;
-- a cached free block serves any smaller request by being *split*: the rest
-  stays behind as a free block of the same segment;
+- a cached free block serves a smaller request by being *split*: the rest
+  stays behind as a free block of the same segment (in the large pool, requests
+  over 1 MiB, only where more than 1 MiB remains; else the request takes it whole);
 - a segment goes back to the driver only when every block in it is free.
 
 The pattern, under a memory cap (torch.cuda.set_per_process_memory_fraction):
@@ -18,7 +19,8 @@ The pattern, under a memory cap (torch.cuda.set_per_process_memory_fraction):
 In total the cap has room for it, but no free block is that large, and no segment
 can be released to make one: `torch.OutOfMemoryError`.
 
-Fixes (each run in a fresh process, since the allocator reads its settings once):
+Fixes (each run in a fresh process, since the allocator reads its settings once; several start together
+where the GPU's free memory holds them all, else one after another: `fit_together`):
 - `expandable_segments`: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True keeps one
   growing segment per stream, mapped in 20 MiB pages; the free tail after the
   packed B tensors is unmapped and reused for the big tensor.
@@ -37,6 +39,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from gpulab.core.children import at_once
 from gpulab.core.device import require_cuda, resolve_scale
+from gpulab.core.memory import free_memory
 from gpulab.core.predict import Plan, Work
 
 
@@ -90,6 +93,7 @@ class FragResult:
     num_ooms: int = 0
     reserved_after_mib: float = 0.0  # after the big request (and the allocator's retry)
     alloc_conf: str = ""           # the allocator setting this process started with
+    started: str = ""              # set by the parent: whether it ran beside the others or alone, and why
     # (phase, allocated MiB, reserved MiB) after each step
     timeline: list = field(default_factory=list)
     # per segment: list of (MiB, "live"/"free") blocks, at the big request
@@ -205,11 +209,36 @@ def run_pattern(cap_mib: int = 4096, fix: str = "none", a_mib: int = 40, b_mib: 
     return res
 
 
+# What a child process takes outside its allocator's cap: its CUDA context and PyTorch's own start-up (the cap,
+# set_per_process_memory_fraction, bounds only what the caching allocator reserves). A context takes a few hundred
+# MiB; 1 GiB is an allowance, not a measurement, so that children started together never run the GPU out of memory.
+CONTEXT_MIB = 1024
+
+
+def fit_together(count: int, cap_mib: int, free_mib: float | None) -> tuple[bool, str]:
+    """Whether `count` children, each reserving up to `cap_mib` under its cap plus CONTEXT_MIB for its context, fit
+    in `free_mib` MiB of free GPU memory at once, and the sentence that says why they start together or one after
+    another. Each child's phase A alone fills 85 % of its cap: on an 8-12 GB card three at once run the GPU itself
+    out of memory, an error no fix in them can remove (issue 40). With the free memory unknown: one after another."""
+    need = count * (cap_mib + CONTEXT_MIB)
+    if count <= 1:
+        return True, "one process"
+    if free_mib is None:
+        return False, f"{count} processes one after another (this GPU's free memory is not known)"
+    if need <= free_mib:
+        return True, (f"{count} processes started together: {count} x ({cap_mib:,} MiB cap + {CONTEXT_MIB:,} MiB for "
+                      f"a CUDA context) = {need:,} MiB fits in the {free_mib:,.0f} MiB free on this GPU")
+    return False, (f"{count} processes one after another: {count} x ({cap_mib:,} MiB cap + {CONTEXT_MIB:,} MiB for a "
+                   f"CUDA context) = {need:,} MiB is more than the {free_mib:,.0f} MiB free on this GPU")
+
+
 def run_in_fresh_processes(fixes=FIXES, cap_mib: int = 4096, timeout_s: float = 120, *, a_mib: int = 40,
                            b_mib: int = 24, alloc_conf: str = "") -> dict[str, FragResult]:
     """Run the pattern once per fix, each in a new Python process with the allocator setting that fix
-    needs, all at once: each process caps its own allocator (a fraction of the GPU's memory), so they
-    do not disturb each other, and nothing is timed. `a_mib`, `b_mib`: the two phases' block sizes;
+    needs. Each process caps its own allocator (a fraction of the GPU's memory) and nothing is timed, so where
+    the GPU's free memory holds every process with its context (`fit_together`) they start together and their
+    start-ups overlap; otherwise one after another (each result's `started` says which). `a_mib`, `b_mib`: the
+    two phases' block sizes;
     `alloc_conf`: more allocator settings for every child (e.g. "max_split_size_mb:32"), joined to the fix's
     own (the notebook's exercises 1 and 2).
 
@@ -231,14 +260,23 @@ def run_in_fresh_processes(fixes=FIXES, cap_mib: int = 4096, timeout_s: float = 
         child_env = dict(env, PYTORCH_CUDA_ALLOC_CONF=conf) if conf else env
         commands[fix] = ([sys.executable, "-m", "gpulab.lessons.l02_memory_fragmentation", "--cap-mib", str(cap_mib),
                           "--fix", fix, "--a-mib", str(a_mib), "--b-mib", str(b_mib)], child_env)
+    free = free_memory()
+    together, started = fit_together(len(commands), cap_mib, None if free is None else free[0] / MiB)
+    if together:
+        done = at_once(commands, timeout_s)
+    else:                   # every child runs, each alone, even where one fails: they are independent
+        done = {}
+        for fix, command in commands.items():
+            done.update(at_once({fix: command}, timeout_s))
     out = {}
-    for fix, proc in at_once(commands, timeout_s).items():
+    for fix, proc in done.items():
         if proc.returncode == 2:  # the child refused the settings (e.g. no CUDA GPU)
             raise ValueError(proc.stderr.strip().splitlines()[-1].removeprefix("gpulab.lessons.l02_memory_fragmentation: "))
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             raise RuntimeError(f"the fragmentation process (fix={fix}) failed: " + " | ".join(tail))
         out[fix] = FragResult(**json.loads(proc.stdout.strip().splitlines()[-1]))
+        out[fix].started = started
     return out
 
 

@@ -65,3 +65,37 @@ def test_the_pattern_ooms_without_a_fix_and_fits_with_each():
 def test_several_fixes_refuse_an_unknown_one_before_starting_anything():
     with pytest.raises(ValueError, match="fix must be one of"):
         frag.run_in_fresh_processes(["none", "defrag"])
+
+
+def test_children_start_together_only_where_the_free_memory_holds_them_all():
+    """Issue 40: three children at once, each reserving up to its cap (4096 MiB) beside its CUDA context, ran an
+    8-12 GB card out of memory in phase A. They start together only where count x (cap + context) is free."""
+    ok, why = frag.fit_together(3, 4096, 140_000)
+    assert ok and "started together" in why and "15,360 MiB" in why
+    ok, why = frag.fit_together(3, 4096, 11_000)             # a 12 GB card
+    assert not ok and "one after another" in why and "11,000 MiB free" in why
+    assert not frag.fit_together(3, 4096, None)[0]            # free memory unknown: one after another
+    assert frag.fit_together(1, 4096, 10)[0]                  # one process is always run
+
+
+def test_children_that_do_not_fit_run_one_after_another(monkeypatch):
+    """Where they do not fit, each child is started alone, and every one runs even where an earlier one fails."""
+    calls = []
+
+    class Failed:
+        returncode, stdout, stderr = 1, "", "stopped by the test"
+
+    def at_once(commands, timeout_s):
+        calls.append(list(commands))
+        return {k: Failed() for k in commands}
+    monkeypatch.setattr(frag, "at_once", at_once)
+    monkeypatch.setattr(frag, "require_cuda", lambda why: None)
+    monkeypatch.setattr(frag, "free_memory", lambda: (8 * 2**30, 8 * 2**30))       # an 8 GiB card, all free
+    with pytest.raises(RuntimeError, match="stopped by the test"):
+        frag.run_in_fresh_processes(["expandable_segments", "empty_cache", "pool"], cap_mib=4096)
+    assert calls == [["expandable_segments"], ["empty_cache"], ["pool"]]
+    calls.clear()
+    monkeypatch.setattr(frag, "free_memory", lambda: (140 * 2**30, 141 * 2**30))    # an H200
+    with pytest.raises(RuntimeError):
+        frag.run_in_fresh_processes(["expandable_segments", "empty_cache", "pool"], cap_mib=4096)
+    assert calls == [["expandable_segments", "empty_cache", "pool"]]
