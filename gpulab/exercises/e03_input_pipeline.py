@@ -138,7 +138,7 @@ def build(scale: str, device: torch.device) -> Workload:
 
 TASKS = [Task(
     name="03.workers", lesson="03", title="a DataLoader whose main process makes every batch", tier="systems",
-    slow=make_loader, reference=make_loader_fixed, build=build, warmup=1,
+    slow=make_loader, reference=make_loader_fixed, build=build, warmup=1, calls="epochs",
     what=("make_loader(dataset, batch_size) returns the DataLoader a training loop reads one epoch from; as "
           "given, the loop's own process makes every sample. Return a loader that serves the same batches in "
           "the same order, faster. The grader trains lesson 03's CNN on every batch of a fresh dataset through "

@@ -267,7 +267,7 @@ def check_same(task, wl, sub, device) -> dict:
             against, against_is = slow_p, "the slow fp32 code"
         diff = rel(sub_p, against)
         ok = math.isfinite(diff) and (diff <= SAME_MAX_FLOOR * floor or diff <= SAME_ABS)
-        lines.append(f"parameters after {task.k} updates: {diff:.2e} of their movement from {against_is}; noise "
+        lines.append(f"parameters after {task.k} {task.calls}: {diff:.2e} of their movement from {against_is}; noise "
                      f"floor {floor:.2e} ({floor_is}): {'within' if ok else 'MORE than'} {SAME_MAX_FLOOR:g}x the floor")
         if not ok:
             why = ("the parameters ended far from the reference's (more than half of their movement): a skipped "

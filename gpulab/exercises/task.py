@@ -80,6 +80,7 @@ class Task:
     hints: tuple[str, str]
     share: float = 0.5
     k: int = 3                    # updates before the correctness comparison
+    calls: str = "updates"        # what those k calls are, as the grader says it ("epochs": 03's loader, an epoch a call)
     warmup: int = 3               # untimed calls of each variant before timing (compilation included)
     needs: Callable[[torch.device], str | None] = lambda device: None
     env: dict = field(default_factory=dict)     # environment of the grading process (set before CUDA starts)

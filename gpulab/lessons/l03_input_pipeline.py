@@ -321,6 +321,22 @@ def worker_speedup_floor(counts, cores: int | None = None, stall: int | None = N
                                         f"held to {WORKER_FLOOR_SHARE:.0%} of it")
 
 
+# Section 3's prediction of NVML's busy %: compute / step, so the best setting's busy % over 0 workers' is predicted to
+# be the two settings' step-time ratio, measured in the same runs. NVML's busy % is a coarse share of its sample
+# windows: on the H200 the busy ratio was 0.57-1.05 of the step ratio over ten full-size runs (results/course/
+# 2026-11-29-* to 2026-12-03-*, step_ms_0_workers and step_ms_12_workers with their gpu_busy_pct; the lowest in the
+# runs before section 6's settled windows). The notebook's check holds it to BUSY_PREDICTION_SHARE of the prediction.
+BUSY_PREDICTION_SHARE = 0.5
+
+
+def busy_ratio_floor(step_0_ms: float, step_best_ms: float) -> tuple[float, str]:
+    """(the least GPU-busy ratio, best setting over 0 workers, that notebook 03 accepts, why): BUSY_PREDICTION_SHARE of
+    section 3's prediction, busy = compute / step, for the two settings' measured steps (their ratio)."""
+    predicted = step_0_ms / step_best_ms
+    return BUSY_PREDICTION_SHARE * predicted, (f"{BUSY_PREDICTION_SHARE:g} of section 3's prediction, busy = compute / "
+                                               f"step: {step_0_ms:.1f} / {step_best_ms:.1f} ms = {predicted:.2f}x")
+
+
 def band_floor(scale: str | None = None) -> tuple[float, str]:
     """The headline's least ratio on this host (`worker_speedup_floor` over the worker counts it has cores
     for): notebook 03 and `gpulab bench` both lower the class's band to it where it is lower."""

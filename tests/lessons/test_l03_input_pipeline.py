@@ -163,3 +163,26 @@ def test_headline_runs_the_configuration_it_is_given(monkeypatch):
     assert m.correct and "7 passes, width 8" in m.baseline_label, m.baseline_label
     with pytest.raises(ValueError, match="passes >= 0"):
         L03.headline("tiny", passes=-1, width=8)
+
+
+def test_the_busy_check_follows_section_3s_prediction_and_passes_every_committed_run():
+    """Issue 40: the busy check's low end was a constant 1.5. It is now BUSY_PREDICTION_SHARE of section 3's prediction
+    (busy = compute / step: the two settings' step ratio). Every committed full-size run (ten on the H200) passes it."""
+    from collections import defaultdict
+
+    from gpulab.core.figures import Tag, committed_records, reference_records
+    from gpulab.lessons.l03_input_pipeline import BUSY_PREDICTION_SHARE, busy_ratio_floor
+    low, why = busy_ratio_floor(120.0, 12.0)
+    assert low == pytest.approx(BUSY_PREDICTION_SHARE * 10) and "120.0 / 12.0 ms" in why
+    runs = defaultdict(dict)
+    for name in ("step_ms_0_workers", "step_ms_12_workers"):
+        for r in reference_records(Tag("03", name), committed_records()):
+            runs[r.time[:13]][name] = r          # one run's records share the hour they were made in
+    judged = 0
+    for recs in runs.values():
+        r0, r12 = recs.get("step_ms_0_workers"), recs.get("step_ms_12_workers")
+        if r0 and r12 and r0.extra.get("gpu_busy_pct") and r12.extra.get("gpu_busy_pct"):
+            low, _ = busy_ratio_floor(r0.value, r12.value)
+            assert r12.extra["gpu_busy_pct"] / r0.extra["gpu_busy_pct"] >= low, (r0.source, low)
+            judged += 1
+    assert judged >= 5
