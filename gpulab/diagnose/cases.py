@@ -578,33 +578,37 @@ def build_capstone(scale: str, device: torch.device, reorder: bool = False) -> P
     vocabulary, fused AdamW, pinned DataLoader workers, torch.compile on a GPU), assembled from lesson
     13's parts as its `run_job` does; the FLOPs are lesson 13's `model_flops` (FlopCounterMode cannot see
     inside compiled code). No fixed step: no verdict on it may promise more than 10 %."""
-    from gpulab.lessons import l13_capstone as L
+    from gpulab.lessons.capstone.jobs import JOBS, model_flops
+    from gpulab.lessons.capstone.knobs import ALIGN, LR, POOL
+    from gpulab.lessons.capstone.options import AMP_DTYPES, all_on
+    from gpulab.lessons.capstone.runner import Inputs
+    from gpulab.lessons.capstone.runs import Runs
     from gpulab.models.gpt import padded_copy
     from gpulab.models.precision import fp32_math, make_scaler
     from gpulab.models.step import train_step
 
-    runs = L.Runs(scale=scale)
+    runs = Runs(scale=scale)
     runs.fit_batches(("gpt",))            # the notebook's fitting: a smaller GPU gets a smaller model or batch
     cfg = runs.configs["gpt"]
-    options = L.all_on("gpt", cfg["batch"])
-    job = L.JOBS["gpt"]
+    options = all_on("gpt", cfg["batch"])
+    job = JOBS["gpt"]
     torch.manual_seed(0)
     model = job.build(cfg, device)
-    pool = [(x.cpu(), y.cpu()) for x, y in job.batches(model, cfg["batch"], L.POOL)]
+    pool = [(x.cpu(), y.cpu()) for x, y in job.batches(model, cfg["batch"], POOL)]
     if options.aligned:
-        model = padded_copy(model, L.ALIGN)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=L.LR, fused=True if options.fused else None)
+        model = padded_copy(model, ALIGN)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True if options.fused else None)
     scaler = make_scaler("fp16", device) if options.amp == "fp16" else None
     loss_of = job.loss_fn
     if options.compile:
         loss_of = torch.compile(loss_of, mode=options.compile_mode)
     with quiet_fork():
-        inputs = L.Inputs(pool, device, options.loader).__enter__()
+        inputs = Inputs(pool, device, options.loader).__enter__()
 
     def step():
         with fp32_math("tf32" if options.tf32 else "ieee"):
             return train_step(model, *inputs.next(), loss=loss_of, optimizer=optimizer,
-                              precision=L.AMP_DTYPES[options.amp], scaler=scaler, graphs=options.cuda_graphs)
+                              precision=AMP_DTYPES[options.amp], scaler=scaler, graphs=options.cuda_graphs)
 
     def cleanup():
         inputs.__exit__(None, None, None)
@@ -612,7 +616,7 @@ def build_capstone(scale: str, device: torch.device, reorder: bool = False) -> P
             torch.compiler.reset()
 
     return Pair(step, None, models=(model,), sizes=dict(cfg, options=options.label, fitted=runs.lowered.get("gpt", "")),
-                flops_per_step=L.model_flops("gpt", cfg, cfg["batch"], device), cleanup=cleanup)
+                flops_per_step=model_flops("gpt", cfg, cfg["batch"], device), cleanup=cleanup)
 
 
 # -- the cases ---------------------------------------------------------------------------------------

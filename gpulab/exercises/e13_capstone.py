@@ -24,7 +24,8 @@ from __future__ import annotations
 import torch
 
 from gpulab.exercises.task import Task, matmul_rate, training
-from gpulab.lessons.l13_capstone import LR, gpt_flops_per_token
+from gpulab.lessons.capstone.jobs import gpt_flops_per_token
+from gpulab.lessons.capstone.knobs import LR
 from gpulab.models.gpt import GPT
 from gpulab.models.precision import best_half
 

@@ -157,7 +157,10 @@ def run_to_loss(factory, *, seed: int, scale: str, device: torch.device, target:
     fail a run that learns as fast). Returns steps, seconds (training only), the losses, and whether the target was
     reached."""
     from gpulab.core.timing import stopwatch
-    from gpulab.lessons.l13_capstone import JOBS, Options, config, validation_loss
+    from gpulab.lessons.capstone.jobs import JOBS
+    from gpulab.lessons.capstone.knobs import config
+    from gpulab.lessons.capstone.options import Options
+    from gpulab.lessons.capstone.time_to_loss import validation_loss
     from gpulab.models import text
     knobs = config(scale)["ttl"]
     cfg = dict(knobs["gpt"])

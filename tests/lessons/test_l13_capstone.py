@@ -1,4 +1,4 @@
-"""gpulab.lessons.l13_capstone: toggles and their refusals, the loss check, the waterfall's shares, MFU, tiny real runs."""
+"""gpulab.lessons.l13_capstone and its parts (gpulab.lessons.capstone): toggles and their refusals, the loss check, the waterfall's shares, MFU, tiny real runs."""
 import dataclasses
 import math
 
@@ -7,8 +7,10 @@ import pytest
 import torch
 
 import gpulab
-from gpulab.lessons import l13_capstone as C
+from gpulab.lessons import l13_capstone as C          # the lesson's face: what notebook 13 uses
 from gpulab.lessons.capstone import checks as K
+from gpulab.lessons.capstone import fp8 as F8, jobs as J, knobs as KN, options as O, runner as R, runs as RS
+from gpulab.lessons.capstone import seeds as S, waterfall as W
 from gpulab.core.ceilings import Ceiling
 from gpulab.core.device import device_facts, facts_for_capability
 from gpulab.core.timing import summarize
@@ -34,10 +36,10 @@ def test_options_refuse_bad_values(kw, message):
 
 def test_options_add_toggles_and_say_which_are_on():
     o = C.Options().adding("tf32").adding("amp", "fp16").adding("accumulation")
-    assert (o.tf32, o.amp, o.accumulation) == (True, "fp16", C.ACCUMULATION)
-    assert o.label == f"tf32 + fp16 + accumulation x{C.ACCUMULATION}"
+    assert (o.tf32, o.amp, o.accumulation) == (True, "fp16", KN.ACCUMULATION)
+    assert o.label == f"tf32 + fp16 + accumulation x{KN.ACCUMULATION}"
     assert C.Options().label == "fp32 baseline"
-    assert o.without("amp", "tf32") == C.Options(accumulation=C.ACCUMULATION)
+    assert o.without("amp", "tf32") == C.Options(accumulation=KN.ACCUMULATION)
     assert C.Options(compile=True, cuda_graphs=True).compile_mode == "reduce-overhead"
     assert C.Options(compile=True).compile_mode == "default"
     with pytest.raises(ValueError, match="unknown toggle"):
@@ -55,37 +57,37 @@ def test_options_add_toggles_and_say_which_are_on():
 ])
 def test_check_refuses_impossible_combinations(job, kw, batch, message):
     with pytest.raises(ValueError, match=message):
-        C.check(job, C.Options(**kw), batch)
+        O.check(job, C.Options(**kw), batch)
     assert message.split()[0] in C.problem(job, C.Options(**kw), batch, CPU_FACTS)
 
 
 def test_check_accepts_what_a_job_can_take():
-    C.check("cnn", C.Options(tf32=True, amp="bf16", channels_last=True, fused=True, loader=True, compile=True,
+    O.check("cnn", C.Options(tf32=True, amp="bf16", channels_last=True, fused=True, loader=True, compile=True,
                              cuda_graphs=True, checkpointing=True), 128)
-    C.check("cnn", C.Options(amp="fp16", compile=True, checkpointing=True, accumulation=4), 128)
-    C.check("gpt", C.Options(aligned=True, accumulation=2), 16)
+    O.check("cnn", C.Options(amp="fp16", compile=True, checkpointing=True, accumulation=4), 128)
+    O.check("gpt", C.Options(aligned=True, accumulation=2), 16)
 
 
 def test_refusals_on_the_cpu():
-    assert C.refusal(C.Options(amp="bf16", fused=True, checkpointing=True), CPU_FACTS) is None
+    assert O.refusal(C.Options(amp="bf16", fused=True, checkpointing=True), CPU_FACTS) is None
     for toggle, words in [("tf32", "no TF32"), ("loader", "pinned"), ("compile", "skipped on the CPU"),
                           ("cuda_graphs", "need a CUDA GPU")]:
         options = C.Options(**{toggle: True, **({"compile": True} if toggle == "cuda_graphs" else {})})
-        why = C.refusal(options, CPU_FACTS)
+        why = O.refusal(options, CPU_FACTS)
         assert why.startswith(f"{'compile' if toggle == 'cuda_graphs' else toggle}:") and (
             words in why or toggle == "cuda_graphs")
-    assert "CUDA GPU" in C.refusal(C.Options(cuda_graphs=True), CPU_FACTS)
+    assert "CUDA GPU" in O.refusal(C.Options(cuda_graphs=True), CPU_FACTS)
 
 
 def test_refusals_on_an_old_gpu_and_a_new_one():
-    assert "Ampere" in C.refusal(C.Options(amp="bf16"), V100)
-    assert C.refusal(C.Options(tf32=True), V100).startswith("tf32:")
-    assert C.refusal(C.Options(amp="fp16", loader=True, compile=True, cuda_graphs=True), V100,
+    assert "Ampere" in O.refusal(C.Options(amp="bf16"), V100)
+    assert O.refusal(C.Options(tf32=True), V100).startswith("tf32:")
+    assert O.refusal(C.Options(amp="fp16", loader=True, compile=True, cuda_graphs=True), V100,
                      backend="inductor") is None
-    assert "would not fuse" in C.refusal(C.Options(compile=True), V100, backend="aot_eager")
+    assert "would not fuse" in O.refusal(C.Options(compile=True), V100, backend="aot_eager")
     everything = C.Options(tf32=True, amp="bf16", channels_last=True, fused=True, loader=True, compile=True,
                            cuda_graphs=True, checkpointing=True, accumulation=2)
-    assert C.refusal(everything, A100, backend="inductor") is None
+    assert O.refusal(everything, A100, backend="inductor") is None
     assert C.all_on("gpt", 16, V100, backend="inductor").amp == "fp16"       # bf16 refused, fp16 taken
     assert C.all_on("cnn", 128, CPU_FACTS) == C.Options(amp="bf16", channels_last=True, fused=True)
 
@@ -115,7 +117,7 @@ def test_a_run_that_trains_differently_is_caught(monkeypatch):
     runs = C.Runs()
     assert runs.checked("gpt", C.Options()).status == "baseline"
     assert runs.checked("gpt", C.Options(fused=True)).status == "ok"
-    monkeypatch.setattr(C, "LR", 0.5)                 # a "faster" variant that is not the same training
+    monkeypatch.setattr(R, "LR", 0.5)                 # a "faster" variant that is not the same training
     bad = runs.checked("gpt", C.Options(aligned=True))
     assert bad.status == "mismatch" and not bad.counted
     assert not bad.part("losses").ok and not bad.part("movement").ok and not bad.part("systems").ok
@@ -128,7 +130,7 @@ def test_a_run_that_trains_differently_is_caught(monkeypatch):
 # -- the waterfall -----------------------------------------------------------------------------------
 def fake_result(job, options, batch, rate, peak, losses=(5.0, 4.0, 3.0)):
     t = summarize([1000.0 * batch / rate] * 3, "cpu", "perf_counter")     # batch items in rate per second
-    return C.JobResult(job=job, options=options, batch=batch, losses=tuple(losses), time=t, unit="img/s",
+    return R.JobResult(job=job, options=options, batch=batch, losses=tuple(losses), time=t, unit="img/s",
                        items_per_step=batch, flops_per_step=1e9, peak_bytes=peak, first_step_ms=1.0)
 
 
@@ -204,23 +206,23 @@ def test_a_tiny_gpt_waterfall_on_the_cpu():
 @pytest.mark.parametrize("job, extra", [("gpt", dict(aligned=True)), ("cnn", dict(channels_last=True))])
 def test_tiny_run_of_each_job(job, extra):
     cfg = C.job_config(job, "tiny")
-    r = C.run_job(job, device=torch.device("cpu"))
-    assert len(r.losses) == C.LOSS_STEPS and all(math.isfinite(v) for v in r.losses)
+    r = R.run_job(job, device=torch.device("cpu"))
+    assert len(r.losses) == KN.LOSS_STEPS and all(math.isfinite(v) for v in r.losses)
     assert r.batch == cfg["batch"] and r.items_per_step == cfg["batch"] * (cfg["seq"] if job == "gpt" else 1)
     assert r.time.n >= 3 and r.items_per_s > 0 and r.tflops > 0 and r.first_step_ms > 0
     assert r.peak_bytes is None and r.busy_pct is None
     options = C.Options(amp="bf16", fused=True, checkpointing=True, accumulation=2, **extra)
-    s = C.run_job(job, options, loss_steps=2, timed=False)
+    s = R.run_job(job, options, loss_steps=2, timed=False)
     assert s.time is None and s.items_per_s is None and len(s.losses) == 2
-    ref = C.run_job(job, C.reference_options(job, options), timed=False)
+    ref = R.run_job(job, C.reference_options(job, options), timed=False)
     assert K.losses(ref.losses, s.losses, *C.loss_tolerance(job, options)).ok
-    assert len(s.sample.p0) == len(s.sample.pk) == len(s.sample.g1) == len(C.sampled(job, cfg)[0])
+    assert len(s.sample.p0) == len(s.sample.pk) == len(s.sample.g1) == len(R.sampled(job, cfg)[0])
     with pytest.raises(ValueError, match="compile"):
-        C.run_job(job, C.Options(compile=True))
+        R.run_job(job, C.Options(compile=True))
 
 
 def test_run_with_the_monitor_says_why_there_is_no_busy_percentage():
-    r = C.run_job("gpt", C.Options(), monitor=True, budget_s=0.01)
+    r = R.run_job("gpt", C.Options(), monitor=True, budget_s=0.01)
     assert r.busy_pct is None and "CPU" in r.monitor_status
 
 
@@ -268,7 +270,7 @@ def test_seed_rows_map_to_configurations():
     v100 = C.seed_v100_rows(runs, "gpt", 16)
     assert [r.options.label if r.options else None for r in v100] == [
         "fp32 baseline", "bf16", "bf16 + aligned", None]
-    assert v100[3].why == C.NO_POOLING and v100[2].checked.status == "ok"
+    assert v100[3].why == S.NO_POOLING and v100[2].checked.status == "ok"
     rows = C.seed_4090_rows(runs, C.Options(amp="bf16", channels_last=True), "cnn", 4)
     assert [r.batch for r in rows] == [4, 8, 16, 32]
     assert [r.options.label for r in rows] == ["fp32 baseline", "bf16", "bf16 + checkpointing",
@@ -298,8 +300,8 @@ def test_fit_batches_halves_a_batch_whose_fp32_step_would_outlast_step_s(monkeyp
         r = fake_result(job, options, batch, 100, batch * 2**20)
         return dataclasses.replace(r, flops_per_step=batch * 1e11)
 
-    monkeypatch.setattr(C, "memory_budget", lambda cap: 64 * 2**30)
-    monkeypatch.setattr(C, "ceilings", lambda: {"matmul_fp32": Ceiling("matmul_fp32", 1.0, "TFLOP/s", "measured x")})
+    monkeypatch.setattr(RS, "memory_budget", lambda cap: 64 * 2**30)
+    monkeypatch.setattr(RS, "ceilings", lambda: {"matmul_fp32": Ceiling("matmul_fp32", 1.0, "TFLOP/s", "measured x")})
     runs = C.Runs(runner=run, scale="full")
     runs.fit_batches()
     assert runs.batch("gpt") == 4 and runs.batch("cnn") == 4
@@ -308,8 +310,8 @@ def test_fit_batches_halves_a_batch_whose_fp32_step_would_outlast_step_s(monkeyp
 
 def test_fit_batches_keeps_the_batch_when_the_step_is_quick(monkeypatch):
     from gpulab.core.ceilings import Ceiling
-    monkeypatch.setattr(C, "memory_budget", lambda cap: 64 * 2**30)
-    monkeypatch.setattr(C, "ceilings", lambda: {"matmul_fp32": Ceiling("matmul_fp32", 1e6, "TFLOP/s", "measured x")})
+    monkeypatch.setattr(RS, "memory_budget", lambda cap: 64 * 2**30)
+    monkeypatch.setattr(RS, "ceilings", lambda: {"matmul_fp32": Ceiling("matmul_fp32", 1e6, "TFLOP/s", "measured x")})
     runs = C.Runs(runner=lambda job, options, batch, **kw: fake_result(job, options, batch, 100, batch), scale="full")
     runs.fit_batches()
     assert runs.batch("gpt") == C.config("full")["gpt"]["batch"] and runs.lowered == {}
@@ -318,13 +320,13 @@ def test_fit_batches_keeps_the_batch_when_the_step_is_quick(monkeypatch):
 def test_fit_model_narrows_the_gpt_until_its_training_state_fits():
     full = C.job_config("gpt", "full")
     assert C.state_bytes("gpt", full) == pytest.approx(9.77e9, rel=0.01)      # 0.61 G parameters x 16 bytes
-    fitted, why = C.fit_model("gpt", full, 4 * 2**30)                         # half of a T4's 7.5 GiB budget
+    fitted, why = J.fit_model("gpt", full, 4 * 2**30)                         # half of a T4's 7.5 GiB budget
     assert (fitted["width"], fitted["heads"], fitted["n_blocks"]) == (1024, 8, 8)
     assert C.state_bytes("gpt", fitted) <= 4 * 2**30 and "width 2048 -> 1024" in why
-    fitted, _ = C.fit_model("gpt", full, 1 * 2**30)                            # then blocks, down to 2
+    fitted, _ = J.fit_model("gpt", full, 1 * 2**30)                            # then blocks, down to 2
     assert fitted["width"] == 1024 and fitted["n_blocks"] == 2
-    assert C.fit_model("gpt", full, 64 * 2**30) == (full, "")                  # an H200 keeps it
-    assert C.fit_model("cnn", C.job_config("cnn", "full"), 1 * 2**30)[1] == ""   # the CNN has no such knobs
+    assert J.fit_model("gpt", full, 64 * 2**30) == (full, "")                  # an H200 keeps it
+    assert J.fit_model("cnn", C.job_config("cnn", "full"), 1 * 2**30)[1] == ""   # the CNN has no such knobs
 
 
 def test_gradscalers_skipped_updates_are_retried_counted_and_said(monkeypatch):
@@ -338,7 +340,7 @@ def test_gradscalers_skipped_updates_are_retried_counted_and_said(monkeypatch):
     assert c.status == "ok", c.why
     assert len(c.result.skipped_updates) >= 1 and set(c.result.skipped_updates) == {0}    # the first update, retried
     assert f"GradScaler skipped {len(c.result.skipped_updates)} update(s): step 1" in c.why and "2^24" in c.why
-    assert f"losses of {C.LOSS_STEPS} updates" in c.part("losses").why      # all of them compared
+    assert f"losses of {KN.LOSS_STEPS} updates" in c.part("losses").why      # all of them compared
     assert K.skipped_text((), None) == ""
 
 
@@ -386,16 +388,16 @@ def test_fp8_is_refused_without_fp8_tensor_cores_and_sizes_are_checked():
 
 
 def test_the_crossover_is_where_fp8_stays_faster_up_to_the_largest_size():
-    row = lambda n, alone, scaled: C.Fp8Row(n, 100.0, 100.0 * alone, 100.0 * scaled, None, 0.04, 0.002)
+    row = lambda n, alone, scaled: F8.Fp8Row(n, 100.0, 100.0 * alone, 100.0 * scaled, None, 0.04, 0.002)
     rows = [row(512, 0.5, 0.3), row(1024, 1.1, 0.9), row(2048, 1.5, 1.2), row(4096, 1.8, 1.5)]
     assert C.crossover(rows) == 2048 and C.crossover(rows, scaled=False) == 1024
     assert C.crossover([row(512, 1.2, 1.1), row(1024, 0.9, 0.8)]) is None     # slower at the largest: no crossover
     assert C.crossover([row(1024, 1.02, 1.02)]) is None                         # within the noise margin: not faster
-    compiled = C.Fp8Row(1024, 100.0, 180.0, 60.0, 150.0, 0.04, 0.002)
+    compiled = F8.Fp8Row(1024, 100.0, 180.0, 60.0, 150.0, 0.04, 0.002)
     assert compiled.scaled_speedup == pytest.approx(1.5) and compiled.scaling == "compiled"
     # the faster of the two: on the H200 at 16384 the compiled scaling (one compile for every size) ran at 588
     # TFLOP/s and the eager one at 741 against bf16's 683 (results/course/2026-12-02-h200-00-13)
-    eager = C.Fp8Row(16384, 683.0, 1372.0, 741.0, 588.0, 0.04, 0.002)
+    eager = F8.Fp8Row(16384, 683.0, 1372.0, 741.0, 588.0, 0.04, 0.002)
     assert eager.scaling == "eager" and eager.scaled_speedup == pytest.approx(741 / 683)
     assert C.crossover([eager]) == 16384
 
@@ -452,7 +454,7 @@ def ladder_runner(per_step_ms, per_sample_ms, bytes_fixed, bytes_per_sample, ben
         calls.append(batch)
         ms = (per_step_ms + batch * per_sample_ms) * (bend if batch >= 64 else 1.0)
         t = summarize([ms] * 3, "cpu", "perf_counter")
-        return C.JobResult(job=job, options=options, batch=batch, losses=(5.0, 4.0, 3.0), time=t, unit="tok/s",
+        return R.JobResult(job=job, options=options, batch=batch, losses=(5.0, 4.0, 3.0), time=t, unit="tok/s",
                            items_per_step=batch, flops_per_step=1e12 * batch, peak_bytes=bytes_fixed + batch * bytes_per_sample,
                            first_step_ms=1.0)
     run.calls = calls
@@ -540,7 +542,7 @@ def test_fp8_is_a_gpt_toggle_with_bf16_and_refused_without_fp8_tensor_cores():
     assert "GPT only" in C.problem("cnn", o, facts=CPU_FACTS)
     assert "needs amp bf16" in C.problem("gpt", C.Options(fp8=True), facts=CPU_FACTS)
     assert "needs amp bf16" in C.problem("gpt", C.Options(amp="fp16", fp8=True), facts=CPU_FACTS)
-    assert "fp8: " in C.refusal(o, A100) and "no FP8 Tensor Cores" in C.refusal(o, A100)
+    assert "fp8: " in O.refusal(o, A100) and "no FP8 Tensor Cores" in O.refusal(o, A100)
     assert C.problem("gpt", o, facts=CPU_FACTS) is None
     assert C.loss_tolerance("gpt", o)[0] == pytest.approx(0.06)
     assert "fp8" not in C.all_on("gpt", facts=CPU_FACTS).on()      # not a default toggle: 14b measures it
@@ -620,8 +622,8 @@ def every_toggle_on_the_cpu(monkeypatch):
     """The CPU refuses tf32, loader, compile and cuda_graphs; here they run, so that each one's check path does:
     compile eager (it would take tens of seconds), the loader's DataLoader in this process. One thread: these
     models are so small that a second thread costs more than it brings (ten times more on a busy machine)."""
-    monkeypatch.setattr(C, "refusal", lambda *a, **k: None)
-    monkeypatch.setattr(C, "LOADER_WORKERS", 0)
+    monkeypatch.setattr(O, "refusal", lambda *a, **k: None)
+    monkeypatch.setattr(R, "LOADER_WORKERS", 0)
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -632,7 +634,7 @@ def every_toggle_on_the_cpu(monkeypatch):
 def plant(monkeypatch, how: str) -> None:
     """A step that loses one tensor's gradient whenever a toggle is on: its gradient zeroed before the update
     ("zeroed gradient"), or the update of that tensor undone ("skipped update")."""
-    right = C._trainer
+    right = R.make_trainer
 
     def planted(job, options, model, device):
         t = right(job, options, model, device)
@@ -651,7 +653,7 @@ def plant(monkeypatch, how: str) -> None:
                     return loss
                 t.train = skipping
         return t
-    monkeypatch.setattr(C, "_trainer", planted)
+    monkeypatch.setattr(R, "make_trainer", planted)
 
 
 def test_every_toggle_passes_its_check_and_fails_it_with_a_dropped_gradient(every_toggle_on_the_cpu, monkeypatch):
@@ -712,9 +714,9 @@ def test_accumulation_rows_are_explained_from_the_runs_own_times_and_busy_percen
     row before, and the GPU's busy % (NVML) says whether the host set the pace."""
     def row(label, accumulation, ms, busy, status=""):
         t = summarize([ms] * 3, "cuda", "events")
-        r = C.JobResult("gpt", C.Options(accumulation=accumulation), 8, (1.0,), t, "tokens/s", 8192, 1e12, None, 1.0,
+        r = R.JobResult("gpt", C.Options(accumulation=accumulation), 8, (1.0,), t, "tokens/s", 8192, 1e12, None, 1.0,
                         busy_pct=busy, monitor_status=status)
-        return C.Step(label, r.options, C.Checked(r, "ok"))
+        return W.Step(label, r.options, RS.Checked(r, "ok"))
     host = C.accumulation_notes([row("base", 1, 70.0, 98.0), row("+ checkpointing", 1, 70.0, 97.0),
                                  row("+ accumulation", 4, 120.0, 55.0)])
     assert len(host) == 1 and "30 ms for each of its 4 micro-batches of 2, against 70 ms for 8" in host[0]

@@ -209,17 +209,21 @@ def test_capstone_on_the_cpu_prints_no_mfu_and_no_full_size_step_time(capsys):
 
 def _step(label, status, speedup=None, gain=None, share=None):
     from gpulab.core.timing import summarize
-    from gpulab.lessons import l13_capstone as C
+    from gpulab.lessons.capstone.options import Options
+    from gpulab.lessons.capstone.runner import JobResult
+    from gpulab.lessons.capstone.runs import Checked
+    from gpulab.lessons.capstone.waterfall import Step
 
     result = None
     if status in ("baseline", "ok"):
-        result = C.JobResult("gpt", C.Options(), 8, (1.0,), summarize([100.0 / (speedup or 1)] * 3, "cpu", "t"),
-                             "tokens/s", 256, 1e9, None, 50.0)
-    return C.Step(label, C.Options(), C.Checked(result, status), speedup, gain, share)
+        result = JobResult("gpt", Options(), 8, (1.0,), summarize([100.0 / (speedup or 1)] * 3, "cpu", "t"),
+                           "tokens/s", 256, 1e9, None, 50.0)
+    return Step(label, Options(), Checked(result, status), speedup, gain, share)
 
 
 def test_capstone_step_table_on_the_cpu_says_shares_are_not_meaningful():
     from gpulab.lessons import l13_capstone as C
+    from gpulab.lessons.capstone import waterfall as W
 
     steps = [_step("baseline", "baseline", 1.0),
              _step("+ tf32", "skipped: tf32: TF32 is a Tensor Core format of NVIDIA GPUs; the CPU has no TF32 mode."),
@@ -231,7 +235,7 @@ def test_capstone_step_table_on_the_cpu_says_shares_are_not_meaningful():
     assert max(len(str(c)) for r in rows for c in r) < 40
     notes = C.step_notes(steps, shares=False)
     assert notes[0] == "+ tf32 skipped: TF32 is a Tensor Core format of NVIDIA GPUs; the CPU has no TF32 mode."
-    assert notes[-1] == C.CPU_SHARES
+    assert notes[-1] == W.CPU_SHARES
     assert [r[share] for r in C.step_rows(steps)] == ["-", "-", "349%", "-333%"]   # on a GPU: shown
     fig = C.waterfall_figure(steps, shares=False)
     labels = [t.get_text() for t in fig.axes[0].texts]

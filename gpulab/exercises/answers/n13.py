@@ -10,7 +10,9 @@ from gpulab.core.device import device_facts, pick_device
 from gpulab.core.memory import GiB, free_memory
 from gpulab.core.timing import benchmark
 from gpulab.exercises.answers import Answer, one_thread_on_cpu
-from gpulab.lessons import l13_capstone as C
+from gpulab.lessons import l13_capstone as C           # the names notebook 13 uses, as its cells spell them
+from gpulab.lessons.capstone.jobs import fit_model
+from gpulab.lessons.capstone.runner import CheckpointedBlocks, run_job
 from gpulab.models import precision as P
 from gpulab.models.sizing import count_flops, fit_batch
 
@@ -137,7 +139,7 @@ def _largest(scale: str) -> dict:
     free = free_memory(device)
     budget = int(min(24 * GiB, 0.9 * free[0]))      # 24 GiB, or what this GPU has free if less
     runs = C.Runs(scale=scale)
-    runs.configs["gpt"], _ = C.fit_model("gpt", runs.configs["gpt"], int(C.STATE_SHARE * budget))
+    runs.configs["gpt"], _ = fit_model("gpt", runs.configs["gpt"], int(C.STATE_SHARE * budget))
     memory = C.Options(amp=half, checkpointing=True, accumulation=C.ACCUMULATION)
     plain = C.Options(amp=half)
     wanted = 16 * 64                                 # halved until it fits; probes at 4 and 8 (accumulation 4)
@@ -168,7 +170,7 @@ def _flops_of(cfg: dict, batch: int, checkpointing: bool, device: torch.device) 
     torch.manual_seed(0)
     model = spec.build(cfg, device)
     if checkpointing:
-        model.blocks = C.CheckpointedBlocks(model.blocks)
+        model.blocks = CheckpointedBlocks(model.blocks)
     x, y = spec.batches(model, 2, 1)[0]
     with contextlib.ExitStack() as stack:
         if device.type == "cpu":
@@ -186,7 +188,7 @@ def _hfu(scale: str) -> dict:
     padded_f = C.model_flops("gpt", padded, batch, device)
     ckpt_f = _flops_of(cfg, batch, True, device)
     hardware_f = _flops_of(padded, batch, True, device)
-    r = C.run_job("gpt", C.Options(amp=half, aligned=True, checkpointing=True), scale=scale)
+    r = run_job("gpt", C.Options(amp=half, aligned=True, checkpointing=True), scale=scale)
     sheet = C.datasheet_peak()                    # MFU and HFU divide by the datasheet's peak (PaLM, appendix B)
     out = {**_where(scale), "model FLOPs": model_f, "padded vocabulary FLOPs": padded_f,
            "checkpointed FLOPs": ckpt_f, "hardware FLOPs (both)": hardware_f,
