@@ -730,3 +730,12 @@ def test_accumulation_rows_are_explained_from_the_runs_own_times_and_busy_percen
     runner = fake_runner({"fp32 baseline": (100, 1000), "checkpointing": (90, 500)})
     C.waterfall("gpt", ("checkpointing",), C.Runs(runner=runner), facts=A100, monitor=True)
     assert all(monitor for _, _, timed, monitor in runner.calls if timed)      # busy % sampled on every timed row
+
+
+def test_the_step_notes_say_where_a_passed_numerics_check_was_blind():
+    """Section 5 says a numerics check that cannot see a dropped gradient in some tensors says so: under the table."""
+    runs_ = C.Runs(scale="tiny")
+    steps = C.waterfall("cnn", ("amp",), runs_, facts=CPU_FACTS)
+    assert steps[1].status == "ok"
+    blind = [n for n in C.step_notes(steps) if "numerics check blind in" in n]
+    assert blind and blind[0].startswith("+ amp: numerics check blind in ") and "movement check" in blind[0]

@@ -267,7 +267,8 @@ CPU_SHARES = ("share of speed-up: n/a on the CPU. The toggles target GPU hardwar
 
 def step_notes(steps: Sequence[Step], shares: bool = True) -> list[str]:
     """The lines below a `step_rows` table: why each step that did not count did not, the updates GradScaler
-    skipped, what the checks column holds (TIERS) and, with `shares=False`, why the shares are not shown."""
+    skipped, the tensors where a passed numerics check could not see a dropped gradient ("blind"), what the
+    checks column holds (TIERS) and, with `shares=False`, why the shares are not shown."""
     notes = []
     for s in steps:
         if ":" in s.status:
@@ -275,10 +276,15 @@ def step_notes(steps: Sequence[Step], shares: bool = True) -> list[str]:
             toggle = s.label.removeprefix("+ ").strip()
             why = why.strip().removeprefix(f"{toggle}:").strip()
             notes.append(f"{s.label} {word}: {why}")
-        elif s.status == "mismatch":
+            continue
+        if s.status == "mismatch":
             notes.append(f"{s.label} mismatch, not timed: {s.checked.why}")
-        elif s.result is not None and s.result.skipped_updates:
+            continue
+        if s.result is not None and s.result.skipped_updates:
             notes.append(f"{s.label}: {K.skipped_text(s.result.skipped_updates, s.result.first_scale)}")
+        numerics = s.checked.part("numerics")
+        if numerics is not None and "; blind in " in numerics.why:
+            notes.append(f"{s.label}: numerics check blind in " + numerics.why.split("; blind in ", 1)[1])
     return notes + [TIERS] + ([] if shares else [CPU_SHARES])
 
 
