@@ -4,7 +4,8 @@ Notebook 06 trains the same models, from the same weights on the same data, in f
 TF32, fp16 with a GradScaler and bf16. This module holds what the notebook and `gpulab bench`
 share: the sizes (`CONFIG`, read through `config(scale)`), the workloads (`cnn_workload`,
 `gpt_workload`), the code that checks and times each precision (`first_loss`, `precision_run`,
-`step_peak`, `timed_precisions`), fp16's underflow made countable (`unscaled_gradients`,
+`step_peak`, `timed_precisions`), whether a run's loss curve learned as much as fp32's against a measured noise
+floor (`reordered_curve`, `curve_verdict`), fp16's underflow made countable (`unscaled_gradients`,
 `lost_fraction`), and `headline`: the CNN's training throughput in fp32 against the fastest 16-bit
 autocast, after each precision's first loss has been checked against fp32's. The training step
 itself is `gpulab.models.step.train_step`, with autocast and the GradScaler inside.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -29,6 +31,7 @@ from gpulab.models.cnn import RESNET50, ResNetish, image_batches
 from gpulab.models.gpt import GPT, token_batches
 from gpulab.models.precision import (SPECS, LossFn, check, classification_loss, fp32_math, language_model_loss,
                                      make_scaler, supported)
+from gpulab.models.same import SAME_MAX_FLOOR
 from gpulab.models.sizing import fit_batch, memory_budget
 from gpulab.models.step import train_step
 
@@ -226,8 +229,8 @@ def gpt_forward_flops_per_token(vocab: int, n_blocks: int, width: int, seq: int,
 
 def plan(scale: str | None = None) -> Plan:
     """What notebook 06 asks of the GPU at `scale` (gpulab.core.predict): each workload's training steps in
-    every precision (section 7's runs, the headline's, the panel's default run) and its first-loss forwards,
-    at the config's batches (an upper bound: `fit_batch` may halve them on a smaller GPU). A step is 3
+    every precision (section 7's runs and its reordered fp32 curve, the headline's, the panel's default run) and its
+    first-loss forwards, at the config's batches (an upper bound: `fit_batch` may halve them on a smaller GPU). A step is 3
     forwards. It counts all four precisions as on the reference H200; a GPU without TF32 or bf16 skips those
     runs (and times fp16 in bf16's place)."""
     cfg = config(scale)
@@ -247,6 +250,9 @@ def plan(scale: str | None = None) -> Plan:
                 "bf16": run + headline_run + 2 / 3},
         "GPT": {"fp32": gpt_run + 2 / 3, "tf32": gpt_run + 1 / 3, "fp16": gpt_run + 1 / 3, "bf16": gpt_run + 1 / 3},
     }
+    # section 7's noise floor of the loss curves: fp32 once more on the batches in reverse order (`reordered_curve`)
+    for name in ("CNN", "GPT"):
+        steps[name]["fp32"] += cfg["steps"]
     # fit_batch's two fp32 probe steps (batches 4 and 8): each workload's in section 3, the CNN's in the headline
     steps["CNN"]["fp32"] += 2 * (4 + 8) / cnn["batch"]
     steps["GPT"]["fp32"] += (4 + 8) / gpt["batch"]
@@ -384,6 +390,77 @@ def train_curve(model: nn.Module, optimizer: torch.optim.Optimizer, batches: lis
         if scaler is not None and scaler.get_scale() < scale:
             skipped += 1
     return LossCurve(losses, skipped)
+
+
+# -- do the loss curves agree? (notebook 06, section 7) ------------------------------------------------
+# The mean loss over the last CURVE_WINDOW steps (two passes over the four batches) of a run against fp32's, judged
+# against a measured noise floor: fp32 again from the same weights on the same batches in reverse order
+# (`reordered_curve`), a run that learns as much as fp32 by construction. A run passes when its gap to fp32 is at
+# most CURVE_MAX_FLOOR times that floor (gpulab.models.same's factor: two draws of noise differ by about two), or
+# under CURVE_ABS of fp32's own loss there (a gap no plot of the curves shows). A floor of CURVE_FLOOR_MAX of fp32's
+# fall or more says nothing: the check then fails with that reason rather than pass everything.
+CURVE_WINDOW = 8
+CURVE_MAX_FLOOR = SAME_MAX_FLOOR
+CURVE_ABS = 0.01
+CURVE_FLOOR_MAX = 0.5
+
+
+def reordered_curve(work: Workload, batch: int, steps: int) -> LossCurve:
+    """fp32 from `work`'s starting weights, `steps` steps on its batches of `batch` in reverse order: the noise
+    floor of `curve_verdict` (untimed). Notebook 06."""
+    optimizer = work.reset()
+    try:
+        return train_curve(work.model, optimizer, work.batches(batch)[::-1], work.loss_fn, "fp32", None, steps)
+    finally:
+        work.model.zero_grad(set_to_none=True)
+
+
+@dataclass(frozen=True)
+class CurveVerdict:
+    """One run's loss curve against fp32's (`curve_verdict`): `gap` between the last-window means, `floor` (the
+    reordered fp32 run's gap), `allowed`, `share` (gap / allowed: over 1 fails; inf where the floor says nothing or a
+    loss is not finite), `ok`, and `why` in a sentence with the numbers."""
+
+    gap: float
+    floor: float
+    allowed: float
+    share: float
+    ok: bool
+    why: str
+
+
+def curve_verdict(curve: LossCurve, reference: LossCurve, reordered: LossCurve,
+                  window: int = CURVE_WINDOW) -> CurveVerdict:
+    """Does `curve` learn as much as fp32's `reference` (same weights, same batches)? The mean of its last `window`
+    losses against fp32's, where `reordered` (fp32 on the batches in reverse order, `reordered_curve`) gives the
+    noise floor. A run whose GradScaler skipped k updates has applied k fewer by its last step: it is compared with
+    fp32's window k steps earlier, at the same number of applied updates (both windows hold every batch equally
+    often when `window` is a multiple of their number). Notebook 06."""
+    n, k = len(reference), curve.skipped
+    if len(curve) != n or len(reordered) != n:
+        raise ValueError(f"curves of {len(curve)}, {n} and {len(reordered)} steps: compare curves of the same length")
+    if n < window + k:
+        return CurveVerdict(math.inf, math.nan, 0.0, math.inf, False,
+                            f"{k} skipped update(s) leave fewer than {window} steps to compare with fp32's")
+    ref = sum(reference[n - window - k:n - k]) / window
+    gap = abs(curve.window(window) - ref)
+    floor = abs(reordered.window(window) - reference.window(window))
+    fall = reference[0] - reference.window(window)
+    allowed = max(CURVE_MAX_FLOOR * floor, CURVE_ABS * abs(ref))
+    at = (f"last {window} steps {curve.window(window):.4g} against fp32's {ref:.4g}"
+          + (f" (steps {n - window - k + 1}-{n - k}: the GradScaler skipped {k} update(s))" if k else ""))
+    if not (math.isfinite(gap) and math.isfinite(floor)):
+        return CurveVerdict(gap, floor, allowed, math.inf, False, f"{at}: a loss is inf or nan")
+    if fall <= 0 or floor >= CURVE_FLOOR_MAX * fall:
+        return CurveVerdict(gap, floor, allowed, math.inf, False,
+                            f"{at}; fp32 on the batches in reverse order differs by {floor:.3g}, "
+                            + ("and fp32 did not learn (its loss did not fall)" if fall <= 0 else
+                               f"{floor / fall:.0%} of fp32's fall: noise this large cannot tell two runs apart"))
+    ok = gap <= allowed
+    return CurveVerdict(gap, floor, allowed, gap / allowed if allowed > 0 else (math.inf if gap > 0 else 0.0), ok,
+                        f"{at}: gap {gap:.3g}, {'within' if ok else 'MORE than'} {allowed:.3g} allowed "
+                        f"(the larger of {CURVE_MAX_FLOOR:g}x the floor {floor:.3g}, fp32 on the batches in "
+                        f"reverse order, and {CURVE_ABS:.0%} of fp32's loss)")
 
 
 def precision_run(work: Workload, precision: str, batch: int, steps: int, repeat: int = 10,

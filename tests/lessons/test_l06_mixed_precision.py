@@ -40,7 +40,8 @@ def test_plan_counts_the_gpt_steps():
     run = cfg["steps"] + 2 + cfg["gpt_repeat"] + min(cfg["gpt_repeat"], PACE_STEPS)
     whats = [w.what for w in plan("full").work if w.what.startswith("GPT")]
     assert f"GPT: {run + 1 / 3:.3g} bf16 training steps" in whats
-    assert f"GPT: {run + 2 / 3 + 12 / cfg['gpt']['batch']:.3g} fp32 training steps" in whats
+    # fp32 also runs section 7's noise floor of the loss curves: `steps` more, on the batches reversed
+    assert f"GPT: {run + 2 / 3 + 12 / cfg['gpt']['batch'] + cfg['steps']:.3g} fp32 training steps" in whats
 
 
 def test_the_16bit_floor_follows_this_gpus_own_product_rates():
@@ -106,3 +107,49 @@ def test_the_tf32_check_is_skipped_with_its_reason_where_it_cannot_happen(monkey
     assert ada["gpt"].low == pytest.approx(L06.speedup_floor(160 / 82))
     monkeypatch.setattr(C, "ceilings", ceilings_of())                                     # notebook 00 not run
     assert "run notebook 00" in L06.expectations(_facts("NVIDIA H200", (9, 0)))["gpt"].why
+
+
+def _curve(start, end, steps=32, rate=0.8):
+    """A loss curve falling from start towards end (exponentially, by `rate` a step), as LossCurve."""
+    from gpulab.lessons.l06_mixed_precision import LossCurve
+    return LossCurve([end + (start - end) * rate**i for i in range(steps)])
+
+
+def test_the_loss_curves_are_judged_against_a_measured_noise_floor():
+    """Issue 40, review of 06: the curves passed within 5 % of the starting loss, 0.46 nats for the GPT (9.19 at the
+    start, fp32 ending at 0.073): a 16-bit GPT ending near 0.5 passed. Now the gap to fp32 is judged against fp32 on
+    the batches in reverse order (the floor), at most CURVE_MAX_FLOOR times it or CURVE_ABS of fp32's loss."""
+    from gpulab.lessons.l06_mixed_precision import CURVE_MAX_FLOOR, curve_verdict
+    fp32 = _curve(9.19, 0.073)
+    reordered = _curve(9.19, 0.075)                        # floor: 0.002
+    close = curve_verdict(_curve(9.19, 0.080), fp32, reordered)
+    assert close.ok and close.share < 1 and "within" in close.why
+    learned_less = curve_verdict(_curve(9.19, 0.5), fp32, reordered)     # 7x fp32's final loss
+    assert not learned_less.ok and learned_less.share > 1 and "MORE than" in learned_less.why
+    assert learned_less.allowed == pytest.approx(CURVE_MAX_FLOOR * learned_less.floor)
+    # a floor of zero: a gap under CURVE_ABS of fp32's loss still passes (no plot shows it), more does not
+    assert curve_verdict(_curve(9.19, 0.0732), fp32, fp32).ok
+    assert not curve_verdict(_curve(9.19, 0.08), fp32, fp32).ok
+
+
+def test_updates_the_gradscaler_skipped_are_compared_at_as_many_applied_updates():
+    """An fp16 run that skipped k updates at the start is fp32's curve k steps late: compared with fp32's window k
+    steps earlier it passes, and the message says so; without the shift the same lag would read as a gap."""
+    from gpulab.lessons.l06_mixed_precision import LossCurve, curve_verdict
+    fp32 = _curve(7.1, 4.0, rate=0.95)          # still falling at the end, as the CNN's curve is
+    late = LossCurve([fp32[0], fp32[0]] + list(fp32[:30]), skipped=2)     # two skipped updates, then fp32's path
+    reordered = _curve(7.1, 4.005, rate=0.95)
+    v = curve_verdict(late, fp32, reordered)
+    assert v.ok and v.gap == pytest.approx(0.0, abs=1e-12) and "skipped 2 update(s)" in v.why
+    assert not curve_verdict(LossCurve(late, skipped=0), fp32, reordered).ok       # the same lag, not accounted
+
+
+def test_a_floor_that_says_nothing_fails_with_its_reason():
+    from gpulab.lessons.l06_mixed_precision import LossCurve, curve_verdict
+    fp32 = _curve(2.0, 1.0)
+    v = curve_verdict(fp32, fp32, _curve(2.0, 1.8))          # the reversed run barely learned: floor ~ the fall
+    assert not v.ok and v.share == float("inf") and "cannot tell two runs apart" in v.why
+    v = curve_verdict(LossCurve(list(fp32[:-1]) + [float("nan")]), fp32, fp32)
+    assert not v.ok and "nan" in v.why
+    with pytest.raises(ValueError, match="same length"):
+        curve_verdict(_curve(2.0, 1.0, steps=10), fp32, fp32)

@@ -301,18 +301,22 @@ def _expect7(f: dict) -> str | None:
 
 ANSWERS = [
     Answer("06", 1, run=_ex1, expect=_expect1, text=(
-        "Run the panel with precision bf16 (fp16 on a GPU without native bf16) and fp32 at batch 16, 32 and "
-        "128, and divide the images/s. On a GPU the speed-up grows with the batch: at a small batch each "
+        "Run the panel with your best 16-bit format, `P.best_half()` (bf16, or fp16 on a GPU without native "
+        "bf16), and with fp32 at batch 16, 32 and 128, and divide the images/s. On a GPU the speed-up grows with the batch: at a small batch each "
         "convolution is too small to fill the Tensor Cores, and the per-step costs that 16-bit does not "
         "shrink (kernel launches, the optimizer, BatchNorm statistics) are a larger share of the step. The "
-        "run also checks that bf16's first loss agrees with fp32's; on the CPU, where the panel stops at "
+        "run also checks that the 16-bit first loss agrees with fp32's; on the CPU, where the panel stops at "
         "batch 64 and 16-bit is no fast path, it times batches 16 and 32 only.")),
     Answer("06", 2, run=_ex2, expect=_expect2, needs="cuda", text=(
-        "Time the CNN three ways: fp32 with TF32 off, fp32 with only `torch.backends.cudnn.conv.fp32_precision "
-        "= 'tf32'` (PyTorch's default, per the PyTorch docs on TF32), and both switches on (`tf32`). A CNN's "
-        "arithmetic is nearly all convolutions, so the convolution switch alone gives most of TF32's gain: "
-        "the run prints which share. Set it inside `P.fp32_math('ieee')` so it is restored afterwards, as "
-        "the run checks. A GPU before Ampere has no TF32 and skips this.")),
+        "Time the CNN three ways: fp32 with TF32 off and both switches on TF32 (`precision_run` in 'fp32' and "
+        "'tf32', section 7's rows), and fp32 with only `torch.backends.cudnn.conv.fp32_precision = 'tf32'` "
+        "(PyTorch's default, per the PyTorch docs on TF32). The last cannot go through the panel or "
+        "`precision_run`: their 'fp32' sets both switches to IEEE over what you set. So inside "
+        "`P.fp32_math('ieee')` (matrix products IEEE; both switches restored when the block ends, also after an "
+        "error) set the convolution switch to 'tf32' and time `train_step(..., precision=None)`, which runs as "
+        "PyTorch is set. A CNN's arithmetic is nearly all convolutions, so the convolution switch alone gives "
+        "most of TF32's gain: the run prints which share, and checks that the switches were restored. A GPU "
+        "before Ampere has no TF32 and skips this.")),
     Answer("06", 3, run=_ex3, expect=_expect3, text=(
         "Make `torch.amp.GradScaler(device.type, init_scale=2.0**24)` and call `train_curve` in fp16 from the "
         "starting weights, beside a run at the default 2^16. Scaled by 2^24 the gradients overflow fp16's "
@@ -345,7 +349,8 @@ ANSWERS = [
         "the convolutions take NHWC kernels without the layout transposes that NCHW 16-bit convolutions "
         "need, which usually narrows the gap between fp16 and bf16.")),
     Answer("06", 7, run=_ex7, expect=_expect7, text=(
-        "Give the GPT workload `torch.optim.AdamW(..., fused=True)` and train it in fp16 with `precision_run`, "
+        "Rebuild the GPT workload (`torch.manual_seed(0)`, `gpt_workload(gpt_cfg, device)`: the notebook deleted "
+        "its own), give it `torch.optim.AdamW(..., fused=True)` and train it in fp16 with `precision_run`, "
         "beside the unfused AdamW. A fused optimizer takes the GradScaler's inf check and unscaling into its "
         "own kernel (`_step_supports_amp_scaling` in PyTorch's GradScaler source), so `scaler.step` no longer "
         "reads found_inf back to the host every step. On a GPU compare tokens/s and the IQR: the step's host "
