@@ -80,3 +80,34 @@ def test_on_a_shared_gpu_the_headline_times_its_two_products_in_turns(monkeypatc
     assert seen["pair"] == (cfg["aligned"], cfg["misaligned"]) and m.ratio == 4.0
     assert "timed in turns" in m.check and "2 other processes" in m.check
     assert all(v > 0 for v in L07.gemm_pair_interleaved(64, 63, L07.gemm_precisions()[0], 3))
+
+
+def _facts(name, cc, **profile):
+    import dataclasses
+    from gpulab.core.device import facts_for_capability
+    return dataclasses.replace(facts_for_capability(name, *cc), **profile)
+
+
+def test_the_vocabulary_check_asks_for_a_share_of_this_gpus_prediction():
+    """Issue 40, review of 07: checks['vocab'] asked 1.1x of every class, while on GeForce and power-capped GPUs the
+    misaligned products may cost nothing (bands.toml low 1.0). The floor is now a share of section 4's prediction
+    from this GPU's own slow-down, skipped where that prediction is small; the H200's 1.31-1.40 against 2.08 pass."""
+    from gpulab.lessons.l07_tensor_core_alignment import VOCAB_WORTH, vocab_floor
+    low, why = vocab_floor(2.08)                 # the H200's prediction (2026-12-03)
+    assert low is not None and low < 1.31 and low > 1.1 and "predicted" in why
+    assert vocab_floor(1.9)[0] < vocab_floor(3.0)[0]
+    none, why = vocab_floor(VOCAB_WORTH - 0.01)        # a GPU whose misaligned products cost little
+    assert none is None and "not told from the steps' noise" in why
+
+
+def test_the_layout_check_is_judged_by_class():
+    """channels_last's 1.1x is asked where the class's alignment band has a low end above 1 (tensor-core,
+    pre-ampere); on GeForce and power-capped GPUs it is shown, not judged, and under a profile not judged."""
+    from gpulab.lessons.l07_tensor_core_alignment import LAYOUT_LOW, layout_floor
+    assert layout_floor(_facts("NVIDIA H200", (9, 0))) == (LAYOUT_LOW, layout_floor(_facts("NVIDIA H200", (9, 0)))[1])
+    assert layout_floor(_facts("Tesla V100-SXM2-16GB", (7, 0)))[0] == LAYOUT_LOW
+    for name, cc, cls in (("NVIDIA GeForce RTX 4090", (8, 9), "geforce"), ("Tesla T4", (7, 5), "power-capped")):
+        low, why = layout_floor(_facts(name, cc))
+        assert low is None and f"[{cls}.07]" in why and "not judged" in why, name
+    low, why = layout_floor(_facts("Tesla V100-SXM2-16GB", (7, 0), profile="v100", emulated_on="NVIDIA H200"))
+    assert low is None and "emulating the v100 profile" in why
