@@ -3,7 +3,8 @@
 The accumulation itself is `gpulab.models.step.train_step(..., accumulation=steps)`, on lesson 09's
 model (`gpulab.models.transformer.TransformerStack`, `STACK`). This module holds what notebook 10 and
 `gpulab bench` share: the sizes (`CONFIG`, `config`), `accumulation_check` (accumulated gradients equal
-the big batch's, in fp32, and what not dividing does), `update_ratio` (what not dividing does to one
+the big batch's, in fp32, and what not dividing does), `time_pair` (what the time check compares),
+`update_ratio` (what not dividing does to one
 SGD or AdamW update) and `headline`, the peak memory of one big batch against the same batch in
 accumulated micro-batches.
 """
@@ -22,7 +23,7 @@ from gpulab.core.predict import Plan, Work
 from gpulab.lessons.l09_activation_checkpointing import RECOMPUTE, search_plan, stack_params, stack_step_flops
 from gpulab.models.precision import half_dtype
 from gpulab.models.sizing import predicted_batch, predicted_memory
-from gpulab.models.step import GRAD_TOL, train_step
+from gpulab.models.step import GRAD_TOL, train_step, worst_difference
 from gpulab.models.transformer import STACK, TransformerStack, make_batch, param_bytes
 
 # -- knobs ------------------------------------------------------------------------------------------
@@ -82,6 +83,8 @@ def plan(scale: str | None = None) -> Plan:
         if not fit:
             break               # as the notebook: twice the batch would not fit either
     big += 2 * micro * cfg["steps"]
+    if not any(fits(micro * s) for s in cfg["sweep_steps"] if s > 1):
+        accumulated += (1 + timed) * micro      # the time check's halves of a micro-batch, accumulated (`time_pair`)
     # section 5: largest_batch with k = 0 and k = 1 (each trial one step; a checkpointed one RECOMPUTE
     # steps' work), then 1 warm-up + 3 timed steps at the batch found
     searched = 0.0
@@ -103,9 +106,10 @@ def accumulation_check(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps
     """Plain fp32 (TF32 off): the gradients of one batch (x, y) against the same batch in `steps` equal
     micro-batches, accumulated with each loss divided by `steps` (`accumulate`) and without. Notebook 10.
 
-    Returns {"divided": largest |difference| of any entry / the norm of the whole big-batch gradient,
-    "undivided": norm of the undivided gradients / the big batch's (the classic mistake: `steps`)}.
-    The model is left without gradients.
+    Returns {"divided": the worst difference of the accumulated gradients from the big batch's, per parameter
+    (`step.worst_difference`: the largest |difference| of a parameter's entries over its largest big-batch entry,
+    the worst parameter; lesson 09's measure, under the same GRAD_TOL), "undivided": norm of the undivided
+    gradients / the big batch's (the classic mistake: `steps`)}. The model is left without gradients.
     """
     def gradients() -> list[torch.Tensor]:
         return [p.grad.clone() for p in model.parameters()]
@@ -126,8 +130,27 @@ def accumulation_check(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps
     finally:
         model.zero_grad(set_to_none=True)
     big_norm = norm(big)
-    return {"divided": max((a - b).abs().max().item() for a, b in zip(accumulated, big)) / big_norm,
-            "undivided": norm(undivided) / big_norm}
+    return {"divided": worst_difference(accumulated, big), "undivided": norm(undivided) / big_norm}
+
+
+def time_pair(micro: int, big_ms: dict[int, float | None]) -> tuple[int, int, int, str] | None:
+    """What notebook 10's time check compares, given the micro-batch and section 4's big batches (`big_ms`: for each
+    number of micro-batches s tried, one batch of micro x s's ms per sample, None where it did not fit the budget):
+    (micro-batch, steps, the one batch's size, why), the accumulated micro-batch x steps against one batch of the
+    same size:
+
+    - the largest s > 1 whose one batch fitted: `micro` x s against one batch of micro x s (s = 1 is the same step);
+    - where none did (a 16 GB card: one batch of two micro-batches is over the budget), the micro-batch itself is
+      the one batch, against its halves accumulated: micro // 2 x 2 (micro // 2 x 2 = micro for an even micro);
+    - None where there is nothing to compare (a micro-batch of 1 and no larger batch fitted)."""
+    both = [s for s, ms in sorted(big_ms.items()) if s > 1 and ms is not None]
+    if both:
+        s = both[-1]
+        return micro, s, micro * s, f"the largest effective batch timed both ways, {micro * s}"
+    if big_ms.get(1) is not None and micro >= 2:
+        return (micro // 2, 2, micro, f"no batch of two micro-batches of {micro} fitted the memory budget: one "
+                                      f"micro-batch of {micro} against its halves, {micro // 2} x 2, accumulated")
+    return None
 
 
 OPTIMIZERS = {"SGD": torch.optim.SGD, "AdamW": torch.optim.AdamW}
@@ -230,6 +253,6 @@ def headline(scale: str | None = None) -> Measured:
     base = param_bytes(model)
     big_peak, acc_peak = base + one.peak_above_start, base + accumulated.peak_above_start
     return Measured(big_peak / GiB, acc_peak / GiB, "GiB", big_peak / acc_peak, diff < GRAD_TOL,
-                    f"fp32 gradients, {steps} micro-batches vs one batch: largest difference / norm {diff:.1e} "
+                    f"fp32 gradients, {steps} micro-batches vs one batch: worst difference per parameter {diff:.1e} "
                     f"(< {GRAD_TOL:.0e})",
                     f"one batch of {micro * steps}", f"{steps} x {micro} accumulated")

@@ -59,3 +59,46 @@ def test_adamw_ratio_is_predicted_from_the_gradients(tiny):
     near = update_ratio(small, xs, ys, 4, "AdamW")
     assert near > 1.5
     assert adamw_predicted_ratio(small, xs, ys, 4) == pytest.approx(near, rel=1e-5)
+
+
+def test_the_accumulation_check_judges_each_parameter_as_lesson_09_does(tiny):
+    """Issue 40, review of 10: the check divided the largest difference by the norm of the whole gradient, weaker
+    than lesson 09's per-parameter `worst_difference` under the same GRAD_TOL: a parameter with small gradients
+    could be wrong by far more than the tolerance and pass. A LayerNorm bias's gradient 0.05 % off passed the old
+    measure (below GRAD_TOL) and fails now."""
+    from gpulab.lessons import l10_gradient_accumulation as L10
+    from gpulab.models.step import GRAD_TOL, train_step
+    model, x, y = tiny
+    small = model.blocks[0].ln1.bias          # a parameter whose gradient is small against the whole gradient's norm
+    seen = {}
+
+    def off(m, *args, accumulation=1, **kw):
+        out = train_step(m, *args, accumulation=accumulation, **kw)
+        grads = [p.grad.detach().clone() for p in m.parameters()]
+        if accumulation == 1:
+            seen["big"] = grads
+        elif kw.get("divide", True):
+            small.grad.mul_(1.0005)           # a wrong accumulation for one small parameter
+            seen["wrong"] = [p.grad.detach().clone() for p in m.parameters()]
+        return out
+
+    import unittest.mock as mock
+    with mock.patch.object(L10, "train_step", off):
+        got = L10.accumulation_check(model, x, y, 4)["divided"]
+    norm = torch.sqrt(sum((g.double() ** 2).sum() for g in seen["big"])).item()
+    old = max((a - b).abs().max().item() for a, b in zip(seen["wrong"], seen["big"])) / norm
+    assert old < GRAD_TOL < got               # the old measure passed it; the per-parameter one does not
+    assert L10.accumulation_check(model, x, y, 4)["divided"] < GRAD_TOL
+
+
+def test_the_time_check_compares_halves_of_the_micro_batch_where_no_big_batch_fits():
+    """Issue 40, review of 10: under the t4 profile (a budget of about 6.6 GiB) micro-batches of 8 fit and one batch
+    of 16 did not, so the time check was skipped on every 16 GB card; it now compares one micro-batch with its
+    halves accumulated."""
+    from gpulab.lessons.l10_gradient_accumulation import time_pair
+    assert time_pair(8, {1: 1.0, 2: 1.1, 4: 1.2, 8: None})[:3] == (8, 4, 32)       # the H200: 8 x 4 against 32
+    micro, steps, one, why = time_pair(8, {1: 1.0, 2: None})                     # a T4: 16 is over the budget
+    assert (micro, steps, one) == (4, 2, 8) and "halves" in why
+    assert time_pair(7, {1: 1.0, 2: None})[:3] == (3, 2, 7)
+    assert time_pair(1, {1: 1.0, 2: None}) is None                              # nothing to split
+    assert time_pair(8, {1: None}) is None

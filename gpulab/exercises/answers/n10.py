@@ -19,7 +19,7 @@ from gpulab.lessons.l10_gradient_accumulation import (ADAMW_PREDICTION_TOL, OPTI
                                                       update_ratio)
 from gpulab.models.precision import best_half, half_dtype, make_scaler
 from gpulab.models.sizing import predicted_batch
-from gpulab.models.step import GRAD_TOL, mse_loss, train_step
+from gpulab.models.step import GRAD_TOL, mse_loss, train_step, worst_difference
 from gpulab.models.transformer import TransformerStack, loss_fn, make_batch
 
 MiB = 2**20
@@ -60,8 +60,9 @@ def _grads(model: nn.Module) -> list[torch.Tensor]:
 
 
 def _rel_diff(grads, ref) -> float:
-    """accumulation_check's measure: the largest |difference| of any entry / the norm of the whole reference."""
-    return max(float((g - r).abs().max()) for g, r in zip(grads, ref)) / _norm(ref)
+    """accumulation_check's measure, lesson 09's: per parameter, the largest |difference| of its entries over its
+    largest reference entry, the worst parameter (`step.worst_difference`)."""
+    return worst_difference(grads, ref)
 
 
 def _norm_diff(grads, ref) -> float:
@@ -155,9 +156,9 @@ def _ex2(scale: str) -> dict:
             w_loss = train_step(model, micro, accumulation=parts, divide=False, loss=weighted).item()   # x n_i / N
             w = _grads(model)
         model.zero_grad(set_to_none=True)
-        out["divided by 3: largest difference / gradient norm"] = _rel_diff(by3, big)
+        out["divided by 3: worst difference per parameter"] = _rel_diff(by3, big)
         out["divided by 3: |difference| / |gradient|"] = _norm_diff(by3, big)
-        out["times n_i / N: largest difference / gradient norm"] = _rel_diff(w, big)
+        out["times n_i / N: worst difference per parameter"] = _rel_diff(w, big)
         out["divided by 3: loss / big batch's"] = by3_loss / big_loss
         out["times n_i / N: loss / big batch's"] = w_loss / big_loss
         del x, y, micro, big, by3, w, model
@@ -170,7 +171,7 @@ def _expect2(f: dict) -> str | None:
         return f"10 samples in 3 chunks were {f['micro-batch sizes']}, not 4 4 2"
     if not f["accumulation_check on 10 in 3"].startswith("refused"):
         return "section 3's accumulation_check accepted micro-batches of unequal size"
-    if not f["times n_i / N: largest difference / gradient norm"] < GRAD_TOL:
+    if not f["times n_i / N: worst difference per parameter"] < GRAD_TOL:
         return "weighting each micro-batch's loss by n_i / N did not reproduce the big batch's gradients"
     if not abs(f["times n_i / N: loss / big batch's"] - 1) < GRAD_TOL:
         return "the weighted losses did not add up to the big batch's mean loss"
@@ -433,9 +434,9 @@ ANSWERS = [
         "micro-batch's mean loss must be multiplied by n_i / N: 0.4, 0.4 and 0.2. Dividing each by 3 gives "
         "every micro-batch the same weight, so each sample of the 2-sample micro-batch counts twice as much as "
         "one in a 4-sample micro-batch, and the gradient is biased toward it. `accumulation_check` itself refuses "
-        "unequal micro-batches (the run shows the refusal), so check it with its measure: the run compares the "
-        "big batch's fp32 gradients with `train_step(..., divide=False)` given a loss weighted by n_i / N, and "
-        "with the divide-by-3 form. Note that `train_step(model, x, y, accumulation=3)` on 10 samples does the "
+        "unequal micro-batches (the run shows the refusal), so check it with its measure, `worst_difference`: "
+        "the run compares the big batch's fp32 gradients with section 1's loop, each loss weighted by n_i / N "
+        "(`train_step(..., divide=False)` with that loss), and with the divide-by-3 form. Note that `train_step(model, x, y, accumulation=3)` on 10 samples does the "
         "wrong thing silently: `x.chunk(3)` makes 4, 4 and 2 and each loss is divided by 3. The weighted form "
         "matches to rounding; dividing by 3 misses by far more than the tolerance. The same weighting applies "
         "to a data loader's short last batch.")),
@@ -452,8 +453,11 @@ ANSWERS = [
         "accumulation suits LayerNorm and GroupNorm models, and a BatchNorm model trained by accumulation "
         "behaves like one with the micro-batch's statistics (ghost batch norm), not the effective batch's.")),
     Answer("10", 4, run=_ex4, expect=_expect4, text=(
-        "After an effective batch, its gradients are still in `.grad`: `benchmark(optimizer.step)` times the "
-        "update alone (on the same gradients each call, which is fine for a timing). AdamW's step is "
+        "`accumulation_experiment` and the panel free the gradients when they end, so right after them the "
+        "step has nothing to update; `train_step` itself leaves them in `.grad` (with an optimizer after the "
+        "update, without one after the backwards). The run times the effective batches with `train_step`, then "
+        "`benchmark(optimizer.step)` on the gradients the last one left: the update alone (on the same gradients "
+        "each call, which is fine for a timing). AdamW's step is "
         "elementwise over every parameter: it reads the weight, gradient and two moments and writes three of "
         "them back, at least 28 bytes per fp32 parameter (the two moments are 8 bytes, which the run checks), "
         "so its time is set by the parameter count and memory bandwidth, never by the batch. An effective "
