@@ -286,3 +286,15 @@ def test_beside_says_where_yours_ran_and_matches_only_the_figures_variant():
     md_one = ["The step ran at 564 samples/s<!-- fig 14 samples_per_s --> on two GPUs."]
     row, = beside("14", mine, "NVIDIA H200", refs[1:2], md_one)
     assert row["yours"] is None and row["record"] == '14/samples_per_s variant="DataParallel, 2 GPU(s)"'
+
+
+def test_yours_of_another_variant_says_the_figures_keys():
+    """Issue 40, review of 10: a figure selected by extra keys that are no setting key (micro=8 steps=4) said your
+    newest record 'ran with no setting recorded'; it now gives your record's values of the figure's keys."""
+    from types import SimpleNamespace as R
+    refs = [Rec("10", "ratio", 1.2, extra={"micro": 8, "steps": 4}, source="results/a.json")]
+    md = ["Four micro-batches of 8 took 1.2×<!-- fig 10 ratio micro=8 steps=4 --> the time on the H200."]
+    mine = [R(lesson="10", name="ratio", value=1.4, gpu="CPU", scale="tiny", extra={"micro": 4, "steps": 8})]
+    row, = beside("10", mine, "CPU", refs, md)
+    assert row["yours"] is None
+    assert row["regime"] == "none of yours is the figure's (micro=8, steps=4); your newest ratio ran with micro=4, steps=8"

@@ -359,8 +359,11 @@ def beside(lesson: str, mine: Iterable[Any], gpu_now: str, references: Iterable[
             if (fig.tag.lesson, name) in PROBES:
                 row["regime"] = f"reference only: a probe no notebook runs ({PROBES[fig.tag.lesson, name]})"
             elif same_name and not ours:
+                extra, keys = same_name[-1].extra or {}, [k for k, _ in chosen]
+                ran = ", ".join(x for x in (key_values((k, extra[k]) for k in keys if k in extra),   # the figure's keys
+                                            setting(extra, leave_out=keys)) if x)
                 row["regime"] = (f"none of yours is the figure's ({key_values(chosen)}); your newest {name} ran "
-                                 f"with {setting(same_name[-1].extra) or 'no setting recorded'}")
+                                 f"with {ran or 'no setting recorded'}")
             if ours:
                 r = ours[-1]
                 row["yours"] = _value(r.value, r.extra, fig.tag)
