@@ -141,12 +141,10 @@ def table(results: Path) -> str:
         if not mine:
             continue
         lines += ["", f"### {kind}", "", f"`results/{kind}/`: {says}.", "",
-                  "| date | GPU | commit | what ran | folder |", "|---|---|---|---|---|"]
-        for m in mine:
-            what = m["what"].replace("|", "\\|")
-            rest = NAME.fullmatch(m["run"]).group(3)            # the name's date and GPU are the first columns
-            lines.append(f"| {m['date']} | {gpu_short(m['gpu'])} | {m['commit'] or '-'} | {what} | "
-                         f"[{rest}]({kind}/{m['run']}/) |")
+                  "| date | GPU | commit | what ran (its folder) |", "|---|---|---|---|"]
+        for m in mine:       # what ran links the folder, whose name's date and GPU are the first columns
+            what = m["what"].replace("|", "\\|").replace("[", "(").replace("]", ")")
+            lines.append(f"| {m['date']} | {gpu_short(m['gpu'])} | {m['commit'] or '-'} | [{what}]({kind}/{m['run']}/) |")
     return "\n".join([*lines, "", END])
 
 

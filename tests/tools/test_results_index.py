@@ -85,7 +85,7 @@ def test_the_index_links_each_run_under_its_kind_and_escapes_pipes(tmp_path):
     assert RI.main(["--results", str(results)]) == 0
     text = (results / "README.md").read_text()
     assert "### course" in text and "### zoo" not in text            # a kind with no run has no table
-    assert "| 2026-12-01 | H200 | abc1234 | a \\| b | [00](course/2026-12-01-h200-00/) |" in text
+    assert "| 2026-12-01 | H200 | abc1234 | [a \\| b](course/2026-12-01-h200-00/) |" in text
     assert text.endswith("tail\n") and RI.main(["--results", str(results), "--check"]) == 0
 
 
