@@ -7,6 +7,7 @@ Nothing else in the course times device work by hand.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -254,10 +255,10 @@ def release_cupti() -> None:
         return
     from torch.profiler import ProfilerActivity, profile
 
-    # acc_events=True: without it torch.profiler warns "To keep events across cycles, set acc_events=True" when the
-    # session starts (torch/profiler/profiler.py, prepare_trace), and notebook 01 printed that warning under a cell
-    # whose own profile passes acc_events=True
-    with profile(activities=[ProfilerActivity.CUDA], acc_events=True):
+    # PROFILE_KW (acc_events=True): without it torch.profiler warns "To keep events across cycles, set
+    # acc_events=True" when the session starts (torch/profiler/profiler.py, prepare_trace), and notebook 01 printed
+    # that warning under a cell whose own profile passes acc_events=True
+    with profile(activities=[ProfilerActivity.CUDA], **PROFILE_KW):
         for _ in range(3):
             torch.cuda.synchronize()
             time.sleep(0.002)
@@ -266,15 +267,25 @@ def release_cupti() -> None:
         time.sleep(0.002)
 
 
+# Every torch.profiler session gpulab opens passes these (see `gpu_profile`); a torch older than 2.5 has no
+# acc_events (and no warning about it).
+PROFILE_KW = ({"acc_events": True} if "acc_events" in inspect.signature(torch.profiler.profile).parameters else {})
+
+
 @contextlib.contextmanager
 def gpu_profile(cpu: bool = False, **kwargs) -> Iterator[object]:
     """`torch.profiler.profile` of the GPU's activity (and the host's with `cpu=True`; `kwargs` go to it),
     with CUPTI released when it ends (`release_cupti`): what gpulab's own profiles run under, so timings
-    taken after them are not slowed by the profiler."""
+    taken after them are not slowed by the profiler.
+
+    `acc_events` defaults to True (PROFILE_KW): torch 2.10 and 2.11 warn "To keep events across cycles, set
+    acc_events=True" at the first session of a process without it, schedule or not (pytorch/pytorch#180348,
+    fixed by #180387); notebooks 11 (2026-12-03 and 2026-12-06) and answer 00.4 printed it under cells whose
+    profiles use no schedule. With one recording cycle, as here, accumulating across cycles changes nothing."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = ([ProfilerActivity.CPU] if cpu else []) + [ProfilerActivity.CUDA]
-    with profile(activities=activities, **kwargs) as prof:
+    with profile(activities=activities, **{**PROFILE_KW, **kwargs}) as prof:
         yield prof
     release_cupti()
 

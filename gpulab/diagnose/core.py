@@ -232,7 +232,7 @@ def _profile(step: Callable, steps: int, device: torch.device, trace_path: str |
     profiler, and None comes back."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from gpulab.core.timing import release_cupti
+    from gpulab.core.timing import PROFILE_KW, release_cupti
     from gpulab.diagnose.events import parse, records_from_profiler
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" and cuda else [])
@@ -240,7 +240,8 @@ def _profile(step: Callable, steps: int, device: torch.device, trace_path: str |
         sync(device)
         torch.cuda.reset_peak_memory_stats(device)
     before = _memory_stats(device)
-    context = profile(activities=activities, record_shapes=True, with_flops=True, with_stack=True) if record else nullcontext()
+    context = (profile(activities=activities, record_shapes=True, with_flops=True, with_stack=True, **PROFILE_KW)
+               if record else nullcontext())
     with context as prof:
         _run(step, "profiled steps")     # unmarked: the marked steps then start with work queued, as in training
         for _ in range(steps):

@@ -299,3 +299,29 @@ def test_pace_is_unknown_where_the_profiler_saw_nothing_or_refused(monkeypatch):
         raise RuntimeError("CUPTI_ERROR_INSUFFICIENT_PRIVILEGES")
     monkeypatch.setattr(T, "gpu_kernels", refused)
     assert T.pace(lambda: None, device=gpu) is None
+
+
+def test_gpu_profile_keeps_events_across_cycles_unless_told_otherwise(monkeypatch):
+    """torch 2.10 and 2.11 warn "set acc_events=True" at the first profiler session of a process without it, with
+    or without a schedule (pytorch/pytorch#180348): notebook 11 printed it under its step profile on 2026-12-03 and
+    2026-12-06. gpu_profile passes acc_events=True unless its caller says otherwise."""
+    import contextlib
+
+    import torch.profiler
+
+    import gpulab.core.timing as T
+
+    seen = []
+
+    @contextlib.contextmanager
+    def profile(**kwargs):
+        seen.append(kwargs)
+        yield None
+    monkeypatch.setattr(torch.profiler, "profile", profile)
+    monkeypatch.setattr(T, "release_cupti", lambda: None)
+    with T.gpu_profile():
+        pass
+    with T.gpu_profile(cpu=True, acc_events=False, record_shapes=True):
+        pass
+    assert seen[0]["acc_events"] is True and len(seen[0]["activities"]) == 1
+    assert seen[1]["acc_events"] is False and seen[1]["record_shapes"] and len(seen[1]["activities"]) == 2

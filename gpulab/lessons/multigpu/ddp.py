@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
 from gpulab.core.device import float32_matmul
-from gpulab.core.timing import benchmark, gpu_kernels, release_cupti
+from gpulab.core.timing import PROFILE_KW, benchmark, gpu_kernels, release_cupti
 from gpulab.lessons.multigpu.arithmetic import (GRAD_TOL, MiB, bucket_layout, check_grads, kernel_breakdown,
                                                 overlap_fraction)
 from gpulab.lessons.multigpu.worker import (Ctx, build_model, forward_backward, global_batch, grads_of, speed_mode,
@@ -251,7 +251,7 @@ def profile_steps_of(fns: dict[str, Callable[[], None]], steps: int, device: tor
         torch.cuda.synchronize(device)
         prof, error = None, None
         try:
-            prof = profile(activities=[ProfilerActivity.CUDA])
+            prof = profile(activities=[ProfilerActivity.CUDA], **PROFILE_KW)
             prof.start()
         except Exception as err:            # noqa: BLE001 - the steps must run on every rank regardless
             prof, error = None, f"{type(err).__name__}: {err}"
