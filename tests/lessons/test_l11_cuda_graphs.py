@@ -60,6 +60,26 @@ def test_mlp_step_captures_after_an_eager_step():
     assert max_difference(out, eager) < 1e-3
 
 
+def test_a_dropped_bias_gradient_fails_the_per_tensor_check_of_section_4():
+    """Issue 40 (review of 11): notebook 11 compared the compiled step's loss and gradients with eager's by the
+    largest difference over the largest value of all of them (<= 1e-2), so a bias gradient left at zero passed.
+    It now compares them tensor by tensor (models.step.worst_difference, as notebooks 09 and 10 do)."""
+    from gpulab.models.step import worst_difference
+    from gpulab.lessons.l11_cuda_graphs import config
+    cfg = config("full")                              # section 4's MLP at full size: a few ms on the CPU
+    torch.manual_seed(0)
+    model = MLP(cfg["mlp_width"], cfg["mlp_depth"])
+    b, w = cfg["mlp_batch"], cfg["mlp_width"]
+    res = make_mlp_step(model)(torch.randn(b, w), torch.randn(b, w))
+    last_bias = len(res) - 1                          # (loss, w1, b1, ..., w8, b8): the last layer's bias
+    assert res[last_bias].dim() == 1 and res[last_bias].abs().max() > 0
+    dropped = [r.clone() for r in res]
+    dropped[last_bias].zero_()
+    whole = max_difference(dropped, res) / max_difference(res, [torch.zeros_like(r) for r in res])
+    assert whole <= 1e-2                              # the old check passed it
+    assert worst_difference(dropped, res) == pytest.approx(1.0) and worst_difference(res, res) == 0.0
+
+
 def test_max_difference_checks_lengths():
     with pytest.raises(ValueError):
         max_difference([torch.zeros(1)], [torch.zeros(1), torch.zeros(1)])
