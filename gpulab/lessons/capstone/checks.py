@@ -23,15 +23,23 @@ that says its numbers, and fails with them:
   distances), within SYSTEMS_MAX times the floor.
 - `numerics` (the numerics tier: tf32, amp, fp8): the gradients of the first update, tensor by tensor, against
   the reference's from the same weights on the same batch, within NUMERICS_MAX times the reference's own
-  rounding to the run's coarsest format: its gradients with its weights rounded to that format
-  (`round_weights`), or one rounding of the format where that is larger. Gradients, not parameters after k
-  updates: after three AdamW updates 16-bit rounding alone moved some tensors by most of their movement (81 %
-  of a GPT bias's, 94 % of a CNN BatchNorm weight's), which is what a dropped gradient does; one update's
-  gradients differ by the format's rounding.
+  rounding to the run's coarsest format: how far the reference's gradients move when its own step is computed
+  in that format (`runner.format_gradients`: its weights rounded to it, `round_weights`, and its products
+  and activations too, under autocast or TF32's math mode), or one rounding of the format where that is
+  larger. Gradients, not parameters after k updates: after three AdamW updates 16-bit rounding alone moved
+  some tensors by most of their movement (81 % of a GPT bias's, 94 % of a CNN BatchNorm weight's), which is
+  what a dropped gradient does; one update's gradients differ by the format's rounding.
 
-Where the rounding alone changes a tensor's gradient by 1 / NUMERICS_MAX of its size or more (every tensor of
-the tiny CNN in bf16), the numerics allowance reaches the whole gradient: that comparison cannot see a dropped
-gradient there, and says which tensors; the movement comparison still can.
+The floor rounds the activations as the run does, not only the weights: a gradient that is a sum with
+cancellation (a BatchNorm bias's, a convolution's before BatchNorm) is a small difference of large terms, and
+the rounding of the activations inside it counts: fp16 autocast moved the tiny CNN's blocks.3.bn3.bias
+gradient by 5.2 % of its size, where rounding the weights alone moved it by 0.5 % (CPU, torch 2.13), and a
+floor of the weights alone failed correct fp16 runs. The floor is the reference model's own step in
+`train_step`, with no optimizer and no GradScaler, so what the check tests is what the run's toggles change
+around the format: the loss scaling and unscaling, the FP8 layers, the systems toggles under 16 bits. Where the
+rounding alone changes a tensor's gradient by 1 / NUMERICS_MAX of its size or more (most tensors of the tiny CNN
+in bf16), the numerics allowance reaches the whole gradient: that comparison cannot see a dropped gradient
+there, and says which tensors; the movement comparison still can.
 """
 from __future__ import annotations
 
@@ -55,14 +63,17 @@ MOVE_MAX = 2.0         # each tensor moves between half and twice as far as in t
 # and its own for a smaller CNN on one thread (CPU, torch 2.13), where gpulab.models.same (SAME_MAX_FLOOR)
 # allows 4. A dropped gradient lands far above: one LayerNorm weight of the tiny GPT, 350 times the floor.
 SYSTEMS_MAX = 16.0
-# The numerics tier's allowance over the reference's own rounding. Autocast rounds each product's two inputs and
-# its output; the floor rounds the weights once. Per tensor, the 16-bit gradients were at most 2.9 times as far
-# from fp32's as the floor's (bf16, and fp16 with loss scaling; the tiny GPT and CNN and 4x wider ones), FP8's
-# 2.7 (the tiny and a 4x wider GPT; CPU, torch 2.13). 8 leaves room for what a GPU's kernels round besides
-# (flash attention rounds its probabilities to 16 bits).
+# The numerics tier's allowance over the reference's own rounding (its own step computed in the format). Per
+# tensor, correct runs' gradients were 1.00 to 1.23 times as far from fp32's as the floor's (bf16 and fp16, alone
+# and with aligned, fused, checkpointing, accumulation, compile run eagerly, channels_last: the same rounding,
+# the sums in another order), FP8's 1.45 to 1.61 (its e4m3 and e5m2 products are the run's alone; the tiny GPT
+# and CNN and 4x wider ones, CPU, torch 2.13, one and two threads). 8 leaves room for the kernels a GPU picks
+# for a toggle (channels_last's convolutions, compiled code that keeps fused intermediates in fp32) and for
+# atomic adds in backward kernels.
 NUMERICS_MAX = 8.0
 BLIND = 1.0            # an allowance this share of a gradient or more cannot tell it from a dropped one (1.0 off)
 ROWS_SEED = 12345      # the fixed permutation of each batch's rows that measures the noise floor
+FLOOR_SCALE = 2.0**16  # fp16's floor multiplies its loss by this first, as GradScaler's scale starts
 UNIT_ROUNDOFF = {"tf32": 2.0**-11, "fp16": 2.0**-11, "bf16": 2.0**-8, "fp8": 2.0**-4}   # half an ulp, relative
 FORMATS = tuple(UNIT_ROUNDOFF)
 
@@ -72,8 +83,8 @@ FORMATS = tuple(UNIT_ROUNDOFF)
 class Sample:
     """A run's parameters and gradients at SAMPLE fixed positions per tensor (fp32, on the host): `p0` before
     any update, `g1` the first applied update's gradients, `pk` after k updates. A reference run keeps its
-    floors: `reordered`, its `pk` with each batch's rows reordered; `rounded[fmt]`, its `g1` with its weights
-    rounded to fmt first. NumPy arrays, not tensors: host numbers kept for the comparisons, on every device (a
+    floors: `reordered`, its `pk` with each batch's rows reordered; `rounded[fmt]`, its `g1` computed in fmt
+    (`runner.format_gradients`). NumPy arrays, not tensors: host numbers kept for the comparisons, on every device (a
     memory check that counts the CPU's tensors, standing in for a GPU's memory, leaves them out)."""
 
     p0: list[np.ndarray]
@@ -217,8 +228,9 @@ def systems(p0: list, reference: list, run: list, floors: list[tuple[list, list]
 
 def numerics(reference: list, run: list, floor: list, names: Sequence[str], fmt: str) -> Part:
     """The first update's gradients, tensor by tensor, against the reference's: each relative difference
-    within NUMERICS_MAX times the larger of that tensor's floor (the reference's gradient with its weights
-    rounded to `fmt`) and one rounding of `fmt` (its unit roundoff: no gradient computed in `fmt` is closer)."""
+    within NUMERICS_MAX times the larger of that tensor's floor (how far the reference's gradient moves when its
+    own step is computed in `fmt`: `floor`, `runner.format_gradients`) and one rounding of `fmt` (its unit
+    roundoff: no gradient computed in `fmt` is closer)."""
     u = UNIT_ROUNDOFF[fmt]
     rows, blind = [], []
     for name, r, q, f in zip(names, _tensors(reference), _tensors(run), _tensors(floor)):
@@ -233,7 +245,7 @@ def numerics(reference: list, run: list, floor: list, names: Sequence[str], fmt:
     ok = all(d <= a for _, d, a in rows) and math.isfinite(used)
     why = (f"first update's gradients against the reference's, tensor by tensor: {name} differs by {diff:.2e} of its "
            f"size, {'the closest to' if ok else 'MORE than'} its allowance {allowed:.2e} ({NUMERICS_MAX:g}x the "
-           f"larger of the reference's own {fmt} rounding, its gradient with its weights rounded to {fmt}, and one "
+           f"larger of the reference's own {fmt} rounding, its gradient with its own step computed in {fmt}, and one "
            f"{fmt} rounding, 2^{math.log2(u):.0f})")
     if blind:
         named = ", ".join(blind[:3]) + (", ..." if len(blind) > 3 else "")

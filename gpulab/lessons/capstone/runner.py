@@ -186,12 +186,12 @@ def run_job(job: str, options: Options = Options(), batch: int | None = None, *,
     tried again on its batch until it is applied (at most SKIP_RETRIES times), and counted in
     `skipped_updates`, so every run makes `loss_steps` updates on the same batches. `floors` (a reference
     run's, `checks`): "reorder", the same updates again from the same weights with each batch's rows in
-    another order, and formats of `checks.FORMATS`, the first update's gradients with the weights rounded to
-    each. `check(losses, skipped, sample, own_floor)` returns the comparisons (`checks.Part`) before anything is
-    timed; a run that fails one is not timed (`time` None, and a note says why). With `own_floor`, the run keeps
-    its starting weights, and `own_floor()` (None without) gives its sample with its own "reorder" floor,
-    measured only if the check asks for it. A combination no device runs, or one this device cannot, raises
-    ValueError with the reason.
+    another order, and formats of `checks.FORMATS`, the first update's gradients computed in each
+    (`format_gradients`). `check(losses, skipped, sample, own_floor)` returns the comparisons (`checks.Part`)
+    before anything is timed; a run that fails one is not timed (`time` None, and a note says why). With
+    `own_floor`, the run keeps its starting weights, and `own_floor()` (None without) gives its sample with its
+    own "reorder" floor, measured only if the check asks for it. A combination no device runs, or one this
+    device cannot, raises ValueError with the reason.
     """
     device = device or pick_device()
     size = resolve_scale(scale)
@@ -244,6 +244,7 @@ class Trainer:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler | None
     train: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]    # the job's loss of a batch (compiled with compile)
 
 
 def prepare(job: str, options: Options, cfg: dict, batch: int, device: torch.device, seed: int):
@@ -281,7 +282,7 @@ def make_trainer(job: str, options: Options, model: nn.Module, device: torch.dev
         return train_step(model, x, y, loss=lambda _, xs, ys: loss_of(xs, ys), optimizer=optimizer,
                           precision=AMP_DTYPES[options.amp], scaler=scaler,
                           accumulation=options.accumulation, graphs=options.cuda_graphs)
-    return Trainer(model, optimizer, scaler, train)
+    return Trainer(model, optimizer, scaler, train, loss_of)
 
 
 def _update(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, step: int, skipped: list[int]) -> float:
@@ -360,14 +361,39 @@ def _train(job: str, options: Options, batch: int, cfg: dict, loss_steps: int, t
             "first_scale": first_scale, "sample": sample, "parts": parts}
 
 
+def format_gradients(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, fmt: str, chunks: int = 1) -> list:
+    """The gradients of one step of `trainer`'s model on (x, y) computed in `fmt` (`checks.FORMATS`), by
+    `train_step` alone (no optimizer, no GradScaler): the weights rounded to `fmt` (`checks.round_weights`),
+    then the step in it: TF32's math mode ("tf32"), autocast ("fp16", "bf16"; "fp8" under bf16 autocast, as
+    the fp8 toggle runs). fp16's loss is multiplied by a power of two (2^16, halved while a gradient
+    overflows), so small gradients stay above fp16's smallest number, and divided out again (in place: the
+    gradients are `.grad`'s own tensors)."""
+    params = list(trainer.model.parameters())
+    K.round_weights(trainer.model, fmt)
+    precision = "bf16" if fmt == "fp8" else fmt
+    scale = K.FLOOR_SCALE if fmt == "fp16" else 1.0
+    while True:
+        train_step(trainer.model, x, y, loss=lambda _, xs, ys: trainer.loss(xs, ys) * scale, precision=precision,
+                   accumulation=chunks)
+        grads = [p.grad for p in params]
+        if scale <= 1.0 or all(bool(torch.isfinite(g).all()) for g in grads if g is not None):
+            break
+        scale /= 2
+    if scale != 1.0:
+        for g in grads:
+            if g is not None:
+                g.div_(scale)
+    return grads
+
+
 def _floor_samples(trainer: Trainer, sample: K.Sample, *, start: list, batches: list, floors: tuple[str, ...],
                    device: torch.device, channels_last: bool, chunks: int, positions: list) -> K.Sample:
     """`sample` with a reference run's noise floors (`checks`), each from the starting weights `start` (host
     copies; the optimizer's state cleared, the gradients dropped): "reorder", the same updates on `batches`
     with each batch's rows in another order (`checks.rows_order`, within each of `chunks` micro-batches), and
-    its parameters after them (added to `sample`'s); each format,
-    the first update's gradients with the weights rounded to it (`checks.round_weights`). The loader is not
-    used: the floors are the arithmetic's, and the batches are the same."""
+    its parameters after them (added to `sample`'s); each format, the first update's gradients computed in it
+    (`format_gradients`). The loader is not used: the floors are the arithmetic's, and the batches are the
+    same."""
     params = list(trainer.model.parameters())
 
     def restart() -> None:
@@ -390,7 +416,5 @@ def _floor_samples(trainer: Trainer, sample: K.Sample, *, start: list, batches: 
         reordered = K.take(params, positions)
     for fmt in (f for f in floors if f != "reorder"):
         restart()
-        K.round_weights(trainer.model, fmt)
-        trainer.train(*on_device(*batches[0]))
-        rounded[fmt] = K.take([p.grad for p in params], positions)
+        rounded[fmt] = K.take(format_gradients(trainer, *on_device(*batches[0]), fmt, chunks), positions)
     return dataclasses.replace(sample, reordered=reordered, rounded=rounded)

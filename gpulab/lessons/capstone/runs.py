@@ -59,8 +59,8 @@ TIERS = ("The checks, each against the fp32 reference from the same weights on t
          f"{1 / K.MOVE_MAX:g} to {K.MOVE_MAX:g} times the reference's); systems toggles, in fp32, their parameters "
          f"after {LOSS_STEPS} updates within {K.SYSTEMS_MAX:g}x the noise floor of the runs with their batch rows "
          f"reordered; numerics toggles (tf32, amp, fp8), the first update's gradients within {K.NUMERICS_MAX:g}x "
-         "the reference's own rounding to the run's format. Each figure is the share of its allowance used "
-         "(at most 1 passes).")
+         "how far the reference's own move when its step is computed in the run's format. Each figure is the share "
+         "of its allowance used (at most 1 passes).")
 
 
 @dataclass(frozen=True)
@@ -115,10 +115,10 @@ class Runs:
         return batch or self.configs[job]["batch"]
 
     def floors(self, job: str) -> tuple[str, ...]:
-        """The noise floors a reference run of `job` keeps (`checks`): its rows reordered, and its rounding to
-        each format the notebook trains `job` in here: TF32 where it runs, the 16-bit type `best_half` picks,
-        FP8 for the GPT where it runs. Another format (fp16 on a GPU with bf16, in the panel) is measured when a
-        run asks for it (`rounded`)."""
+        """The noise floors a reference run of `job` keeps (`checks`): its rows reordered, and its first update's
+        gradients computed in each format the notebook trains `job` in here: TF32 where it runs, the 16-bit type
+        `best_half` picks, FP8 for the GPT where it runs. Another format (fp16 on a GPU with bf16, in the panel)
+        is measured when a run asks for it (`rounded`)."""
         if job not in self._formats:
             facts = device_facts()
             fmts = [f for f in ("tf32", P.best_half(facts)) if P.refusal(f, facts) is None]
@@ -196,8 +196,8 @@ class Runs:
         return self(job, ref, batch, timed=False, floors=floors)
 
     def rounded(self, job: str, ref: JobResult, fmt: str) -> list | None:
-        """The reference's first-update gradients with its weights rounded to `fmt` (the numerics floor): kept
-        by the reference run where `floors` names `fmt`, else measured now by an untimed run of it."""
+        """The reference's first-update gradients computed in `fmt` (the numerics floor): kept by the reference
+        run where `floors` names `fmt`, else measured now by an untimed run of it."""
         if ref.sample is None:
             return None
         if fmt not in ref.sample.rounded:
