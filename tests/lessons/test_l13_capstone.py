@@ -543,6 +543,8 @@ def test_fp8_is_a_gpt_toggle_with_bf16_and_refused_without_fp8_tensor_cores():
     assert "needs amp bf16" in C.problem("gpt", C.Options(fp8=True), facts=CPU_FACTS)
     assert "needs amp bf16" in C.problem("gpt", C.Options(amp="fp16", fp8=True), facts=CPU_FACTS)
     assert "fp8: " in O.refusal(o, A100) and "no FP8 Tensor Cores" in O.refusal(o, A100)
+    # a GPU without bf16 either (a V100, a T4): the reason given is FP8's, not bf16's (notebook 13's c11 asks this)
+    assert O.refusal(o, V100).startswith("fp8: ") and "no FP8 Tensor Cores" in O.refusal(o, V100)
     assert C.problem("gpt", o, facts=CPU_FACTS) is None
     assert C.loss_tolerance("gpt", o)[0] == pytest.approx(0.06)
     assert "fp8" not in C.all_on("gpt", facts=CPU_FACTS).on()      # not a default toggle: 14b measures it

@@ -146,12 +146,12 @@ def refusal(options: Options, facts: DeviceFacts | None = None, backend: str | N
     facts = facts or device_facts()
     gpu = facts.on_gpu          # what runs the code: a GPU profile on the CPU still has no copy engine
     reasons = {}
+    if options.fp8:               # first: on a GPU without FP8 Tensor Cores (a T4) this is the reason, not its bf16
+        reasons["fp8"] = P.fp8_refusal(facts)
     if options.tf32:
         reasons["tf32"] = P.refusal("tf32", facts)
     if options.amp != "none":
         reasons["amp"] = P.refusal(options.amp, facts)
-    if options.fp8:
-        reasons["fp8"] = P.fp8_refusal(facts)
     if options.loader and not gpu:
         reasons["loader"] = ("pinned (page-locked) memory and non_blocking copies speed up copies to a GPU; "
                              "on the CPU there is no copy to speed up.")
