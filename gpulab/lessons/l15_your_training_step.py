@@ -258,9 +258,12 @@ def same_training(options: Options, cfg: dict, device: torch.device, width: int,
     """Correct before fast: does a step with `options` train the same model as the step it replaces, `before`
     (the slow step where not given; notebook 15 passes the previous round's, issue 40)? Both from the same
     weights on the same batches for k updates; their parameters' distance against the noise floor of each with
-    its batch rows reordered (`gpulab.models.same.compare`, the suite's check), and, only where this round
-    changes the precision, of each against itself in fp32: a round that keeps 16-bit (more workers after the
-    16-bit fix) is held to the reordering alone, so any real change fails there too."""
+    its batch rows reordered (`gpulab.models.same.compare`, the suite's check: it fails beyond SAME_MAX_FLOOR,
+    four, times the floor), and, only where this round changes the precision, of each against itself in fp32. A
+    round that keeps 16-bit (more workers after the 16-bit fix) is held to the 16-bit step's reordering floor
+    alone: a change beyond four times that floor fails there too (a learning rate 1 % larger did, in
+    tests/lessons/test_l15_your_training_step.py). The round that changes the precision fails a change only beyond
+    four times 16-bit rounding's own distance from fp32."""
     from gpulab.diagnose.cases import K_UPDATES, compare, trained
     from gpulab.models.precision import fp32_only
 
