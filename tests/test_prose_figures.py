@@ -298,3 +298,19 @@ def test_yours_of_another_variant_says_the_figures_keys():
     row, = beside("10", mine, "CPU", refs, md)
     assert row["yours"] is None
     assert row["regime"] == "none of yours is the figure's (micro=8, steps=4); your newest ratio ran with micro=4, steps=8"
+
+
+def test_a_renamed_measurements_old_records_are_the_same_measurement_under_its_name_now():
+    """Issue 40 (review of 13, finding 6): notebook 13 records gpt_peak_fraction_ladder (its MFU as extra "mfu");
+    the committed H200 runs called it gpt_mfu_ladder (MFU as "datasheet_share"). The prose tags the name now, and
+    both the committed records and a learner's old ones are read under it (figures.RENAMED), so the table beside
+    the prose does not say "not run yet" forever."""
+    old = Rec("13", "gpt_mfu_ladder", 0.75, extra={"datasheet_share": 0.58, "batch": 32}, source="results/old.json")
+    new = F.renamed(old)
+    assert (new.name, new.value, new.extra) == ("gpt_peak_fraction_ladder", 0.75, {"mfu": 0.58, "batch": 32})
+    assert check_markdown("reached 75 %<!-- fig 13 gpt_peak_fraction_ladder x100 --> and an MFU of "
+                          "58 %<!-- fig 13 gpt_peak_fraction_ladder.mfu x100 -->.", [new]) == []
+    rows = beside("13", [old], "NVIDIA H200", references=[old],
+                  markdown=["58 %<!-- fig 13 gpt_peak_fraction_ladder.mfu x100 -->"])
+    assert rows[0]["yours"] == pytest.approx(58.0) and rows[0]["regime"] == "same GPU"
+    assert any(r.name == "gpt_peak_fraction_ladder" and r.gpu == "NVIDIA H200" for r in committed_records())

@@ -261,6 +261,26 @@ def check_markdown(md: str, records: Iterable[Rec], where: str = "markdown") -> 
     return problems
 
 
+# Measurements renamed after records of them were committed: (lesson, old name) -> (name now, {old extra key: key
+# now}). Committed stores keep the names they were written with; the prose, the prose-figure test and the table of
+# your values beside it read an old record as the same measurement under its name now (`renamed`). Notebook 13 once
+# called its fraction of measured peak "MFU" (gpt_mfu_ladder, with the datasheet's ratio as datasheet_share); MFU
+# is the ratio to the datasheet's peak, so the record became gpt_peak_fraction_ladder with that ratio as mfu.
+# (13/gpt_mfu is not here: its old records divide by a measured peak in some runs and the datasheet's in others.)
+RENAMED = {("13", "gpt_mfu_ladder"): ("gpt_peak_fraction_ladder", {"datasheet_share": "mfu"})}
+
+
+def renamed(r: Any) -> Rec:
+    """Record `r` (a `Rec`, or a results store's record: lesson, name, value, gpu, scale, extra) as a `Rec` under its
+    name now (RENAMED), its extra keys renamed with it."""
+    lesson, name, extra = str(r.lesson), r.name, dict(getattr(r, "extra", None) or {})
+    if (lesson, name) in RENAMED:
+        name, keys = RENAMED[lesson, name]
+        extra = {keys.get(k, k): v for k, v in extra.items()}
+    return Rec(lesson, name, float(r.value), str(getattr(r, "gpu", "")), str(getattr(r, "scale", "")), extra,
+               str(getattr(r, "source", "your results store")), str(getattr(r, "time", "")))
+
+
 def committed_records(root: Path = ROOT) -> tuple[Rec, ...]:
     """Every record of every results store under root/results/ (other JSON files are not stores)."""
     out = []
@@ -274,10 +294,10 @@ def committed_records(root: Path = ROOT) -> tuple[Rec, ...]:
         for r in data["records"]:
             if not isinstance(r, dict) or not isinstance(r.get("value"), (int, float)):
                 continue
-            out.append(Rec(str(r.get("lesson")), str(r.get("name")), float(r["value"]),
-                           str(r.get("gpu", "")), str(r.get("scale", "")),
-                           r.get("extra") if isinstance(r.get("extra"), dict) else {},
-                           str(path.relative_to(root)), str(r.get("time", ""))))
+            out.append(renamed(Rec(str(r.get("lesson")), str(r.get("name")), float(r["value"]),
+                                   str(r.get("gpu", "")), str(r.get("scale", "")),
+                                   r.get("extra") if isinstance(r.get("extra"), dict) else {},
+                                   str(path.relative_to(root)), str(r.get("time", "")))))
     return tuple(out)
 
 
@@ -335,8 +355,8 @@ def beside(lesson: str, mine: Iterable[Any], gpu_now: str, references: Iterable[
     ..." with its script. Yours is matched only to a record of the figure's variant (the tag's KEY=VALUE filters,
     and the variant of its references), and the regime says where yours ran (`setting`)."""
     markdown = notebook_markdown(lesson) if markdown is None else markdown
-    committed = committed_records() if references is None else tuple(references)
-    mine = list(mine)
+    committed = committed_records() if references is None else tuple(renamed(r) for r in references)
+    mine = [renamed(r) for r in mine]
     rows = []
     for md in markdown or []:
         for fig in prose_figures(md):
