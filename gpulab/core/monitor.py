@@ -27,6 +27,8 @@ from gpulab.core import specs
 # NVML's "GPU utilization" is the share of the last sample period (1/6 s to 1 s,
 # depending on the product) in which at least one kernel was running: it says
 # the GPU was busy, not how much of it was used.
+# The longest of those periods: a sample read less than this long after sampling began covers time before it.
+NVML_PERIOD_MAX_S = 1.0
 METRICS = ("busy_pct", "mem_used_gib", "sm_clock_mhz", "pcie_rx_gbps", "pcie_tx_gbps", "power_w")
 
 
@@ -234,11 +236,13 @@ class GpuMonitor:
         """Column lists: t_s and each metric (None where not supported)."""
         return {f.name: [getattr(s, f.name) for s in self.samples] for f in fields(Sample)}
 
-    def mean(self, metric: str) -> float | None:
-        """Average of one metric over the run, or None if it was never read."""
+    def mean(self, metric: str, since_s: float = 0.0) -> float | None:
+        """Average of one metric over the run, or None if it was never read. `since_s`: only the samples read at
+        least that long after sampling began (NVML_PERIOD_MAX_S for busy %: an earlier sample's period began
+        before the sampling, so it reads whatever the GPU did then)."""
         if metric not in METRICS:
             raise ValueError(f"unknown metric {metric!r}; choose from {', '.join(METRICS)}")
-        values = [getattr(s, metric) for s in self.samples if getattr(s, metric) is not None]
+        values = [getattr(s, metric) for s in self.samples if getattr(s, metric) is not None and s.t_s >= since_s]
         return sum(values) / len(values) if values else None
 
 

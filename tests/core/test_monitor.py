@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gpulab.core import monitor
-from gpulab.core.monitor import METRICS, GpuMonitor, PcieLink, Sample, nvml_status
+from gpulab.core.monitor import METRICS, NVML_PERIOD_MAX_S, GpuMonitor, PcieLink, Sample, nvml_status
 
 CPU = torch.device("cpu")
 CUDA0 = torch.device("cuda", 0)
@@ -182,6 +182,9 @@ def test_mean_skips_missing_readings():
     mon.samples = [sample(0.0, busy=10.0), sample(0.5, busy=None), sample(1.5, busy=30.0)]
     assert mon.mean("busy_pct") == 20.0
     assert mon.duration_s == 1.5
+    # a reading covers NVML's past sample period: those of the first second cover time before the sampling
+    assert mon.mean("busy_pct", since_s=NVML_PERIOD_MAX_S) == 30.0
+    assert mon.mean("busy_pct", since_s=2.0) is None
 
 
 def test_monitor_thread_samples_and_shuts_nvml_down(fake_pynvml, use_pynvml, monkeypatch):

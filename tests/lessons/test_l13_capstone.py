@@ -754,6 +754,24 @@ def test_accumulation_rows_are_explained_from_the_runs_own_times_and_busy_percen
     assert all(monitor for _, _, timed, monitor in runner.calls if timed)      # busy % sampled on every timed row
 
 
+def test_busy_percentage_leaves_out_the_readings_whose_nvml_period_began_before_the_steps():
+    """Issue 40 (review of 13, finding 8): NVML's busy % covers its past sample period (up to 1 s), and sections 9
+    and 10 read it over about 0.6 s of steps, so the first readings held the idle time before the run. A sampled
+    run is now timed for 2 s at full size, and only readings taken 1 s or more after the monitor started count."""
+    from gpulab.core.monitor import GpuMonitor, Sample
+
+    def monitor(readings):
+        mon = GpuMonitor(device=torch.device("cpu"))
+        mon.samples = [Sample(t, busy, None, None, None, None, None) for t, busy in readings]
+        mon.available, mon.status = True, f"{len(readings)} samples"
+        return mon
+    busy, status = R._busy(monitor([(0.0, 10.0), (0.5, 40.0), (1.0, 90.0), (2.0, 98.0)]))
+    assert busy == 94.0 and status == "4 samples"
+    busy, status = R._busy(monitor([(0.0, 10.0), (0.6, 60.0)]))
+    assert busy is None and "lasted 0.6 s" in status and "no later one was read" in status
+    assert KN.CONFIG["full"]["monitor_budget_s"] >= 2.0 and KN.CONFIG["full"]["monitor_max_repeat"] >= 100
+
+
 def test_the_step_notes_say_where_a_passed_numerics_check_was_blind():
     """Section 5 says a numerics check that cannot see a dropped gradient in some tensors says so: under the table."""
     runs_ = C.Runs(scale="tiny")

@@ -15,8 +15,9 @@ CONFIG: dict[str, dict[str, Any]] = {
         gpt=dict(vocab=251, n_blocks=2, width=64, heads=4, seq=32, batch=8),
         cnn=dict(depths=(1, 1, 1, 1), width=8, classes=10, image=32, batch=16),
         budget_s=0.05,              # seconds of timed steps per run (`benchmark`'s budget)
-        monitor_budget_s=0.05,      # the same, while GPU busy % is sampled
+        monitor_budget_s=0.05,      # the same, while GPU busy % is sampled (no NVML on the CPU)
         max_repeat=5,               # at most this many timed steps per run
+        monitor_max_repeat=5,       # the same, while GPU busy % is sampled
         seed_4090_batch=4,          # seed 004's first batch, doubled row by row
         fp8_sizes=(32, 64),         # n of the n x n x n products FP8 and bf16 are compared at (`fp8_crossover`)
         # time to a loss (`time_to_loss`): a byte-level GPT on the stdlib's source; the fp32 baseline trains for
@@ -35,8 +36,11 @@ CONFIG: dict[str, dict[str, Any]] = {
         # CNN: ResNet-50's layer shapes (25.6 M parameters) on 224 x 224 images, 1000 classes.
         cnn=dict(depths=(3, 4, 6, 3), width=64, classes=1000, image=224, batch=128),
         budget_s=0.3,
-        monitor_budget_s=0.6,       # NVML averages busy % over windows of up to a second
+        # NVML's busy % covers its past sample period (up to 1 s, by product): a run's samples of its first second
+        # cover time before it and are dropped (`runner`), so a sampled run is timed for 2 s, a second of it read
+        monitor_budget_s=2.0,
         max_repeat=15,
+        monitor_max_repeat=400,     # a sampled run's 2 s are not cut short by max_repeat (a 5 ms step: 400)
         seed_4090_batch=32,         # the seed's own first batch (SEED_4090)
         # from launch-bound products to ones that fill any GPU with FP8 (1.1 TFLOP at 8192, 8.8 at 16384)
         fp8_sizes=(256, 512, 1024, 2048, 4096, 8192, 16384),

@@ -177,8 +177,10 @@ def run_job(job: str, options: Options = Options(), batch: int | None = None, *,
     `scale` ("tiny" or "full"; None: the course's) picks the defaults: `config` (the job's sizes,
     `job_config(job, scale)`), `budget_s` and `max_repeat` (`config(scale)`); `batch` defaults to the
     config's batch. With `monitor`, a `GpuMonitor` samples GPU busy % during the timed steps (then
-    `budget_s` defaults to `monitor_budget_s`, longer at full size: NVML averages busy % over windows of
-    up to a second). The loss steps warm up the step (the first compiles it, the next ones record CUDA
+    `budget_s` and `max_repeat` default to `monitor_budget_s` and `monitor_max_repeat`: 2 s at full size).
+    NVML's busy % covers its past sample period, up to `monitor.NVML_PERIOD_MAX_S` (1 s) by product, so the
+    samples of the first second, whose periods began before the steps, are dropped (`busy_pct` None, and
+    `monitor_status` says why, where none is left). The loss steps warm up the step (the first compiles it, the next ones record CUDA
     graphs), so `warmup` defaults to one more.
 
     Correct before fast: the run keeps a `checks.Sample` (its parameters before and after the loss steps and
@@ -205,7 +207,7 @@ def run_job(job: str, options: Options = Options(), batch: int | None = None, *,
         raise ValueError(f"floors: {unknown} are not 'reorder' or one of {', '.join(K.FORMATS)}.")
     warmup = 1 if warmup is None else warmup
     budget_s = knobs["monitor_budget_s" if monitor else "budget_s"] if budget_s is None else budget_s
-    max_repeat = knobs["max_repeat"] if max_repeat is None else max_repeat
+    max_repeat = knobs["monitor_max_repeat" if monitor else "max_repeat"] if max_repeat is None else max_repeat
     flops = model_flops(job, cfg, batch, device)
     sampled(job, cfg)                             # the checks' positions, once per configuration (cached)
     with run_context(job, options, batch, device) as guard:
@@ -349,8 +351,7 @@ def _train(job: str, options: Options, batch: int, cfg: dict, loss_steps: int, t
                                   max_repeat=max_repeat, device=device)
                 finally:
                     if mon is not None:
-                        mon.stop()
-                        busy, monitor_status = mon.mean("busy_pct"), mon.status
+                        busy, monitor_status = _busy(mon.stop())
         trainer.model.zero_grad(set_to_none=True)
     if options.cuda_graphs and cudagraph_skips() > skips:
         notes.append(f"CUDA graphs NOT applied: torch.compile skipped them {cudagraph_skips() - skips} time(s) "
@@ -359,6 +360,18 @@ def _train(job: str, options: Options, batch: int, cfg: dict, loss_steps: int, t
     return {"losses": tuple(losses), "time": t, "peak_bytes": peak, "first_step_ms": first.ms,
             "busy_pct": busy, "monitor_status": monitor_status, "notes": notes, "skipped_updates": tuple(skipped),
             "first_scale": first_scale, "sample": sample, "parts": parts}
+
+
+def _busy(mon) -> tuple[float | None, str]:
+    """(GPU busy %, what the monitor says) of a stopped `GpuMonitor`: the mean of the samples read at least
+    NVML_PERIOD_MAX_S after it started (an earlier one's sample period began before the timed steps)."""
+    from gpulab.core.monitor import NVML_PERIOD_MAX_S
+    busy = mon.mean("busy_pct", since_s=NVML_PERIOD_MAX_S)
+    if busy is None and mon.mean("busy_pct") is not None:
+        return None, (f"the timed steps lasted {mon.duration_s:.2g} s; NVML's busy % covers its past sample period "
+                      f"(up to {NVML_PERIOD_MAX_S:g} s), so a sample of the first {NVML_PERIOD_MAX_S:g} s reads the "
+                      "time before the steps, and no later one was read")
+    return busy, mon.status
 
 
 def format_gradients(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, fmt: str, chunks: int = 1) -> list:
