@@ -207,6 +207,7 @@ def _kernels(work, precision: str, batch: int, channels_last: bool) -> dict[str,
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
+    from gpulab.core.timing import PROFILE_KW
     from gpulab.models.cnn import image_batches
     from gpulab.models.precision import make_scaler
     from gpulab.models.step import train_step
@@ -217,7 +218,7 @@ def _kernels(work, precision: str, batch: int, channels_last: bool) -> dict[str,
     for _ in range(3):                       # warm-up: cuDNN's plans, the allocator
         train_step(model, *next(cycle), loss=work.loss_fn, optimizer=optimizer, precision=precision, scaler=scaler)
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA], **PROFILE_KW) as prof:   # acc_events: no warning
         train_step(model, *next(cycle), loss=work.loss_fn, optimizer=optimizer, precision=precision, scaler=scaler)
         torch.cuda.synchronize()
     model.zero_grad(set_to_none=True)
