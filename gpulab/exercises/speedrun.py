@@ -159,7 +159,6 @@ def run_to_loss(factory, *, seed: int, scale: str, device: torch.device, target:
     from gpulab.core.timing import stopwatch
     from gpulab.lessons.capstone.jobs import JOBS
     from gpulab.lessons.capstone.knobs import config
-    from gpulab.lessons.capstone.options import Options
     from gpulab.lessons.capstone.time_to_loss import validation_loss
     from gpulab.models import text
     knobs = config(scale)["ttl"]
@@ -178,13 +177,13 @@ def run_to_loss(factory, *, seed: int, scale: str, device: torch.device, target:
     model = JOBS["gpt"].build(cfg, device)
     train = factory(model)
     train(*batch())                                    # the first step: compiling, not counted
-    steps, seconds, losses = 1, 0.0, [validation_loss(model, val, Options(), device)]
+    steps, seconds, losses = 1, 0.0, [validation_loss(model, val, device)]
     while seconds < limit_s and (max_steps is None or steps < max_steps):
         with stopwatch(device=device) as segment:
             for _ in range(knobs["eval_every"]):
                 train(*batch())
         steps, seconds = steps + knobs["eval_every"], seconds + segment.ms / 1e3
-        losses.append(validation_loss(model, val, Options(), device))
+        losses.append(validation_loss(model, val, device))
         if not math.isfinite(losses[-1]):
             break
         if target is not None and losses[-1] <= target:

@@ -415,6 +415,29 @@ def test_time_to_loss_reaches_the_baselines_loss_with_the_same_options_at_the_sa
     assert base.tokens_per_s > 0 and base.first_step_s > 0
 
 
+def test_every_run_of_time_to_loss_is_evaluated_in_fp32():
+    """Issue 40 (review of 13, finding 11): the validation loss was evaluated in each run's own precision (the
+    all-on run under bf16 autocast) against a target the fp32 baseline measured in fp32. Now the same weights give
+    the same loss whatever the run trains in: no autocast, TF32 off, FP8 layers as plain linear layers."""
+    from gpulab.lessons.capstone import time_to_loss as TL
+    from gpulab.models import precision as P, text
+    cfg = dict(KN.CONFIG["tiny"]["ttl"]["gpt"])
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    model = J.JOBS["gpt"].build(cfg, cpu)
+    train_text, val_text = text.stdlib_source(2**16)
+    val = [text.windows(val_text, 4, cfg["seq"], torch.Generator().manual_seed(i)) for i in range(2)]
+    fp32 = TL.validation_loss(model, val, cpu)
+    P.to_fp8_training(model.blocks)
+    assert TL.validation_loss(model, val, cpu) == fp32                     # FP8 layers evaluated as fp32 ones
+    assert any(type(m) is P.Fp8Linear for m in model.modules())             # and still FP8 layers afterwards
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert TL.validation_loss(model, val, cpu) == fp32                  # autocast off inside
+        with torch.no_grad():                                               # as it was: the run's own arithmetic
+            own = sum(float(P.language_model_loss(model, x, y)) for x, y in val) / len(val)
+        assert own != fp32
+
+
 def test_time_to_loss_leaves_the_loader_out_and_refuses_what_cannot_run():
     c = C.time_to_loss(C.Options(loader=True), budget_s=0.05, scale="tiny")
     assert not c.options.loader and "loader left out" in c.notes[0]

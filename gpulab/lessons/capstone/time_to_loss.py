@@ -4,6 +4,7 @@ reaches in a fixed time; `LossCurve` is its validation loss against the seconds 
 `validation_loss` measures one point of it."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -14,7 +15,7 @@ from gpulab.core.device import pick_device
 from gpulab.core.timing import stopwatch
 from gpulab.lessons.capstone.jobs import JOBS
 from gpulab.lessons.capstone.knobs import config
-from gpulab.lessons.capstone.options import AMP_DTYPES, Options
+from gpulab.lessons.capstone.options import Options
 from gpulab.lessons.capstone.runner import make_trainer, run_context
 from gpulab.models import precision as P
 from gpulab.models import text
@@ -45,17 +46,33 @@ class LossCurve:
         return steps * self.tokens_per_step / seconds if seconds > 0 else None
 
 
-def validation_loss(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], options: Options,
+def validation_loss(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
                     device: torch.device) -> float:
-    """Mean next-byte loss over the held-out `batches`, in eval mode without gradients, in the run's precision."""
+    """Mean next-byte loss over the held-out `batches`, in eval mode without gradients, in fp32 whatever the run
+    trains in: no autocast, TF32 off, FP8 layers as plain linear layers (`fp32_layers`). Every run's weights are
+    fp32 (autocast and FP8 round copies of them), so every run is judged by the same arithmetic as the fp32
+    baseline whose loss is the target; a loss evaluated in 16 bits would add its own rounding to the comparison."""
     was = model.training
     model.eval()
-    dtype = AMP_DTYPES[options.amp]
     try:
-        with torch.no_grad(), torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        with torch.no_grad(), torch.autocast(device.type, enabled=False), P.fp32_math("ieee"), fp32_layers(model):
             return sum(float(P.language_model_loss(model, x.to(device), y.to(device))) for x, y in batches) / len(batches)
     finally:
         model.train(was)
+
+
+@contextlib.contextmanager
+def fp32_layers(model: nn.Module):
+    """`model`'s FP8 linear layers (`precision.Fp8Linear`) as plain `nn.Linear`s inside the block: the same
+    parameters, products in fp32."""
+    fp8 = [m for m in model.modules() if type(m) is P.Fp8Linear]
+    for m in fp8:
+        m.__class__ = nn.Linear
+    try:
+        yield model
+    finally:
+        for m in fp8:
+            m.__class__ = P.Fp8Linear
 
 
 def time_to_loss(options: Options = Options(), target: float | None = None, *, budget_s: float | None = None,
@@ -91,13 +108,13 @@ def time_to_loss(options: Options = Options(), target: float | None = None, *, b
         with stopwatch(device=device) as first:
             train(*batch())
         steps, seconds, reached = 1, 0.0, None
-        points = [(steps, seconds, validation_loss(model, val, options, device))]
+        points = [(steps, seconds, validation_loss(model, val, device))]
         while seconds < limit_s:
             with stopwatch(device=device) as segment:
                 for _ in range(knobs["eval_every"]):
                     train(*batch())
             steps, seconds = steps + knobs["eval_every"], seconds + segment.ms / 1e3
-            points.append((steps, seconds, validation_loss(model, val, options, device)))
+            points.append((steps, seconds, validation_loss(model, val, device)))
             if target is not None and points[-1][2] <= target:
                 reached = (steps, seconds)
                 break
