@@ -27,7 +27,7 @@ from gpulab.models.gpt import padded_copy
 # batch (`fp8_gradients`). e4m3 inputs and e5m2 gradients gave 8 % (2 blocks, 64 wide) and 10 % (6 blocks,
 # 256 wide) on the CPU (torch 2.13); a zero, transposed or mis-scaled gradient gives 50 % and more. The loss
 # check cannot tell: two AdamW updates moved the tiny GPT's loss by 1.4 %, and zeroing every FP8 weight
-# gradient changed it by 0.2 %.
+# gradient changed it by 0.2 % (tests/lessons/test_l13_capstone.py, zeroing_every_fp8_weight_gradient).
 FP8_GRAD_CHECK = 0.3
 
 
