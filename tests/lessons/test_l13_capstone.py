@@ -815,6 +815,18 @@ def test_busy_percentage_leaves_out_the_readings_whose_nvml_period_began_before_
     assert KN.CONFIG["full"]["monitor_budget_s"] >= 2.0 and KN.CONFIG["full"]["monitor_max_repeat"] >= 100
 
 
+def test_the_step_notes_say_the_cnns_accumulation_has_nothing_to_fail_against():
+    """Issue 40 (review of 13, finding 13): the CNN's accumulated row is compared with fp32 split the same way by the
+    same code (BatchNorm), so its checks cannot fail for the split; the note under the table says so."""
+    def row(job, options):
+        t = summarize([10.0] * 3, "cuda", "events")
+        r = R.JobResult(job, options, 8, (1.0,), t, "img/s", 8, 1e12, None, 1.0)
+        return W.Step("+ accumulation", options, RS.Checked(r, "ok"))
+    cnn = C.step_notes([row("cnn", C.Options(accumulation=4))])
+    assert any("nothing to fail against" in n and "same 4 micro-batches" in n for n in cnn)
+    assert not any("nothing to fail against" in n for n in C.step_notes([row("gpt", C.Options(accumulation=4))]))
+
+
 def test_the_step_notes_say_where_a_passed_numerics_check_was_blind():
     """Section 5 says a numerics check that cannot see a dropped gradient in some tensors says so: under the table."""
     runs_ = C.Runs(scale="tiny")

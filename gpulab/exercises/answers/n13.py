@@ -7,14 +7,14 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpulab.core.device import device_facts, pick_device
-from gpulab.core.memory import GiB, free_memory
+from gpulab.core.memory import GiB
 from gpulab.core.timing import benchmark
 from gpulab.exercises.answers import Answer, one_thread_on_cpu
 from gpulab.lessons import l13_capstone as C           # the names notebook 13 uses, as its cells spell them
 from gpulab.lessons.capstone.jobs import fit_model
 from gpulab.lessons.capstone.runner import CheckpointedBlocks, run_job
 from gpulab.models import precision as P
-from gpulab.models.sizing import count_flops, fit_batch
+from gpulab.models.sizing import count_flops, fit_batch, memory_budget
 
 
 def _where(scale: str) -> dict:
@@ -132,34 +132,40 @@ def _graphs_claim(f: dict) -> str | None:
     return None
 
 
-# -- 4. the largest batch in 24 GiB -----------------------------------------------------------------
+# -- 4. the largest batch in this GPU's memory budget ------------------------------------------------
 def _largest(scale: str) -> dict:
-    device = pick_device()
     half = P.best_half(device_facts())
-    free = free_memory(device)
-    budget = int(min(24 * GiB, 0.9 * free[0]))      # 24 GiB, or what this GPU has free if less
+    budget = memory_budget(C.MEMORY_CAP)         # section 4's: half of this GPU's usable memory, at most MEMORY_CAP
     runs = C.Runs(scale=scale)
     runs.configs["gpt"], _ = fit_model("gpt", runs.configs["gpt"], int(C.STATE_SHARE * budget))
     memory = C.Options(amp=half, checkpointing=True, accumulation=C.ACCUMULATION)
     plain = C.Options(amp=half)
-    wanted = 16 * 64                                 # halved until it fits; probes at 4 and 8 (accumulation 4)
+    wanted = 16 * 64                             # halved until it fits
     batch = fit_batch(lambda b: runs("gpt", memory, b, timed=False).peak_bytes, wanted, budget, probe=C.ACCUMULATION)
-    big, base = runs.checked("gpt", memory, batch), runs.checked("gpt", plain, 16)
-    out = {**_where(scale), "budget GiB": budget / GiB, "largest batch": batch,
-           "statuses": f"{big.status}, {base.status}"}
-    if big.counted and base.counted:
-        out.update({"peak GiB at the largest batch": big.result.peak_bytes / GiB,
-                    f"tokens/s, batch {batch}, checkpointing + accumulation": big.result.items_per_s,
-                    "tokens/s, batch 16, neither": base.result.items_per_s,
-                    "throughput ratio (big / 16)": big.result.items_per_s / base.result.items_per_s})
+    plain_batch = fit_batch(lambda b: runs("gpt", plain, b, timed=False).peak_bytes, wanted, budget, probe=1)
+    # correct first, at the notebook's batch, as section 12c does: a batch changes how many samples a step averages,
+    # not the arithmetic per sample, and the fp32 reference at the largest batch would not fit the budget
+    checked = [runs.checked("gpt", o) for o in (memory, plain)]
+    out = {**_where(scale), "budget GiB": budget / GiB, "largest batch, checkpointing + accumulation": batch,
+           "largest batch, neither": plain_batch, "checks": ", ".join(c.status for c in checked)}
+    if all(c.counted for c in checked):
+        big, base = runs("gpt", memory, batch), runs("gpt", plain, plain_batch)
+        gib = lambda r: None if r.peak_bytes is None else r.peak_bytes / GiB     # None on the CPU
+        out.update({"peak GiB, checkpointing + accumulation": gib(big), "peak GiB, neither": gib(base),
+                    f"tokens/s, batch {batch}, checkpointing + accumulation": big.items_per_s,
+                    f"tokens/s, batch {plain_batch}, neither": base.items_per_s,
+                    "throughput ratio (checkpointing + accumulation / neither)": big.items_per_s / base.items_per_s})
     return out
 
 
 def _largest_claim(f: dict) -> str | None:
-    if "peak GiB at the largest batch" not in f:
-        return f"a run was not counted: {f['statuses']}"
-    if f["peak GiB at the largest batch"] > f["budget GiB"]:
-        return "the batch the fit chose did not fit the budget"
+    if "peak GiB, neither" not in f:
+        return f"a run failed its checks at the notebook's batch: {f['checks']}"
+    peaks = [f["peak GiB, checkpointing + accumulation"], f["peak GiB, neither"]]
+    if None not in peaks and max(peaks) > f["budget GiB"]:
+        return "a batch the fit chose did not fit the budget"
+    if f["largest batch, checkpointing + accumulation"] < f["largest batch, neither"]:
+        return "checkpointing and accumulation fitted a smaller batch than neither"
     return None
 
 
@@ -326,11 +332,13 @@ ANSWERS = [
     Answer("13", 4, needs="cuda", run=one_thread_on_cpu(_largest), expect=_largest_claim, text=(
         "With `amp`, `checkpointing` and 4-way `accumulation`, find the batch the way section 4 does: "
         "`sizing.fit_batch` measures two small steps and extrapolates the peak memory in a straight line, halving "
-        "from a large batch until the prediction fits 24 GiB (or this GPU's free memory if that is less). Then time "
-        "it against batch 16 without either. Checkpointing recomputes each block's forward in backward, and "
+        "from a large batch until the prediction fits section 4's budget (half of this GPU's free memory). Do the "
+        "same with `amp` alone, check both at the notebook's batch (the fp32 reference of the largest batch would "
+        "not fit), and time the two batches. Checkpointing recomputes each block's forward in backward, and "
         "accumulation runs more, smaller micro-batches, so the tokens per second often do not rise: the larger "
         "effective batch pays only if the training needs it (fewer optimizer steps to a loss, see section 14), "
-        "not for speed. The run checks that the chosen batch's measured peak fits the budget.")),
+        "not for speed. The run checks that both chosen batches' measured peaks fit the budget, and that "
+        "checkpointing with accumulation fitted at least the batch that neither did.")),
     Answer("13", 5, run=one_thread_on_cpu(_hfu), expect=_hfu_claim, text=(
         "Count the padded model with `C.model_flops` on a config whose vocabulary is rounded up to a multiple of "
         "`C.ALIGN`, and count a checkpointed model's step with `count_flops` (FlopCounterMode sees the recomputed "

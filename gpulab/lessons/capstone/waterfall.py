@@ -267,8 +267,9 @@ CPU_SHARES = ("share of speed-up: n/a on the CPU. The toggles target GPU hardwar
 
 def step_notes(steps: Sequence[Step], shares: bool = True) -> list[str]:
     """The lines below a `step_rows` table: why each step that did not count did not, the updates GradScaler
-    skipped, the tensors where a passed numerics check could not see a dropped gradient ("blind"), what the
-    checks column holds (TIERS) and, with `shares=False`, why the shares are not shown."""
+    skipped, the tensors where a passed numerics check could not see a dropped gradient ("blind"), that the CNN's
+    accumulation is compared with fp32 split the same way, what the checks column holds (TIERS) and, with
+    `shares=False`, why the shares are not shown."""
     notes = []
     for s in steps:
         if ":" in s.status:
@@ -285,6 +286,11 @@ def step_notes(steps: Sequence[Step], shares: bool = True) -> list[str]:
         numerics = s.checked.part("numerics")
         if numerics is not None and "; blind in " in numerics.why:
             notes.append(f"{s.label}: numerics check blind in " + numerics.why.split("; blind in ", 1)[1])
+        if s.result is not None and s.result.job == "cnn" and s.options.accumulation > 1:
+            notes.append(f"{s.label}: the CNN's accumulation has nothing to fail against: its reference is fp32 split "
+                         f"into the same {s.options.accumulation} micro-batches by the same code (BatchNorm normalizes "
+                         "each micro-batch by its own statistics, so the split is part of the model: "
+                         "`C.reference_options`); its checks test the row's other toggles on the split")
     return notes + [TIERS] + ([] if shares else [CPU_SHARES])
 
 
