@@ -3,7 +3,9 @@
 `load_bands()` reads and checks the file (every band names its metric and its source; a class or a
 band that does not apply says why); `gpu_class(facts)` is 'tensor-core' (compute capability 7.0 and
 newer), one of the classes that narrow it ('power-capped', 'geforce', 'pre-ampere': their rates differ from a
-data-centre part's), 'pre-volta' or 'cpu'. `gpulab bench` judges each headline against its class's band.
+data-centre part's), 'pre-volta' or 'cpu'. `gpulab bench` judges each headline against its class's band (keyed by
+the lesson, "13"); a lesson's other self-checks judged by class have bands keyed "LL.name" ("13.peak"), which
+only the notebook reads.
 """
 from __future__ import annotations
 

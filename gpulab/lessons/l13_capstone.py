@@ -63,7 +63,8 @@ from gpulab.lessons.capstone.waterfall import (LADDER, LADDER_HEADER, LADDER_TOL
                                                batch_ladder, fastest, ladder_rows, step_line, step_notes, step_rows,
                                                waterfall, waterfall_figure)
 
-__all__ = ["TITLE", "HEADLINE", "plan", "training_step", "headline_numbers", "headline",
+__all__ = ["TITLE", "HEADLINE", "plan", "training_step", "headline_numbers", "headline", "SELF_CHECKS",
+           "self_check_bands",
            "CONFIG", "config", "ACCUMULATION", "ALIGN", "LOADER_WORKERS", "LOSS_STEPS", "LR", "MEMORY_CAP", "POOL",
            "STATE_SHARE", "STEP_SHARE", "MOVE_MAX", "NUMERICS_MAX", "SYSTEMS_MAX",
            "FP8_DATASHEET_SHARE", "FP8_GRAD_CHECK", "FP8_MARGIN", "crossover", "fp8_crossover", "fp8_gradients",
@@ -164,6 +165,39 @@ def training_step(job: str, options: Options, batch: int | None = None, *, scale
             finally:
                 step.fn = None
                 del trainer, pool
+
+
+# -- section 11's self-checks: the bands of this GPU's class ------------------------------------------
+# The band each self-check of notebook 13 is judged by (gpulab/core/bands.toml, by this GPU's class). The CNN's
+# 16-bit / fp32 ratio is notebook 06's (the same CNN; channels_last only adds to it), and the time to the loss is
+# judged by the headline's band, the same toggles' tokens/s: a run that learns as much per step reaches the loss
+# as much sooner.
+SELF_CHECKS = {
+    "peak": ("13.peak", "GPT fastest step, fraction of the measured 16-bit peak"),
+    "cnn": ("06", "CNN 16-bit + channels_last / fp32 images per second (notebook 06's band: the same CNN)"),
+    "headline": ("13", "GPT tokens/s, every toggle / fp32 (the lesson's headline)"),
+    "ttl": ("13", "time to the fp32 baseline's loss, fp32 / every toggle (section 14; the headline's band)"),
+}
+
+
+def self_check_bands(facts=None) -> list[str]:
+    """A line per self-check of notebook 13 (SELF_CHECKS): the band of this GPU's class it is judged by, or why
+    it is not judged on this class; the first line names the class."""
+    from gpulab.core.bands import gpu_class, load_bands
+    from gpulab.core.device import device_facts
+
+    facts = facts or device_facts()
+    cls, bands = gpu_class(facts), load_bands()
+    lines = [f"the bands of this GPU's class, {cls} (gpulab/core/bands.toml):"]
+    for key, what in SELF_CHECKS.values():
+        band = bands.band(cls, key)
+        if band is None or not band.applies:
+            why = band.why if band is not None else bands.settings(cls).get("why", f"no band for class {cls}")
+            lines.append(f"  {what}: not judged here: {why}")
+        else:
+            name = f'"{key}"' if "." in key else key
+            lines.append(f"  {what}: {band.low:g} to {band.high:g} ([{cls}.{name}])")
+    return lines
 
 
 # -- for `gpulab bench` ------------------------------------------------------------------------------

@@ -118,3 +118,24 @@ def test_lesson_06_floors_come_from_the_gpus_own_rates(sheet):
         assert tf32 <= sheet.tf32 / sheet.fp32 + 1e-12
         if math.isclose(sheet.tf32, sheet.fp32):
             assert tf32 == pytest.approx(1.0)
+
+
+def test_notebook_13s_peak_goal_is_judged_only_on_the_class_whose_runs_reached_it():
+    """Issue 40 (review of 13, finding 9): notebook 13 judged its GPT's fraction of measured peak at 0.60 on every class.
+    The rates do not bound that fraction from below (Amdahl, the products 60 % of the fp32 step and the rest no
+    faster: 9 % at the H200's r), so it is the notebook's goal, judged where committed runs of the class reach it (the
+    tensor-core class: H100, H200) and shown, not judged, on the classes with no run, each saying why."""
+    from gpulab.core.figures import committed_records
+    from gpulab.core.rates import PRODUCT_SHARE_MIN as s
+    bands = load_bands()
+    goal = bands.band("tensor-core", "13.peak")
+    assert goal.applies and goal.low == 0.6 and goal.high == 1.0
+    for cls in ("geforce", "pre-ampere", "power-capped", "pre-volta"):
+        band = bands.band(cls, "13.peak")
+        assert not band.applies and band.why and not band.source.startswith("as [tensor-core]"), cls
+    h200 = next(sheet for sheet in DATASHEETS if sheet.model == "H200 SXM")
+    assert s / (s + h200.half_ratio() * (1 - s)) < goal.low / 5                 # not a floor of the rates
+    runs = [r.value for r in committed_records() if r.lesson == "13" and r.gpu.startswith("NVIDIA H")
+            and r.scale == "full" and not r.extra.get("profile") and not r.extra.get("shared")
+            and (r.name == "gpt_peak_fraction" or (r.name == "gpt_mfu" and r.extra.get("peak_tflops") != 989.0))]
+    assert len(runs) >= 5 and all(goal.low <= v <= goal.high for v in runs), runs

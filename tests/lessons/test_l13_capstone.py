@@ -834,3 +834,28 @@ def test_the_step_notes_say_where_a_passed_numerics_check_was_blind():
     assert steps[1].status == "ok"
     blind = [n for n in C.step_notes(steps) if "numerics check blind in" in n]
     assert blind and blind[0].startswith("+ amp: numerics check blind in ") and "movement check" in blind[0]
+
+
+@pytest.mark.parametrize("name, cc, cnn, peak, ttl", [
+    ("NVIDIA H200", (9, 0), ("FAIL", 1.5), "FAIL", ("FAIL", 1.7)),           # the goal judged where runs reached it
+    ("NVIDIA GeForce RTX 4090", (8, 9), ("pass", 1.3), "skipped", ("pass", 1.3)),
+    ("Tesla T4", (7, 5), ("pass", 1.1), "skipped", ("pass", 1.1)),
+    ("Tesla V100-SXM2-16GB", (7, 0), ("FAIL", 1.5), "skipped", ("FAIL", 1.8)),
+])
+def test_section_11s_checks_take_the_band_of_this_gpus_class(monkeypatch, capsys, name, cc, cnn, peak, ttl):
+    """Issue 40 (review of 13, findings 2 and 9): section 11 asked every class for 2x on the CNN, 60 % of the measured
+    peak and (section 14) 1.5x to the loss; notebook 06's band for the same CNN ratio is 1.3 on GeForce and 1.1 on a
+    T4. Each check now reads this GPU's class's band (C.SELF_CHECKS), and the cell prints them."""
+    import gpulab.core.device as D
+    from gpulab.core.device import facts_for_capability
+    from gpulab.notebook import lesson
+    facts = facts_for_capability(name, *cc)
+    monkeypatch.setattr(D, "device_facts", lambda device=None: facts)
+    checks = {"cnn": lesson.expect_band(C.SELF_CHECKS["cnn"][0], 1.4), "peak": lesson.expect_band("13.peak", 0.45),
+              "ttl": lesson.expect_band(C.SELF_CHECKS["ttl"][0], 1.4)}
+    assert (checks["cnn"].status, checks["cnn"].low) == cnn and (checks["ttl"].status, checks["ttl"].low) == ttl
+    assert checks["peak"].status == peak
+    if peak == "skipped":
+        assert "shown, not judged" in checks["peak"].why
+    lines = C.self_check_bands(facts)
+    assert len(lines) == 1 + len(C.SELF_CHECKS) and f"{cnn[1]:g} to " in lines[2]
