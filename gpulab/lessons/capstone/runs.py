@@ -60,8 +60,8 @@ TIERS = ("The checks, each against the fp32 reference from the same weights on t
          f"{1 / K.MOVE_MAX:g} to {K.MOVE_MAX:g} times the reference's); systems toggles, in fp32, their parameters "
          f"after {LOSS_STEPS} updates within {K.SYSTEMS_MAX:g}x the noise floor of the runs with their batch rows "
          f"reordered; numerics toggles (tf32, amp, fp8), the first update's gradients within {K.NUMERICS_MAX:g}x "
-         "how far the reference's own move when its step is computed in the run's format. Each figure is the share "
-         "of its allowance used (at most 1 passes).")
+         "how far the reference's own gradients move when its step is computed in the run's format. Each figure is "
+         "the share of its allowance used (at most 1 passes).")
 
 
 @dataclass(frozen=True)
