@@ -81,11 +81,17 @@ PREDICTOR_RUNS = [
     # 13's host times were taken from it (calibrations: 13 now includes section 14b, FP8 in the step); for the other
     # fourteen it is a test. 15 ran a five-round chain here (200 s)
     ("h200-2026-12-03-course-timings.tsv", "h200-2026-12-03-course.json"),
+    # notebook 13 after issue 40's checks (2026-12-06, e14eb7a), on an H100: no H200 has run 13 since, so the
+    # H200 run above no longer measures the notebook the plan describes. The run stopped (a 420 s limit) in the
+    # graded exercise's check, the cell the plan's prediction stops before; 13's host time was taken from this
+    # run, so it is a calibration, not a test
+    ("h100-2026-12-06-timings.tsv", "h100-2026-12-06-store.json", ("13",)),
 ]
 
 
-def test_the_predictor_is_within_30_percent_on_the_committed_h200_runs(capsys):
-    """docs/results.md says every notebook's predicted time came within 30 % of its newest committed H200 run."""
+def test_the_predictor_is_within_30_percent_on_the_committed_runs(capsys):
+    """docs/results.md says every notebook's predicted time came within 30 % of its newest committed run (H200
+    runs, and for 13 an H100 run)."""
     import re
     from pathlib import Path
     from gpulab.tools.coursetime import per_file, print_predictions, read
