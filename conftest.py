@@ -15,6 +15,8 @@ if "GPULAB_RESULTS" not in os.environ:
 # (nbval: one line per notebook cell; clock: Unix time at the end, so the wall time per notebook, kernel
 # start-up included, can be read too), after a "start" line for the session. Written line by line, so a
 # run stopped by a time limit still says where its time went; `python -m gpulab.tools.coursetime path` sums it.
+# Under pytest-xdist (`-n 2`, setup.sh test without a GPU) the workers' lines interleave: the sums hold,
+# the wall times per file do not (GPU runs are run in one process).
 _TIMINGS = os.environ.get("GPULAB_TIMINGS")
 
 
@@ -86,10 +88,23 @@ def pytest_runtest_teardown(item):
 
 
 def pytest_sessionstart(session):
-    if _TIMINGS:
+    if _TIMINGS and not hasattr(session.config, "workerinput"):     # one start line, not one per xdist worker
         _timing_line(0.0, "(session)", "start")
 
 
+_CONFIG = None
+
+
+def pytest_configure(config):
+    global _CONFIG
+    _CONFIG = config
+
+
+def _xdist_controller() -> bool:
+    """True in pytest-xdist's controlling process (`-n N`): its workers write the lines of the tests they ran."""
+    return _CONFIG is not None and _CONFIG.pluginmanager.hasplugin("dsession")
+
+
 def pytest_runtest_logreport(report):
-    if _TIMINGS and report.when == "call":
+    if _TIMINGS and report.when == "call" and not _xdist_controller():
         _timing_line(report.duration, report.nodeid, report.outcome)

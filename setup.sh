@@ -198,5 +198,18 @@ elif [ "$mode" = lab ]; then
   echo "setup: starting JupyterLab on $work/; open the http://127.0.0.1:...?token=... address it prints"
   exec "$venv/bin/jupyter" lab "${args[@]}" "$@"
 else
+  # Without a GPU the tests run in GPULAB_TEST_WORKERS processes (default 2; 1 runs them in one), each test
+  # file whole in one of them (nbval runs a notebook's cells in order in one kernel), each process on one
+  # thread (OMP_NUM_THREADS=1: two processes each spinning two threads on two cores ran the suite slower than
+  # one). With a GPU they run in one process: the notebooks time the GPU, and two at once would share it.
+  workers=${GPULAB_TEST_WORKERS:-}
+  if [ -z "$workers" ]; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then workers=1; else workers=2; fi
+  fi
+  if [ "$workers" != 1 ] && "$py" -c "import xdist" 2>/dev/null; then
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+    echo "setup: running the tests in $workers processes (GPULAB_TEST_WORKERS=1: in one)"
+    exec "$py" -m pytest -n "$workers" --dist loadfile "$@"
+  fi
   exec "$py" -m pytest "$@"
 fi
