@@ -59,7 +59,7 @@ TASKS = [Task(
     what=("scale(x) launches notebook 04's scale_kernel (y = 2x) with 32 values and one warp a program. Choose a "
           "launch (scale_with(x, block_size=..., num_warps=...), powers of two) that moves the same bytes faster. "
           "Your function takes x and returns 2x, exactly."),
-    hints=("How many bytes can one SM have requested from memory at once with these programs? Section 3's "
-           "occupancy calculator says how many of them fit on an SM.",
+    hints=("How many bytes can one SM have requested from memory at once with these programs? Section 1's "
+           "occupancy() (or section 6's calculator panel) says how many of them fit on an SM.",
            "Section 4's sweep: the rate is flat from about block_size=1024 with num_warps=4."),
 )]
