@@ -145,8 +145,15 @@ def plain(sentence: str, limit: int = 110) -> str:
 
 
 def selected(tag: Tag, extra: dict | None) -> bool:
-    """Whether a record's extra fields pass the tag's KEY=VALUE filters (a round of a chain, a size)."""
-    return all(str((extra or {}).get(k)) == v for k, v in tag.where)
+    """Whether a record's extra fields pass the tag's KEY=VALUE filters (a round of a chain, a size). `gpu=` is not
+    an extra field: it picks the reference runs (`reference_records`), never the learner's own record."""
+    return all(str((extra or {}).get(k)) == v for k, v in tag.where if k != "gpu")
+
+
+def on_gpu(tag: Tag, gpu: str) -> bool:
+    """Whether a reference record's GPU passes the tag's `gpu=NAME` filter (a part of its name, any case: gpu=H200
+    keeps "NVIDIA H200" and leaves out an H100's run beside a sentence about the H200)."""
+    return all(v.lower() in gpu.lower() for k, v in tag.where if k == "gpu")
 
 
 # Extra fields that say which variant of a measurement a record holds and where it ran, where that is not the
@@ -174,7 +181,7 @@ def reference_records(tag: Tag, records: Iterable[Rec]) -> list[Rec]:
     return [r for r in records
             if r.lesson == tag.lesson and r.name == name and r.gpu != "CPU" and r.scale == "full"
             and not (r.extra or {}).get("profile") and not (r.extra or {}).get("shared")
-            and (r.extra or {}).get("device") != "cpu" and selected(tag, r.extra)]
+            and (r.extra or {}).get("device") != "cpu" and selected(tag, r.extra) and on_gpu(tag, r.gpu)]
 
 
 def matching(tag: Tag, records: Iterable[Rec]) -> list[tuple[float, str]]:
