@@ -54,7 +54,10 @@ def _text_outputs(outputs) -> list[str]:
 #   (PlantNotSeen if not, naming the bytes), then leaves them out of its verdict: the same run is the control.
 # A value set on purpose is kept (GPULAB_MEMORY_PLANT=0: no plant); on a GPU none is set. The unit tests under
 # tests/ run without them (tests/conftest.py).
-MEMORY_MODES = {"GPULAB_MEMORY_CPU": "1", "GPULAB_MEMORY_STRICT": "1", "GPULAB_MEMORY_PLANT": str(8 * 2**20)}
+MEMORY_MODES = {"GPULAB_MEMORY_CPU": "1", "GPULAB_MEMORY_STRICT": "1", "GPULAB_MEMORY_PLANT": str(8 * 2**20),
+                # and the graded exercises' cells: a check of the notebook's own code (as given, or the lesson's
+                # fix) that was refused, crashed or was not CORRECT raises NotGraded (gpulab.exercises.exercise)
+                "GPULAB_GRADING_STRICT": "1"}
 
 
 def _notebooks_on_cpu() -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import builtins
 import inspect
 import math
+import os
 import shutil
 import tempfile
 import textwrap
@@ -49,8 +50,16 @@ def _plain(value) -> bool:
         isinstance(value, dict) and all(_plain(k) and _plain(v) for k, v in value.items()))
 
 
+# The instructions that read or write a module-level name. `co_names` also holds attribute names (`x.device`,
+# `model.blocks`), which made a notebook's global `device` or `blocks` look used by any function that read an
+# attribute of that name.
+_GLOBAL_OPS = {"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_FROM_DICT_OR_GLOBALS"}
+
+
 def _names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
+    """The global names `code` (and the code nested in it: lambdas, comprehensions, inner functions) reads."""
+    import dis
+    names = {ins.argval for ins in dis.get_instructions(code) if ins.opname in _GLOBAL_OPS}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _names(const)
@@ -110,7 +119,9 @@ def submission_source(fn: Callable | str) -> str:
                 except (OSError, TypeError):
                     raise SubmissionError(f"{fn.__name__} uses {name}, whose source cannot be read") from None
             elif (inspect.isfunction(value) or inspect.isclass(value) or callable(value)) and \
+                    (hasattr(value, "__qualname__") or hasattr(value, "__name__")) and \
                     getattr(value, "__module__", None) and not value.__module__.startswith("__"):
+                # a function or class of a module (not a callable object built in the notebook: a model)
                 qual = getattr(value, "__qualname__", getattr(value, "__name__", name))
                 if "." in qual or "<" in qual:
                     raise SubmissionError(f"{fn.__name__} uses {name}, which cannot be imported by name")
@@ -236,7 +247,7 @@ class Exercise:
             v = Verdict(self.task.name, "failed", [f"not graded: {err}"])
             if not quiet:
                 print(v.text())
-            return v
+            return _strict(v)
         folder = Path(tempfile.mkdtemp(prefix=f"gpulab-{self.task.name}-"))
         path = folder / "submission.py"
         path.write_text(source)
@@ -249,7 +260,7 @@ class Exercise:
         record_verdict(v, self.task.lesson, who)
         if not quiet:
             print(v.text())
-        return v
+        return _strict(v)
 
     def solution(self, run: bool = True) -> Verdict | None:
         """Show the lesson's fix and (by default) grade it exactly as a submission is graded."""
@@ -261,6 +272,25 @@ class Exercise:
         from gpulab.core.results import results_store
         rec = results_store().latest(f"exercise {self.task.name}", lesson=self.task.lesson)
         return rec.extra.get("state", "not tried") if rec is not None else "not tried"
+
+
+STRICT_ENV = "GPULAB_GRADING_STRICT"    # 1 (conftest.py, notebooks on the CPU): a check that did not grade raises
+
+
+class NotGraded(RuntimeError):
+    """Under GPULAB_GRADING_STRICT=1: a notebook's check did not grade its code (refused, crashed, or on the CPU,
+    where only correctness is judged, not CORRECT). nbval then fails the cell: the code a notebook hands to
+    `check` is the code as given or the lesson's fix, and both must be graded and train the same model."""
+
+
+def _strict(v: Verdict) -> Verdict:
+    if os.environ.get(STRICT_ENV) != "1":
+        return v
+    not_graded = v.state in ("cannot run", "error") or any(w.startswith("not graded") for w in v.why)
+    if not_graded or (not v.speed_judged and v.state != "passed"):
+        raise NotGraded(f"{v.task}: the notebook's own code was not graded CORRECT ({STRICT_ENV}=1): "
+                        + " | ".join(v.why[:3]))
+    return v
 
 
 def _show_code(fn: Callable) -> None:

@@ -47,3 +47,55 @@ def test_slow_code_and_fix_pass_on_the_cpu_and_say_the_speed_is_not_judged(name)
         assert v.state == "passed", f"{name} {who}: {v.why}"
         assert not v.speed_judged and any("correctness only" in w for w in v.why)
         assert v.grading_s < 10, f"{name} {who} took {v.grading_s:.1f} s to grade at the tiny size"
+
+
+NOTEBOOK_CELL = '''
+import torch
+device = torch.device("cpu")
+blocks = torch.nn.Sequential(torch.nn.Linear(2, 2))
+step = lambda: None
+
+
+def my_make_step(x, model, optimizer):
+    y = x.to(x.device) * 2
+    for b in model.blocks:
+        y = b(y)
+    optimizer.step()
+    return [v * 2 for v in y]
+
+
+def reads_the_notebooks_model(x):
+    return blocks(x)
+'''
+
+
+def test_an_attribute_named_like_a_notebook_global_is_not_that_global(tmp_path):
+    """Second review of 05, 08, 09 (2026-12-06): `x.device` and `model.blocks` made the notebook's globals `device`
+    and `blocks` look used, so the code as given was refused ('uses device, a device from the notebook') or got an
+    import of a Sequential that does not exist. Only global reads count; a model from the notebook is refused."""
+    import linecache
+    import types
+    from gpulab.exercises.exercise import SubmissionError
+    mod = types.ModuleType("notebook")
+    mod.__dict__["__name__"] = "__main__"
+    filename = str(tmp_path / "cell.py")
+    linecache.cache[filename] = (len(NOTEBOOK_CELL), None, NOTEBOOK_CELL.splitlines(True), filename)
+    exec(compile(NOTEBOOK_CELL, filename, "exec"), mod.__dict__)
+    source = submission_source(mod.my_make_step)
+    assert "device =" not in source and "blocks" not in source.split("def my_make_step")[0], source
+    assert "import" not in source.split("def my_make_step")[0].replace("# written by gpulab.exercises", ""), source
+    with pytest.raises(SubmissionError, match="'blocks', a Sequential from the notebook"):
+        submission_source(mod.reads_the_notebooks_model)
+
+
+def test_strict_grading_raises_where_the_notebooks_own_code_was_not_graded(monkeypatch):
+    from gpulab.exercises.exercise import NotGraded, Verdict, _strict
+    monkeypatch.setenv("GPULAB_GRADING_STRICT", "1")
+    with pytest.raises(NotGraded, match="not graded: uses device"):
+        _strict(Verdict("05.pinned", "failed", ["not graded: uses device"]))
+    with pytest.raises(NotGraded):
+        _strict(Verdict("09.checkpoint", "error", ["raised ImportError"]))
+    assert _strict(Verdict("05.pinned", "passed", ["the same training"])).state == "passed"
+    assert _strict(Verdict("05.pinned", "failed", ["too slow"], speed_judged=True)).state == "failed"
+    monkeypatch.delenv("GPULAB_GRADING_STRICT")
+    assert _strict(Verdict("05.pinned", "error", ["raised"])).state == "error"
