@@ -230,6 +230,9 @@ def headline_numbers(job: str = "gpt", scale: str | None = None, runs: Runs | No
     top = runs.checked(job, best)
     if top.result is None or base.result is None:
         raise RuntimeError(f"{job}: a run did not complete ({top.status}: {top.why})")
+    if not top.counted:            # it ran, but failed a check of section 5: it has no time to compare
+        raise RuntimeError(f"{job}: {best.label} does not train the same model as fp32, so its speed is not "
+                           f"compared ({top.status}: {top.why})")
     peak, sheet = bf16_peak(), datasheet_peak()
     unit = JOBS[job].unit
     return {

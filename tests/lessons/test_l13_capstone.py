@@ -859,3 +859,22 @@ def test_section_11s_checks_take_the_band_of_this_gpus_class(monkeypatch, capsys
         assert "shown, not judged" in checks["peak"].why
     lines = C.self_check_bands(facts)
     assert len(lines) == 1 + len(C.SELF_CHECKS) and f"{cnn[1]:g} to " in lines[2]
+
+
+def test_headline_of_a_run_that_failed_its_check_is_a_reason_not_a_type_error(monkeypatch):
+    """Second review of 13 (2026-12-06): a mismatched all-on run keeps its result without a time, and the headline's
+    ratio raised TypeError, which c33 (catching RuntimeError) did not catch: section 11 crashed instead of failing
+    the loss check and skipping the headline with its reason."""
+    import dataclasses
+    from gpulab.lessons.capstone.runs import Checked, Runs
+    runs = Runs(scale="tiny")
+    real = Runs.checked
+
+    def checked(self, job, options=C.Options(), batch=None, **kw):
+        out = real(self, job, options, batch, **kw)
+        if options == C.Options():
+            return out
+        return Checked(dataclasses.replace(out.result, time=None), "mismatch", why="planted: a dropped gradient")
+    monkeypatch.setattr(Runs, "checked", checked)
+    with pytest.raises(RuntimeError, match="does not train the same model as fp32.*planted: a dropped gradient"):
+        C.headline_numbers("gpt", runs=runs)
