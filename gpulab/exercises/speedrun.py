@@ -18,7 +18,8 @@ Grading (grading.md's speedrun rules):
   STEP_CAP x the baseline's steps (and WALL_CAP x its seconds), else the run fails with its loss;
 - the result is the mean time to the target, with its 95 % confidence interval (Student's t);
 - a new best needs a one-sided Welch t-test p < 0.01 against the previous best's times (your own earlier best in
-  the results store, or the lesson's fix's), as the speedrun records do.
+  the results store, or the lesson's fix's). The nanoGPT speedrun records ask p < 0.01 of another claim: that a
+  record's mean validation loss reaches the target.
 """
 from __future__ import annotations
 
