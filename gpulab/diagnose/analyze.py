@@ -363,7 +363,8 @@ def host_causes(events: Sequence[Event], windows: Sequence[tuple[float, float]],
 
 # -- the analysis ----------------------------------------------------------------------------------
 def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = STEP_RANGE,
-            tf32_matmul: bool = False, tf32_cudnn: bool = False, memory: MemoryFacts | None = None,
+            tf32_matmul: bool = False, tf32_cudnn: bool = False, tf32_supported: bool = True,
+            memory: MemoryFacts | None = None,
             step_ms: float | None = None, flops_per_step: float | None = None,
             peak_tflops: float | None = None, peak_source: str = "",
             kernel_ceiling_tflops: float | None = None, hidden_syncs: tuple = (), compile: dict | None = None,
@@ -424,7 +425,7 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
         pageable_copy_ms=length_us(_union([e for e in gpu if is_pageable(e)], span)) / per_step,
         comm_ms=length_us(comm) / per_step, comm_exposed_ms=length_us(intersect(subtract(comm, rest), waiting)) / per_step,
         gemms=tuple(_gemm_facts(gpu, classes, ops, steps, tf32_matmul, tf32_cudnn)), tf32_matmul=tf32_matmul, tf32_cudnn=tf32_cudnn,
-        memory=memory, step_ms=step_ms, light_busy_ms=light_busy_ms, light_step_ms=light_step_ms, flops_per_step=flops_per_step, peak_tflops=peak_tflops,
+        tf32_supported=tf32_supported, memory=memory, step_ms=step_ms, light_busy_ms=light_busy_ms, light_step_ms=light_step_ms, flops_per_step=flops_per_step, peak_tflops=peak_tflops,
         peak_source=peak_source, kernel_ceiling_tflops=kernel_ceiling_tflops,
         host_by_cause={c: length_us(iv) / per_step for c, iv in timeline.by_cause.items()},
         host_sites={c: top(rows) for c, rows in timeline.sites.items()},

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
-from gpulab.core.device import pick_device, sync
+from gpulab.core.device import device_facts, pick_device, sync
 from gpulab.core.memory import free_memory
 from gpulab.core.timing import benchmark, summarize
 from gpulab.diagnose.analyze import analyze
@@ -420,7 +420,6 @@ def datasheet_16bit(device: torch.device) -> float | None:
     profile (whose datasheet is another card's): the rules' ceiling for any matrix product's speed."""
     if device.type != "cuda":
         return None
-    from gpulab.core.device import device_facts
 
     facts = device_facts(device)
     sheet = None if facts.profile else facts.datasheet
@@ -533,6 +532,7 @@ def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, dev
     tf32_matmul, tf32_cudnn = fp32_modes()
     compile = {"before": compile_before, "warm": compile_warm, "after": compile_after} if compile_after else {}
     inputs = dict(on_gpu=device.type == "cuda", tf32_matmul=tf32_matmul, tf32_cudnn=tf32_cudnn,
+                  tf32_supported=device.type != "cuda" or device_facts(device).tf32,
                   step_ms=timing.median_ms, flops_per_step=flops_per_step, peak_tflops=peak_tflops,
                   peak_source=source, kernel_ceiling_tflops=datasheet_16bit(device), hidden_syncs=tuple(hidden),
                   compile=compile, light_busy_ms=light[0] if light else None,

@@ -99,6 +99,7 @@ class Facts:
     gemms: tuple = ()
     tf32_matmul: bool = False
     tf32_cudnn: bool = False
+    tf32_supported: bool = True     # the GPU has TF32 (Ampere and later); False before: no TF32 advice
     memory: MemoryFacts | None = None
     step_ms: float | None = None    # unprofiled step time (steps back to back, host clock, synchronized)
     # the GPU's busy time and the step under a profiler of the GPU's activity only (core.kernel_busy): the

@@ -104,7 +104,7 @@ def fp32_matmuls(f: Facts) -> Verdict | None:
                    f"{pct(FP32_GEMM_SHARE_MIN)}): {ieee:.3g} ms on the CUDA cores, {tf32:.3g} ms as TF32 "
                    "(math mode read per kernel)",
                    "train under torch.amp.autocast('cuda', dtype=torch.bfloat16) (fp16 + GradScaler without bf16)"
-                   + (", or allow TF32" if ieee > tf32 else ""),
+                   + (", or allow TF32" if ieee > tf32 and f.tf32_supported else ""),   # no TF32 before Ampere
                    expected=f.busy_share(expected))
 
 

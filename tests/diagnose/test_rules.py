@@ -245,6 +245,8 @@ def test_fp32_matmuls_edge_counts_ieee_and_tf32_but_not_16_bit():
     assert v.expected_share == pytest.approx(R.FP32_GEMM_SHARE_MIN * R.UNKNOWN_FLOPS_SAVING)
     assert "5 ms on the CUDA cores, 5 ms as TF32" in v.evidence and "allow TF32" not in v.fix
     assert "or allow TF32" in R.fp32_matmuls(facts(gemms=(gemm(edge),))).fix       # IEEE: TF32 would help
+    # a T4 or V100 has no TF32 (second review of 15, 2026-12-06): the fix says 16-bit only
+    assert "TF32" not in R.fp32_matmuls(facts(gemms=(gemm(edge),), tf32_supported=False)).fix
 
 
 def test_fp32_matmuls_share_above_the_ceiling_and_expected_above_the_measured_peak():
