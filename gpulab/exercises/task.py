@@ -13,7 +13,7 @@ Two kinds cover the lessons:
 - `function(...)`: a pure function of tensors, `fn(*inputs) -> tensor`.
 
 Tiers of "the same training" (grading.md): `systems` (workers, pinning, streams, graphs, fusion, layout: the
-parameters after k updates within the noise floor of the reference trained on reordered rows) and `numerics`
+parameters after k updates within four times the noise floor of the reference trained on reordered rows) and `numerics`
 (AMP, TF32, accumulation: at most SAME_MAX_FLOOR times as far from the slow code's fp32 result as the lesson's
 own fix is, and the loss likewise).
 """
