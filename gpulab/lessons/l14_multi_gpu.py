@@ -37,15 +37,16 @@ from gpulab.core.predict import Plan, Work
 from gpulab.core.timing import Timing, summarize
 # what notebook 14 imports from here besides this module's own names
 from gpulab.lessons.multigpu.allreduce import exp_allreduce
-from gpulab.lessons.multigpu.arithmetic import (HIDDEN_LOW, bubble_fraction, dp_bytes_gpu0, ring_bytes_per_gpu,
-                                                state_bytes_per_gpu)
+from gpulab.lessons.multigpu.arithmetic import (HIDDEN_JUDGED, HIDDEN_LOW, HIDDEN_WHY_NOT, bubble_fraction,
+                                                dp_bytes_gpu0, ring_bytes_per_gpu, state_bytes_per_gpu)
 from gpulab.lessons.multigpu.cli import EXPERIMENTS
 from gpulab.lessons.multigpu.ddp import bucket_run, exp_ddp, exp_dp
 from gpulab.lessons.multigpu.fsdp import exp_fsdp
 from gpulab.lessons.multigpu.pipeline import exp_pipeline
 
 __all__ = ["SIZES", "Placement", "placement", "launch", "LaunchError", "as_timing", "samples_per_s", "plan",
-           "exp_dp", "exp_ddp", "bucket_run", "exp_allreduce", "exp_pipeline", "exp_fsdp", "HIDDEN_LOW",
+           "exp_dp", "exp_ddp", "bucket_run", "exp_allreduce", "exp_pipeline", "exp_fsdp",
+           "HIDDEN_LOW", "HIDDEN_JUDGED", "HIDDEN_WHY_NOT",
            "bubble_fraction", "dp_bytes_gpu0", "ring_bytes_per_gpu", "state_bytes_per_gpu"]
 
 WORKER = "gpulab.lessons.multigpu.cli"       # the module torchrun starts in each process

@@ -389,7 +389,8 @@ ANSWERS = [
         "world size there and copies the average back; on, backward writes each `.grad` straight into the "
         "bucket, leaving a zeroing (`zero_grad(set_to_none=False)`), the accumulating add and an in-place "
         "division. Views save the two copies of the gradient bytes, a memory-bound cost, so on a GPU the "
-        "copy kernels shrink. `set_to_none=True` would free the views and break them. Without two GPUs a world "
+        "copy kernels shrink. With `zero_grad(set_to_none=True)` backward makes a new gradient, which DDP copies "
+        "into the bucket before pointing `.grad` at its slice again (section 8): the copy comes back. Without two GPUs a world "
         "of one in this process checks both layouts' gradients.")),
     Answer("14", 8, needs="2 gpus", run=_ctas, expect=_ctas_claim, text=(
         "Set `NCCL_MAX_CTAS=4` before a bucket panel run and compare it with the default. NCCL's kernels then "
