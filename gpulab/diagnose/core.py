@@ -37,6 +37,7 @@ import torch
 
 from gpulab.core.device import device_facts, pick_device, sync
 from gpulab.core.memory import free_memory
+from gpulab.core.monitor import NVML_PERIOD_MAX_S
 from gpulab.core.timing import benchmark, summarize
 from gpulab.diagnose.analyze import analyze
 from gpulab.diagnose.facts import Facts, MemoryFacts, StallFacts
@@ -489,18 +490,22 @@ def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, dev
         hidden = [(site, via) for site, via in hidden if via != SYNC_MODE_MISSING]
     compile_warm = compile_counters()
     monitor = _nvml_monitor(device)
+    reading = monitor is not None and monitor.available
+    # with NVML: long enough that, its first period left out, NVML_MIN_S of readings remain
+    window = max(window_s, NVML_MIN_S + NVML_PERIOD_MAX_S) if reading else window_s
     try:
-        timing, per_step, chunks = _timed(step, steps, device, window_s if not distributed else 0.0)
+        timing, per_step, chunks = _timed(step, steps, device, window if not distributed else 0.0)
     finally:
         if monitor is not None:
             monitor.stop()
-    nvml = monitor.mean("busy_pct") if monitor is not None and monitor.available else None
+    # the first period's readings averaged the time before the steps began (core.monitor.Monitor.mean)
+    nvml = monitor.mean("busy_pct", since_s=NVML_PERIOD_MAX_S) if reading else None
     if monitor is not None and nvml is None:
         notes.append(f"no NVML utilization: {monitor.status}")
-    timed_s = sum(chunks) * steps / 1e3
+    timed_s = sum(chunks) * steps / 1e3 - NVML_PERIOD_MAX_S       # the readings the mean kept
     if nvml is not None and timed_s < NVML_MIN_S:
         nvml = None
-        notes.append(f"NVML utilization not read: the timed steps lasted {timed_s:.2g} s, shorter than "
+        notes.append(f"NVML utilization not read: its readings covered {timed_s:.3g} s, shorter than "
                      f"{NVML_MIN_S:g} s; NVML's figure is the percent of time over its past sample period (1/6 s to 1 s, "
                      "by product) during which one or more kernels ran, so over a shorter time it reads the idle "
                      "before and after")
