@@ -46,8 +46,8 @@ from gpulab.diagnose.events import (
 )
 from gpulab.diagnose.facts import (  # noqa: F401 - the contract, re-exported: analyze.Facts is what rules read
     CAUSES, CLASSES, Facts, GemmFact, MemoryFacts, StallFacts, changes)
-from gpulab.diagnose.gaps import (OpsByThread, after_sync, data_dependent, is_compile, queue_full, shape_changes,
-                                  sync_kind)
+from gpulab.diagnose.gaps import (SYNC_GRACE_US, OpsByThread, after_sync, data_dependent, is_compile, queue_full,
+                                  shape_changes, sync_kind)
 from gpulab.diagnose.kernels import (ALLOC_CALLS, BLOCKING_CALLS, CONV_OPS, INPUT_RANGES, SCALAR_READS,  # noqa: F401
                                      conv_flops, dtype_of, gemm_flops, kernel_class, kernel_math, misaligned, mnk)
 
@@ -63,10 +63,7 @@ QUEUEING = KERNEL_LAUNCHES + ("cudaMemcpyAsync", "cudaMemsetAsync", "cudaGraphLa
 
 
 # -- thresholds of the analysis (the rules' own are in rules.py) -----------------------------------
-# A synchronizing call that returned this little before the GPU ran dry still caused it: CUPTI stamps
-# GPU work on the GPU's clock and torch converts it to the host's, and a blocked thread needs a few
-# microseconds to wake up; the two clocks agree to within a few microseconds, not exactly.
-SYNC_GRACE_US = 20.0
+# SYNC_GRACE_US (gaps.py): how late a synchronizing call may have returned and still have caused a gap
 # A kernel launched onto an idle stream starts a few microseconds after its launch call returns (the
 # launch latency, ~5 us on current GPUs, plus the clocks' disagreement above): a wait shorter than this
 # is the launch itself, not work standing ready behind something else (see `waited_on`).
