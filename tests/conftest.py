@@ -3,7 +3,7 @@
 - matplotlib draws off screen (Agg), chosen before anything imports pyplot.
 - Every test gets its own results file and no GPULAB_SCALE / GPULAB_DEVICE,
   so nothing reads or writes ~/.gpulab and the machine's settings don't leak in; nor the memory
-  modes the root conftest.py sets for notebooks (GPULAB_MEMORY_CPU / _STRICT / _PLANT).
+  modes the root conftest.py sets for notebooks (GPULAB_MEMORY_CPU / _STRICT / _PLANT, GPULAB_GRADING_STRICT).
 - `@pytest.mark.gpu` tests are skipped without CUDA; `@pytest.mark.cpu_only`
   tests check the no-GPU fallbacks as they really happen and are skipped with CUDA.
 - `fake_pynvml` builds a stand-in for the `pynvml` module (no NVIDIA driver needed).
@@ -46,7 +46,8 @@ def isolated_gpulab(tmp_path, monkeypatch):
     monkeypatch.setenv("GPULAB_RESULTS", str(tmp_path / "results.json"))
     monkeypatch.delenv("GPULAB_SCALE", raising=False)
     monkeypatch.delenv("GPULAB_DEVICE", raising=False)
-    for name in ("GPULAB_MEMORY_CPU", "GPULAB_MEMORY_STRICT", "GPULAB_MEMORY_PLANT"):   # the notebooks' modes
+    for name in ("GPULAB_MEMORY_CPU", "GPULAB_MEMORY_STRICT", "GPULAB_MEMORY_PLANT",    # the notebooks' modes
+                 "GPULAB_GRADING_STRICT"):
         monkeypatch.delenv(name, raising=False)
 
 

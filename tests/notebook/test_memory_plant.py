@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
-MODES = ("GPULAB_MEMORY_CPU", "GPULAB_MEMORY_STRICT", "GPULAB_MEMORY_PLANT")
+MODES = ("GPULAB_MEMORY_CPU", "GPULAB_MEMORY_STRICT", "GPULAB_MEMORY_PLANT", "GPULAB_GRADING_STRICT")
 UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 

@@ -201,10 +201,10 @@ def test_capstone_on_the_cpu_prints_no_mfu_and_no_full_size_step_time(capsys):
     exec(cell, ns)
     out = capsys.readouterr().out
     assert ns["peak"] is None
-    assert "MFU is not computed on the CPU" in out and " ms" not in out and "GPT step here" not in out
+    assert "MFU is not computed on the CPU" in out and " ms" not in out and "GPT step at 60%" not in out
     ns["on_gpu"] = True                                          # on a GPU the peak and the prediction stay
     exec(cell, ns)
-    assert ns["peak"] is tiny_peak and "GPT step here at 60% of it" in capsys.readouterr().out
+    assert ns["peak"] is tiny_peak and "full-size GPT step at 60% of it" in capsys.readouterr().out
 
 
 def _step(label, status, speedup=None, gain=None, share=None):
