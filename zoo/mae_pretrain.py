@@ -94,7 +94,7 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=BASE_LR, betas=(0.9, 0.95), fused=True if fix == "optimizer_unfused" else None)
     half = half_dtype(device)
-    dtype = torch.float16 if cuda and half != torch.float32 else half         # torch.cuda.amp.autocast()
+    dtype = torch.float16 if cuda and half != torch.float32 else half         # fp16 on CUDA: the reference code's autocast default
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     forward, mark = reduce_overhead(model, device) if fix == "launch_bound" else (model, lambda: None)
     B, S = cfg["batch"], cfg["image"]

@@ -58,7 +58,7 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
                           fused=True if fix == "optimizer_unfused" else None)
     amp = fix == "fp32_matmuls"
     half = half_dtype(device)
-    dtype = torch.float16 if cuda and half != torch.float32 else half      # torch.cuda.amp.autocast()'s default
+    dtype = torch.float16 if cuda and half != torch.float32 else half      # fp16 on CUDA: the reference code's autocast default
     scaler = torch.amp.GradScaler(device.type, enabled=amp and dtype == torch.float16)
     forward, mark = reduce_overhead(model, device) if fix == "launch_bound" else (model, lambda: None)
 

@@ -401,12 +401,12 @@ class GuardReport:
     planted: int = 0                # the planted-leak test's bytes (`plant_leak`), left out of the verdict
     what: str = "GPU memory"
     block: bool = True              # False for `notebook_check`: no block, only the notebook's start
-    _keeps: list = field(default_factory=list, repr=False, compare=False)
+    kept_objects: list = field(default_factory=list, repr=False, compare=False)
 
     def keep(self, *objs: Any) -> None:
         """Declare objects this block makes and the notebook keeps on purpose after it (a model, its
         optimizer): their memory is allowed at this check. Made before the block? Pass them as `keeps=`."""
-        self._keeps.extend(objs)
+        self.kept_objects.extend(objs)
 
     @property
     def leaked(self) -> int | None:
@@ -536,14 +536,14 @@ def memory_guard(tolerance_bytes: int | None = None, strict: bool | None = None,
     counted = device.type == "cpu" and counting_on_cpu() and compare
     readable = device.type == "cuda" or counted
     report = GuardReport(tolerance=TOLERANCE.get(device.type, MiB) if tolerance_bytes is None else tolerance_bytes,
-                         _keeps=list(keeps),
+                         kept_objects=list(keeps),
                          what="GPU memory" if device.type == "cuda" else "memory (CPU tensors counted)")
     entry: set[int] = set()
     if readable:
         if not counted:
             release(device)
         report.before = allocated_now(device)
-        entry = set(kept_bytes(report._keeps, device))
+        entry = set(kept_bytes(report.kept_objects, device))
         if compare:
             report.start = started_at(device)
             report.planted = planted_bytes(device) if report.start is not None else 0
@@ -560,13 +560,13 @@ def memory_guard(tolerance_bytes: int | None = None, strict: bool | None = None,
             if not counted:
                 release(device)
             report.after = allocated_now(device)
-            kept = kept_bytes(report._keeps, device)
+            kept = kept_bytes(report.kept_objects, device)
             report.kept = sum(kept.values())
             report.kept_new = sum(b for p, b in kept.items() if p not in entry)
             if counted and not report.ok:       # garbage may hold tensors: collect, then read again
                 release(device)
                 report.after = allocated_now(device)
-        report._keeps.clear()                    # the report must not keep the notebook's objects alive
+        report.kept_objects.clear()              # the report must not keep the notebook's objects alive
         if not raised:
             _raise_if_failed(report, strict_by_default() if strict is None else strict)
         if not quiet:

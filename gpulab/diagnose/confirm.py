@@ -239,18 +239,29 @@ def replayed_batch(device: torch.device) -> Iterator[str]:
 
 
 @contextlib.contextmanager
+def compiled_in_place(model: torch.nn.Module, **compile_kwargs) -> Iterator[None]:
+    """`model.forward` replaced by its torch.compile'd self (so calling the model runs the compiled code, whoever
+    calls it), put back after, and torch.compile's state reset (CUDA graphs' memory pool included). Public API
+    only: the instance attribute `forward` shadows the class's method, and removing it restores it."""
+    own = model.__dict__.get("forward")          # a forward set on the instance before, kept
+    model.forward = torch.compile(model.forward, **compile_kwargs)
+    try:
+        yield
+    finally:
+        if own is None:
+            del model.forward
+        else:
+            model.forward = own
+        torch.compiler.reset()
+
+
+@contextlib.contextmanager
 def cuda_graphs(model: torch.nn.Module, device: torch.device) -> Iterator[str]:
-    """`model` compiled in place with torch.compile(mode="reduce-overhead") (`nn.Module.compile`: calling it runs
-    the compiled code, whoever calls it), undone after, with torch.compile's state (its CUDA graphs' memory
-    pool included)."""
+    """`model` compiled in place with torch.compile(mode="reduce-overhead") (`compiled_in_place`), undone after."""
     if device.type != "cuda":
         raise Unavailable("CUDA graphs exist only on a GPU")
-    model.compile(mode="reduce-overhead")
-    try:
+    with compiled_in_place(model, mode="reduce-overhead"):
         yield 'the model compiled with mode="reduce-overhead" (CUDA graphs)'
-    finally:
-        model._compiled_call_impl = None
-        torch.compiler.reset()
 
 
 def graphs_variant(v: Verdict, facts, step, device: torch.device):

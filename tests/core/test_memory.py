@@ -336,7 +336,7 @@ def test_counting_mode_declared_keeps_pass_and_undeclared_fail(counting, capsys)
         model = torch.nn.Linear(512, 512)
         made.keep(model)
     assert made.ok and made.kept_new == made.kept == (512 * 512 + 512) * 4
-    assert made._keeps == []                                   # the report holds no model alive
+    assert made.kept_objects == []                                   # the report holds no model alive
 
 
 def test_keeps_on_another_device_count_nothing():

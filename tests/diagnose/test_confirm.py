@@ -217,3 +217,28 @@ def test_the_16bit_variant_turns_on_the_steps_own_autocast_switch_not_its_fp32_i
     with switched_on("cuda", torch.bfloat16) as seen:       # another device's autocast is left alone
         assert step() == (torch.float32, torch.float32)
     assert seen["switched"] == 0 and step() == (torch.float32, torch.float32)
+
+
+def test_compiled_in_place_runs_the_compiled_forward_and_puts_the_model_back():
+    """The CUDA-graph variant compiles the model in place for whoever calls it, and leaves it as it was (public API
+    only: an instance `forward` that shadows the class's)."""
+    calls = []
+
+    def backend(gm, example_inputs):
+        calls.append(len(example_inputs))
+        return gm.forward
+
+    model = torch.nn.Linear(4, 2)
+    x = torch.randn(3, 4)
+    want = model(x)
+    with C.compiled_in_place(model, backend=backend):
+        assert "forward" in model.__dict__
+        assert torch.equal(model(x), want) and calls, "the model's own call ran the compiled forward"
+    assert "forward" not in model.__dict__ and torch.equal(model(x), want)
+    own = model.forward = lambda t: t * 2                     # a forward the instance had already is kept
+    with C.compiled_in_place(model, backend=backend):
+        pass
+    assert model.forward is own
+    with pytest.raises(C.Unavailable, match="only on a GPU"):
+        with C.cuda_graphs(model, CPU):
+            pass
