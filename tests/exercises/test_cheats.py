@@ -90,6 +90,23 @@ def test_a_step_without_the_update_is_rejected():
     assert_rejected(v, "failed", "skipped backward or update")
 
 
+def test_a_step_that_trains_on_half_of_each_batch_is_rejected():
+    """Half the work every step, an update every step: the loss falls, and only the parameters show it."""
+    v = grade(STEP, """
+        import torch
+        def make_step(model, optimizer):
+            def step(x, y, host):
+                half = x.shape[0] // 2
+                loss = torch.nn.functional.mse_loss(model(x[:half]), y[:half])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                return loss.detach(), spread(host)
+            return step
+        """)
+    assert_rejected(v, "failed", "parameters ended far from the reference", "MORE than 4x the floor")
+
+
 def test_a_step_that_stops_updating_once_timed_is_rejected():
     v = grade(STEP, """
         import torch
