@@ -54,12 +54,12 @@ def lesson_module(lesson: str):
 def predicted_time(lesson: str, scale: str | None = None):
     """This notebook's predicted time on this GPU (`gpulab.core.predict`), from its lesson's `plan` and
     this GPU's ceilings; None on the CPU (no ceilings to divide by) or for a lesson without a plan."""
-    from gpulab.core.predict import predict
+    from gpulab.core.predict import EXERCISE_S, predict
 
     if pick_device().type != "cuda":
         return None
     plan = getattr(lesson_module(lesson), "plan", None)
-    return None if plan is None else predict(plan(scale))
+    return None if plan is None else predict(plan(scale), exercise_s=EXERCISE_S.get(lesson, 0.0))
 
 
 # -- a setting that is not understood stops the notebook with one message ------------------------
