@@ -443,7 +443,8 @@ class GuardReport:
             if self.start is None:
                 return f"memory check: {now} allocated (started at {f(self.before)}{kept})."
             if not self.block:
-                return (f"memory check: nothing held since the notebook's start: {f(self.after)} allocated, "
+                but = " but what it declares kept" if self.kept and self.after - self.start > self.tolerance else ""
+                return (f"memory check: nothing held since the notebook's start{but}: {f(self.after)} allocated, "
                         f"{f(self.start)} at the start{kept}.")
             return (f"memory check: {now} allocated (the block started at {f(self.before)}, "
                     f"the notebook at {f(self.start)}{kept}).")
