@@ -223,7 +223,9 @@ def _speedrun(path: str, scale: str, seeds: int, previous: list[float] | None, e
             "new_best": previous is None or (p is not None and p < P_NEW_BEST),
             "why": [f"the fp32 script as given reached {target:.4f} in {base['seconds']:.2f} s of training (seed 0)",
                     f"yours: {mean:.2f} s +- {half:.2f} (95 % CI) over {seeds} seeds: "
-                    + ", ".join(f"{t:.2f}" for t in times)]}
+                    + ", ".join(f"{t:.2f}" for t in times),
+                    f"the script as given's time (seed 0) / yours: {base['seconds'] / mean:.2f}x (above 1: yours is "
+                    f"faster)"]}
 
 
 def _child(path, scale, seeds, previous, env, conn):
@@ -245,7 +247,8 @@ class SpeedrunResult:
         d = self.detail
         head = f"speedrun: {self.state.upper()}"
         if self.state == "passed":
-            head += (" (a new best)" if d.get("new_best") else
+            head += (" (the first on this GPU's board, so its best so far)" if d.get("new_best") and d.get("p_vs_best") is None
+                     else " (a new best)" if d.get("new_best") else
                      f" (not a new best: p = {d['p_vs_best']:.3f} against the previous best, {P_NEW_BEST} needed)")
         return "\n".join([head, *[f"  - {w}" for w in self.why]])
 

@@ -42,6 +42,8 @@ def test_the_script_as_given_reaches_the_baselines_loss_and_reaches_the_board(tm
     r = S.speedrun(S.make_train, quiet=True)
     assert r.state == "passed", r.why
     assert len(r.detail["times"]) == 3 and not r.detail["new_best"] and r.detail["p_vs_best"] > 0.5
-    assert "not a new best" in r.text()
+    assert "not a new best" in r.text() and "the script as given's time (seed 0) / yours: " in r.text()
+    first = S.SpeedrunResult("passed", [], {"new_best": True, "p_vs_best": None})
+    assert "the first on this GPU's board" in first.text()
     rows = [row for row in R.exercise_board(tmp_path) if row.exercise == "13.speedrun"]
     assert len(rows) == 1 and "0.01 s" in rows[0].note and "to the loss over 3 seeds" in rows[0].note
