@@ -436,3 +436,23 @@ def test_memory_guard_finds_a_planted_leak_and_its_fix(capsys):
     with memory_guard(keeps=(held,)) as report:
         pass
     assert report.ok
+
+
+def test_a_kept_cuda_storage_counts_at_its_allocator_blocks_size(monkeypatch):
+    """memory_allocated counts blocks, not nbytes: a 325.125 MiB matrix sits in a 326 MiB block (the remainder, under
+    1 MiB, is not split off), so three of them read 2.6 MiB 'held since an earlier cell' when kept storages counted
+    nbytes (notebook 08 on an H100, 2026-12-06)."""
+    big, small = 325.125 * MiB, 1000
+    segments = [{"device": 0, "blocks": [{"address": 4096, "size": 326 * MiB, "state": "active_allocated"},
+                                          {"address": 9999, "size": 2 * MiB, "state": "inactive"}]},
+                {"device": 0, "blocks": [{"address": 77, "size": 1024, "state": "active_allocated"}]},
+                {"device": 1, "blocks": [{"address": 123, "size": 512 * MiB, "state": "active_allocated"}]}]
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: segments)
+    found = {4096: big, 77: small, 123: 100, 555: 7}
+    assert memory.at_block_sizes(found, ("cuda", 0)) == {4096: 326 * MiB, 77: 1024, 123: 100, 555: 7}
+    assert memory.at_block_sizes(found, ("cpu", 0)) == found           # the CPU's count is exact
+
+    def broken():
+        raise RuntimeError("no snapshot")
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", broken)
+    assert memory.at_block_sizes(found, ("cuda", 0)) == found
