@@ -48,7 +48,7 @@ HOST_S = 225.0
 HOST_SOURCE = ("wall time of notebook 15 under nbval at full size (results/course/2026-12-02-h200-00-15/h200-2026-12-02-00-15-timings.tsv: "
                "H200, torch 2.11, 2026-12-02, 225 s, most of it the chain of fixes: five rounds, each checking that its "
                "fix trains the same model and diagnosing the step again); no GPU ceiling sets it: the steps are "
-               "paced by the host's data making. The chain stops at the first fix that is not kept, so a shorter "
+               "paced by the host's data making. A chain that runs out of verdicts with a fix stops sooner, so a shorter "
                "chain takes less: three rounds took 128 s on 2026-12-03 (results/course/2026-12-03-h200-00-13-15)")
 
 

@@ -87,7 +87,7 @@ def _expect3(f: dict) -> str | None:
     return None
 
 
-N_RANGE = list(range(7936, 8448 + 1, 64))
+N_RANGE = list(range(8192, 8704 + 1, 64))
 
 
 def _tiles(m: int, n: int) -> int:
