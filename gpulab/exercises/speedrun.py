@@ -253,11 +253,17 @@ class SpeedrunResult:
         return "\n".join([head, *[f"  - {w}" for w in self.why]])
 
 
-def previous_best(store=None) -> list[float] | None:
-    """The times of the fastest passed speedrun in the results store (this GPU), or None."""
-    from gpulab.core.results import results_store
-    recs = [r for r in (store or results_store()).records(lesson="13", name="speedrun")
-            if r.extra.get("state") == "passed" and r.extra.get("times")]
+def previous_best(store=None, scale: str | None = None) -> list[float] | None:
+    """The times of the fastest passed speedrun in the results store on this GPU, at this scale and under this GPU
+    profile (a tiny CPU run or another GPU's is another race), or None."""
+    from gpulab.core.device import resolve_scale
+    from gpulab.core.profiles import active_profile
+    from gpulab.core.results import current_gpu_name, record_profile, results_store
+    profile = active_profile()
+    recs = [r for r in (store or results_store()).records(lesson="13", name="speedrun", gpu=current_gpu_name(),
+                                                          scale=resolve_scale(scale))
+            if r.extra.get("state") == "passed" and r.extra.get("times")
+            and record_profile(r) == (profile.key if profile is not None else None)]
     return min(recs, key=lambda r: r.value).extra["times"] if recs else None
 
 
@@ -280,7 +286,7 @@ def speedrun(factory, *, seeds: int = MIN_SEEDS, scale: str | None = None, timeo
         print(r.text()) if not quiet else None
         return r
     scale = resolve_scale(scale)
-    previous = previous_best()
+    previous = previous_best(scale=scale)
     folder = Path(tempfile.mkdtemp(prefix="gpulab-speedrun-"))
     (folder / "submission.py").write_text(source)
     try:

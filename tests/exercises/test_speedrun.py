@@ -47,3 +47,20 @@ def test_the_script_as_given_reaches_the_baselines_loss_and_reaches_the_board(tm
     assert "the first on this GPU's board" in first.text()
     rows = [row for row in R.exercise_board(tmp_path) if row.exercise == "13.speedrun"]
     assert len(rows) == 1 and "0.01 s" in rows[0].note and "to the loss over 3 seeds" in rows[0].note
+
+
+def test_the_previous_best_is_this_gpus_at_this_scale(tmp_path, monkeypatch):
+    """A tiny CPU speedrun (about 1 s) in the same store must not become a full-size GPU run's previous best."""
+    import json
+    from gpulab.core.results import ResultsStore
+    store = ResultsStore(tmp_path / "s.json")
+    store.record("13", "speedrun", 30.0, "s", scale="full", state="passed", times=[30.0, 30.5, 29.5])
+    store.record("13", "speedrun", 1.0, "s", scale="tiny", state="passed", times=[1.0, 1.1, 0.9])
+    raw = json.loads(store.path.read_text())
+    raw["records"].append(dict(raw["records"][0], gpu="Another GPU", value=5.0, extra=dict(
+        raw["records"][0]["extra"], times=[5.0, 5.0, 5.0])))
+    raw["records"].append(dict(raw["records"][0], value=3.0, extra=dict(
+        raw["records"][0]["extra"], times=[3.0, 3.0, 3.0], profile="t4")))
+    store.path.write_text(json.dumps(raw))
+    assert S.previous_best(store, scale="full") == [30.0, 30.5, 29.5]
+    assert S.previous_best(store, scale="tiny") == [1.0, 1.1, 0.9]
