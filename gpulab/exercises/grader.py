@@ -421,14 +421,16 @@ def physics(device, flops: float, bytes_: float | None, sub_ms: float) -> tuple[
     from gpulab.core.device import device_facts
     ceil = ceilings()
     flops_peak = max((c.value for k, c in ceil.items() if k.startswith("matmul_")), default=None)
+    which = "the fastest product rate known here: notebook 00's, or the datasheet's"
     if flops_peak is not None and device_facts().fp8:
         flops_peak *= 2            # an FP8 product runs at twice the 16-bit rate on the GPUs that have one
+        which = "an FP8 product's rate: twice the fastest 16-bit one known here"
     bw_peak = max((c.value for k, c in ceil.items() if k in ("copy_bandwidth", "read_bandwidth", "write_bandwidth")),
                   default=None)
     said = []
     if flops and flops_peak:
         rate = flops / (sub_ms / 1e3) / 1e12
-        said.append(f"{rate:.1f} TFLOP/s of {flops_peak:.0f} at most")
+        said.append(f"{rate:.1f} TFLOP/s of {flops_peak:.0f} at most ({which})")
         if rate > PHYSICS_MARGIN * flops_peak:
             return (f"faster than physics: {flops / 1e9:.3g} GFLOP in {sub_ms:.3g} ms is {rate:.0f} TFLOP/s, above this "
                     f"GPU's ceiling of {flops_peak:.0f} (notebook 00, or the datasheet)"), "; ".join(said)

@@ -56,7 +56,8 @@ from gpulab.lessons.capstone.options import (AMPS, MEMORY_TOGGLES, NUMERICS_TOGG
                                              problem)
 from gpulab.lessons.capstone.peaks import bf16_peak, datasheet_peak, mfu, peak_fraction, peak_is_measured
 from gpulab.lessons.capstone.runs import Runs, loss_tolerance, reference_options
-from gpulab.lessons.capstone.seeds import (SEED_4090_HEADER, SEED_V100_HEADER, seed_4090_rows, seed_4090_table,
+from gpulab.lessons.capstone.seeds import (SEED_4090_HEADER, SEED_V100_HEADER, seed_4090_batch, seed_4090_rows,
+                                           seed_4090_table,
                                            seed_notes, seed_v100_rows, seed_v100_table)
 from gpulab.lessons.capstone.time_to_loss import time_to_loss
 from gpulab.lessons.capstone.waterfall import (LADDER, LADDER_HEADER, LADDER_TOLERANCE, STEP_HEADER, accumulation_notes,
@@ -72,7 +73,7 @@ __all__ = ["TITLE", "HEADLINE", "plan", "training_step", "headline_numbers", "he
            "AMPS", "MEMORY_TOGGLES", "ORDERS", "TOGGLES", "Options", "all_on", "problem",
            "bf16_peak", "datasheet_peak", "mfu", "peak_fraction", "peak_is_measured",
            "Runs", "loss_tolerance", "reference_options",
-           "SEED_4090_HEADER", "SEED_V100_HEADER", "seed_4090_rows", "seed_4090_table", "seed_notes", "seed_v100_rows",
+           "SEED_4090_HEADER", "SEED_V100_HEADER", "seed_4090_batch", "seed_4090_rows", "seed_4090_table", "seed_notes", "seed_v100_rows",
            "seed_v100_table", "time_to_loss", "LADDER_HEADER", "LADDER_TOLERANCE", "STEP_HEADER", "accumulation_notes",
            "batch_ladder", "fastest", "ladder_rows", "step_line", "step_notes", "step_rows", "waterfall",
            "waterfall_figure"]

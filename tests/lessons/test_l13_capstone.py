@@ -878,3 +878,27 @@ def test_headline_of_a_run_that_failed_its_check_is_a_reason_not_a_type_error(mo
     monkeypatch.setattr(Runs, "checked", checked)
     with pytest.raises(RuntimeError, match="does not train the same model as fp32.*planted: a dropped gradient"):
         C.headline_numbers("gpt", runs=runs)
+
+
+def test_runs_compared_counts_each_run_once():
+    """The loss check's "of N checked": a memoized run asked for again, the fp32 references themselves and runs
+    that ran out of memory are not counted twice or at all (third review: '27 checked' counted repeats)."""
+    from types import SimpleNamespace
+    from gpulab.lessons.capstone.runs import Runs
+    c = lambda status: SimpleNamespace(status=status)
+    fake = SimpleNamespace(checks=[("gpt: fp32 (batch 8)", c("baseline")), ("gpt: tf32 (batch 8)", c("ok")),
+                                   ("gpt: tf32 (batch 8)", c("ok")), ("gpt: bf16 (batch 8)", c("mismatch")),
+                                   ("gpt: bf16 (batch 8)", c("mismatch")), ("cnn: bf16 (batch 256)", c("out of memory"))])
+    assert Runs.compared(fake) == 2 and Runs.mismatches(fake) == ["gpt: bf16 (batch 8)"]
+
+
+def test_seed_004s_batches_are_lowered_until_the_last_rows_check_fits():
+    """On a T4's budget the fp32 check of seed 004's last row (8 x 32 images) would not fit: the rows start lower,
+    and the note says why; on an 80 GB card's budget they start at the seed's 32."""
+    from types import SimpleNamespace
+    GiB = 2**30
+    runs = SimpleNamespace(reference=lambda job: SimpleNamespace(peak_bytes=11.2 * GiB), batch=lambda job: 128)
+    assert S.seed_4090_batch(runs, 39 * GiB, "cnn", 32) == (32, "")
+    b, why = S.seed_4090_batch(runs, 7 * GiB, "cnn", 32)
+    assert b == 8 and "start at batch 8, not 32" in why and "22.4 GiB" in why
+    assert S.seed_4090_batch(runs, None, "cnn", 32) == (32, "")

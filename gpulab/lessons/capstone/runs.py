@@ -279,5 +279,10 @@ class Runs:
         return out
 
     def mismatches(self) -> list[str]:
-        """Every checked run that did not train the same model as its reference (`checked`'s "mismatch")."""
-        return [name for name, c in self.checks if c.status == "mismatch"]
+        """Every checked run that did not train the same model as its reference (`checked`'s "mismatch"), once."""
+        return list(dict.fromkeys(name for name, c in self.checks if c.status == "mismatch"))
+
+    def compared(self) -> int:
+        """How many distinct runs were compared with their fp32 reference (a memoized run asked for again, the
+        references themselves and runs that ran out of memory not counted)."""
+        return len({name for name, c in self.checks if c.status in ("ok", "mismatch")})

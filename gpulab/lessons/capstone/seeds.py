@@ -73,6 +73,24 @@ def seed_4090_rows(runs: Runs, best: Options, job: str = "cnn", batch: int | Non
     return [SeedRow(seed, o, n, runs.checked(job, o, n, monitor=True)) for seed, (o, n) in zip(SEED_4090, configs)]
 
 
+def seed_4090_batch(runs: Runs, budget: int | None, job: str = "cnn", wanted: int | None = None) -> tuple[int, str]:
+    """Seed 004's first batch here: `wanted` (default: the seed's 32), halved while the last row's fp32 check (every
+    row is compared with an fp32 run at its own batch, 8x the first) would not fit the memory `budget`, its peak
+    extrapolated from the fp32 reference's peak per sample at the fitted batch (weights included: an overestimate).
+    Returns the batch and why it changed ("" where it did not, or without a budget: the CPU)."""
+    start = b = wanted or SEED_4090[0][1]
+    ref = runs.reference(job) if budget else None
+    if ref is None or not ref.peak_bytes:
+        return b, ""
+    per_sample = ref.peak_bytes / runs.batch(job)
+    while b > 1 and 8 * b * per_sample > budget:
+        b //= 2
+    return b, ("" if b == start else
+               f"here: the rows start at batch {b}, not {start}: the fp32 check of the last row, at {8 * start}, would "
+               f"take about {8 * start * per_sample / 2**30:.1f} GiB, over this GPU's memory budget of "
+               f"{budget / 2**30:.1f} GiB")
+
+
 SEED_V100_HEADER = ("seed row (V100)", "seed GB", "seed iter/s", "seed speed-up", "here: configuration",
                     "here: peak GiB", "here: steps/s", "here: speed-up", "here: memory vs fp32", "seed memory vs fp32")
 
@@ -127,6 +145,8 @@ def seed_notes(rows: Sequence[SeedRow]) -> list[str]:
             line = f"{r.seed[0]}: {r.why}"
         elif r.checked and ":" in r.checked.status:
             line = f"{r.seed[0]}: {r.checked.status}"
+        elif r.checked and r.checked.status == "out of memory":
+            line = f"{r.seed[0]}: out of memory, the row or the fp32 run it is checked against ({r.checked.why})"
         elif res is not None and res.time is not None and res.busy_pct is None and r.checked.counted:
             line = f"here: GPU busy: n/a ({res.monitor_status or 'no NVML'})"
         else:
