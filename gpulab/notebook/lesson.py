@@ -136,8 +136,10 @@ class Check:
     why: str
 
     def __str__(self) -> str:
-        band = f"[{self.low if self.low is not None else '-'}, {self.high if self.high is not None else '-'}]"
-        value = "-" if self.measured is None else f"{self.measured:.{distinct_digits(self.measured, self.low, self.high)}g}"
+        digits = distinct_digits(self.measured, self.low, self.high) if self.measured is not None else 4
+        bound = lambda b: "-" if b is None else f"{b:.{max(digits, 3)}g}"       # 1.2006 for 1.200606673407482
+        band = f"[{bound(self.low)}, {bound(self.high)}]"
+        value = "-" if self.measured is None else f"{self.measured:.{digits}g}"
         return f"{self.status:>7}  {self.name}: {value} (expected {band}) {self.why}"
 
 

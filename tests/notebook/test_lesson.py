@@ -258,3 +258,10 @@ def test_a_check_outside_its_band_on_a_shared_gpu_says_shared_not_fail(monkeypat
     assert L.expect("ratio", 2.5, 2.0, 3.0).status == "pass"          # inside its band: a pass all the same
     monkeypatch.setattr(L, "_shared_gpu", lambda: "")
     assert L.expect("ratio", 1.0, 2.0, 3.0).status == "FAIL"
+
+
+def test_a_computed_band_edge_prints_in_a_few_digits():
+    """13's FP8 check printed 'expected [1.200606673407482, -]'."""
+    from gpulab.notebook.lesson import Check
+    text = str(Check("FP8 / bf16", 2.0076, 1.200606673407482, None, "pass", ""))
+    assert "(expected [1.2, -])" in text, text
