@@ -44,13 +44,13 @@ UNIT_SCALE = {"TFLOP/s": 1e12, "GB/s": 1e9}
 FALLBACK = {"matmul_bf16": "matmul_fp16"}
 
 # Each notebook's graded exercise, in seconds: the cells from its first `exercise(...)` cell to the end of the graded
-# section (show, check, hint; 08's prediction exercises; 13's speedrun). Host time, near the same on any GPU: a process
+# section (show, check, hint; 13's speedrun). Host time, near the same on any GPU: a process
 # forked, the correctness checks, then timing in turns until the ratios' spread is tight or the grader's 20 s budget
 # is spent; the speedrun trains each of its four runs for about the baseline's wall-clock budget. Each lesson's
 # host_s was measured before the exercises existed, except 13's, whose run stopped after its exercise's first cell
 # (that cell is in 13's host_s, so not here). Measured on the whole-course run EXERCISE_SOURCE names (an H100);
 # tests/core/test_predict.py holds every figure to that file.
-EXERCISE_S = {"01": 12.2, "02": 11.7, "03": 36.6, "04": 14.7, "05": 16.0, "06": 14.0, "07": 11.1, "08": 17.7,
+EXERCISE_S = {"01": 12.2, "02": 11.7, "03": 36.6, "04": 14.7, "05": 16.0, "06": 14.0, "07": 11.1, "08": 15.8,
               "09": 13.2, "10": 13.8, "11": 12.7, "12": 9.4, "13": 188.0, "14": 20.3, "15": 21.5}
 EXERCISE_SOURCE = "results/course/2026-12-06-h100-00-to-15/h100-2026-12-06-course-timings.tsv"
 SKIPPED_WITHOUT = ("matmul_tf32",)

@@ -276,7 +276,8 @@ def show_beside_reference(lesson: str) -> list[dict]:
     from gpulab.core.figures import beside
     from gpulab.core.results import current_gpu_name, results_store
 
-    rows = beside(lesson, results_store().records(lesson=lesson), current_gpu_name())
+    # every lesson's records: a prose figure may quote another lesson's (12 quotes notebook 00's read and write rates)
+    rows = beside(lesson, results_store().records(), current_gpu_name())
     if not rows:
         display(Markdown("*This lesson's prose quotes no measured figure (or its notebook file is not under "
                          "`notebooks/` here), so there is nothing to set beside yours.*"))

@@ -126,7 +126,7 @@ def test_the_exercise_seconds_are_the_committed_runs_cells():
         if lesson == "13":
             got[lesson] = sum(seconds[f"notebooks/13_capstone_b.ipynb::Cell {i}"] for i in range(2, 6))
             continue
-        graded = [i for i, src in enumerate(code) if re.search(r'exercise\("\d\d|\.check\(|\.hint\(\)', src)]
+        graded = [i for i, src in enumerate(code) if re.search(r'exercise\("\d\d|\bex\.check\(|\bex\.hint\(\)', src)]
         if graded:
             got[lesson] = sum(seconds[f"notebooks/{path.name}::Cell {i}"] for i in graded)
     assert {k: round(v, 1) for k, v in got.items()} == EXERCISE_S

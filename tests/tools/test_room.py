@@ -294,3 +294,14 @@ def test_a_verdict_reached_before_timing_shows_no_ratio(tmp_path):
                                                 target=None, speed_judged=False)
     [row] = R.exercise_board(tmp_path)
     assert row.ratio is None and "0.00x" not in R.format_board([row])
+
+
+def test_the_boards_speedrun_best_is_the_newest_runs_race(tmp_path):
+    """A learner's tiny CPU speedrun (about 1 s) must not stand as their best beside a full-size GPU run of 30 s."""
+    from gpulab.core.results import ResultsStore
+    store = ResultsStore(tmp_path / "ana.json")
+    store.record("13", "speedrun", 1.0, "s", scale="tiny", state="passed", who="you", times=[1.0], ci_s=0.1, seeds=3)
+    store.record("13", "speedrun", 31.0, "s", scale="full", state="passed", who="you", times=[31.0], ci_s=1.0, seeds=3)
+    store.record("13", "speedrun", 30.0, "s", scale="full", state="passed", who="you", times=[30.0], ci_s=1.0, seeds=3)
+    [row] = [r for r in R.exercise_board(tmp_path) if r.exercise == "13.speedrun"]
+    assert "30.00 s" in row.note
