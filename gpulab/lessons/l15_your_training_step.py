@@ -262,10 +262,12 @@ def same_training(options: Options, cfg: dict, device: torch.device, width: int,
     four, times the floor), and, only where this round changes the precision, of each against itself in fp32. A
     round that keeps 16-bit (more workers after the 16-bit fix) is held to the 16-bit step's reordering floor
     alone: a change beyond four times that floor fails there too (a learning rate 1 % larger did, in
-    tests/lessons/test_l15_your_training_step.py). The round that changes the precision fails a change only beyond
-    four times 16-bit rounding's own distance from fp32."""
+    tests/lessons/test_l15_your_training_step.py). The round that changes the precision has 16-bit rounding's own
+    distance from fp32 in its floor, which holds the very distance it judges; what can fail there is each tensor's
+    movement (`gpulab.models.same.movement`: a gradient lost in 16-bit leaves its tensor in place)."""
     from gpulab.diagnose.cases import K_UPDATES, compare, trained
     from gpulab.models.precision import fp32_only
+    from gpulab.models.same import movement
 
     k = k or K_UPDATES
     before = before or Options()
@@ -283,7 +285,12 @@ def same_training(options: Options, cfg: dict, device: torch.device, width: int,
         floor_is += ", its 16-bit rounding"
     what = "the fixed step" + ("" if before == Options() else " (against the previous round's)")
     result = compare(p0, base, fixed, floors, k, floor_is=floor_is, what=what)
-    return result["ok"], result["why"]
+    if options.precision == before.precision:
+        return result["ok"], result["why"]
+    # the floor above holds the very distance it judges (this step against itself in fp32): each tensor's movement
+    # is what can fail here (a gradient 16-bit lost leaves its tensor in place)
+    moved_ok, moved = movement(p0, base, fixed)
+    return result["ok"] and moved_ok, f"{result['why']}; {moved}"
 
 
 def measured_gain(before_ms: float, after_ms: float, bound: float, spread_before: float = 0.0,

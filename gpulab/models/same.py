@@ -67,6 +67,34 @@ def compare(p0: list, bad: list, fixed: list, floors: list[tuple[list, list]], k
                       f"{'within' if ok else 'MORE than'} {SAME_MAX_FLOOR:g}x the floor")}
 
 
+# each tensor's movement against the reference's, where only the rounding differs: a factor of four either way, since
+# with fp16 GradScaler may skip an update by design (one of three skipped leaves about half the movement under SGD with
+# momentum 0.9), while a lost gradient leaves none
+MOVEMENT_BAND = (0.25, 4.0)
+
+
+def movement(p0: list, ref: list, new: list, band: tuple[float, float] = MOVEMENT_BAND) -> tuple[bool, str]:
+    """Does every parameter tensor move about as far in `new` as in `ref` from the same start `p0` (between
+    band[0] and band[1] times as far)? Not a noise floor: the check of a change of precision that a floor cannot
+    give, since the 16-bit run against itself in fp32 is the very distance it would judge. A tensor whose gradient
+    was lost (flushed to zero, never unscaled) stays where it was and fails; tensors the reference left in place
+    are not counted."""
+    ratios = []
+    for i, (a, b, c) in enumerate(zip(p0, ref, new)):
+        moved = (b.double() - a.double()).norm().item()
+        if moved > 0:
+            ratios.append(((c.double() - a.double()).norm().item() / moved, i))
+    if not ratios:
+        return True, "no tensor moved in the reference: movement not compared"
+    (lo, lo_i), (hi, hi_i) = min(ratios), max(ratios)
+    ok = band[0] <= lo and hi <= band[1]
+    text = (f"each of {len(ratios)} tensors moved {lo:.2f}-{hi:.2f}x as far as in the reference (allowed "
+            f"{band[0]:g}-{band[1]:g}x)")
+    if not ok:
+        text += f": tensor {lo_i if lo < band[0] else hi_i} is outside it"
+    return ok, text
+
+
 def loss_value(out) -> float:
     """The loss a step returned, as a float (a tensor is read with .item(): only for checks)."""
     if isinstance(out, (tuple, list)):

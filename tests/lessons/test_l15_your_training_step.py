@@ -214,3 +214,23 @@ def test_each_round_is_compared_with_the_round_before_it(monkeypatch):
     monkeypatch.setattr(L.TrainingStep, "__init__", planted)
     real = L.same_training(replace(half, workers=2), cfg, cpu, cfg["width"], 1, k=2, before=half)
     assert not real[0], real[1]
+
+
+def test_the_16_bit_round_fails_a_step_that_lost_a_gradient(monkeypatch):
+    """The round that changes the precision compares the 16-bit step with its own fp32 twin in the floor, the very
+    distance it judges; each tensor's movement is what can fail: a 16-bit step whose first layer's gradient is lost
+    (flushed to zero) moves that tensor nowhere and is refused, the honest 16-bit step passes."""
+    cfg = L.config("tiny")
+    cpu = torch.device("cpu")
+    half = L.Options(precision="16-bit")
+    ok, why = L.same_training(half, cfg, cpu, cfg["width"], 1, k=2)
+    assert ok and "tensors moved" in why, why
+    init = L.TrainingStep.__init__
+
+    def planted(self, options=L.Options(), *a, **k):
+        init(self, options, *a, **k)
+        if options.precision == "16-bit" and not getattr(self, "reorder", False):
+            next(self.model.parameters()).register_hook(torch.zeros_like)
+    monkeypatch.setattr(L.TrainingStep, "__init__", planted)
+    lost = L.same_training(half, cfg, cpu, cfg["width"], 1, k=2)
+    assert not lost[0] and "tensor 0 is outside it" in lost[1], lost[1]
