@@ -96,11 +96,12 @@ def size_model(cfg: dict, device: torch.device, data_ms: float, tries: int = 4) 
         y = torch.randint(10, (batch,), device=device)
         ms = benchmark(lambda: step(x, y), budget_s=0.2).median_ms
         del step, x, y
+        timed = width                 # the width `ms` belongs to: the last try's next width is never timed
         if ms <= target or width <= cfg["min_width"]:
             break
         narrower = int(width * (target / ms) ** 0.5) // 8 * 8
         width = max(cfg["min_width"], min(narrower, width - 8))
-    return width, ms
+    return timed, ms
 
 
 def usable_workers(counts, cores: int | None = None) -> list[int]:

@@ -177,13 +177,13 @@ def expectations(facts: DeviceFacts | None = None, half: str | None = None) -> d
             out["tf32"] = Expectation(tf32, speedup_floor(ratio, cap=TF32_CAP), None, True,
                                       f"its products {ratio:.3g}x faster in TF32 ({source}), the same Amdahl floor, "
                                       f"capped at {TF32_CAP:g}x (only the convolutions change)")
-    if facts.profile:        # sized for the class, timed on this GPU: a floor from the class's rates judges neither
+    if facts.profile:        # the model sized for the profile's class, the floor and the timing this GPU's
         for key in ("gpt", "tf32"):
             e = out[key]
             if e.applies:
                 out[key] = Expectation(e.name, e.low, e.high, False,
-                                       f"emulating the {facts.profile} profile: {e.why}; the timing is this GPU's, so "
-                                       "it is not judged")
+                                       f"emulating the {facts.profile} profile: {e.why}; the model is sized for that "
+                                       "class and timed on this GPU, so the ratio is neither GPU's and is not judged")
     return out
 
 

@@ -77,8 +77,8 @@ def movement(p0: list, ref: list, new: list, band: tuple[float, float] = MOVEMEN
     """Does every parameter tensor move about as far in `new` as in `ref` from the same start `p0` (between
     band[0] and band[1] times as far)? Not a noise floor: the check of a change of precision that a floor cannot
     give, since the 16-bit run against itself in fp32 is the very distance it would judge. A tensor whose gradient
-    was lost (flushed to zero, never unscaled) stays where it was and fails; tensors the reference left in place
-    are not counted."""
+    was flushed to zero stays where it was, one never unscaled moves about 2^16 times too far: both fail. A wrong
+    gradient of about the right size passes. Tensors the reference left in place are not counted."""
     ratios = []
     for i, (a, b, c) in enumerate(zip(p0, ref, new)):
         moved = (b.double() - a.double()).norm().item()

@@ -229,8 +229,9 @@ def test_the_16_bit_round_fails_a_step_that_lost_a_gradient(monkeypatch):
 
     def planted(self, options=L.Options(), *a, **k):
         init(self, options, *a, **k)
-        if options.precision == "16-bit" and not getattr(self, "reorder", False):
+        if options.precision == "16-bit" and self.half is not torch.float32:   # lost only where 16-bit is on
             next(self.model.parameters()).register_hook(torch.zeros_like)
     monkeypatch.setattr(L.TrainingStep, "__init__", planted)
     lost = L.same_training(half, cfg, cpu, cfg["width"], 1, k=2)
+    assert "within 4x the floor" in lost[1], lost[1]          # the floor comparison passes: it holds this distance
     assert not lost[0] and "tensor 0 is outside it" in lost[1], lost[1]

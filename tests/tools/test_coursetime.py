@@ -92,8 +92,8 @@ PREDICTOR_RUNS = [
 
 
 def test_the_predictor_is_within_30_percent_on_the_committed_runs(capsys):
-    """docs/results.md says every notebook's predicted time came within 30 % of its newest committed run (H200
-    runs, and for 13 an H100 run)."""
+    """docs/results.md says every notebook's predicted time came within 30 % of the committed run PREDICTOR_RUNS
+    names for it (its newest, except 10 and 15)."""
     import re
     from pathlib import Path
     from gpulab.tools.coursetime import per_file, print_predictions, read
