@@ -253,17 +253,22 @@ class SpeedrunResult:
         return "\n".join([head, *[f"  - {w}" for w in self.why]])
 
 
+def race(record) -> tuple:
+    """Which race a speedrun record ran in: its GPU, scale and GPU profile (a tiny CPU run, another GPU's or an
+    emulated class's is another race). The previous best and the room's board compare within one race."""
+    from gpulab.core.results import record_profile
+    return record.gpu, record.scale, record_profile(record)
+
+
 def previous_best(store=None, scale: str | None = None) -> list[float] | None:
-    """The times of the fastest passed speedrun in the results store on this GPU, at this scale and under this GPU
-    profile (a tiny CPU run or another GPU's is another race), or None."""
+    """The times of the fastest passed speedrun in the results store in this run's race (`race`), or None."""
     from gpulab.core.device import resolve_scale
     from gpulab.core.profiles import active_profile
-    from gpulab.core.results import current_gpu_name, record_profile, results_store
+    from gpulab.core.results import current_gpu_name, results_store
     profile = active_profile()
-    recs = [r for r in (store or results_store()).records(lesson="13", name="speedrun", gpu=current_gpu_name(),
-                                                          scale=resolve_scale(scale))
-            if r.extra.get("state") == "passed" and r.extra.get("times")
-            and record_profile(r) == (profile.key if profile is not None else None)]
+    now = (current_gpu_name(), resolve_scale(scale), profile.key if profile is not None else None)
+    recs = [r for r in (store or results_store()).records(lesson="13", name="speedrun")
+            if r.extra.get("state") == "passed" and r.extra.get("times") and race(r) == now]
     return min(recs, key=lambda r: r.value).extra["times"] if recs else None
 
 

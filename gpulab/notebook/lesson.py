@@ -157,8 +157,10 @@ def distinct_digits(value: float, *edges: float | None, least: int = 3, most: in
 
 def expect(name: str, measured: float | None, low: float | None = None,
            high: float | None = None, applies: bool = True, why_not: str = "",
-           why: str = "", why_fail: str = "") -> Check:
-    """Check a measured ratio against a band, or say why the check does not apply here.
+           why: str = "", why_fail: str = "", timed: bool = False) -> Check:
+    """Check a measured ratio against a band, or say why the check does not apply here. `timed`: a ratio of
+    times, which under a GPU profile is shown, not judged (the sizes are the profile's class's, the timing this
+    GPU's), as `expect_band` does for a band of time.
 
     Three outcomes, three texts, never mixed up:
     - skipped (`applies=False`, or nothing measured): `why_not`, why the check cannot run here (the CPU,
@@ -167,6 +169,10 @@ def expect(name: str, measured: float | None, low: float | None = None,
     - FAIL: `why_fail`, what most likely went wrong on this GPU when the effect did not appear, after
       the band the value missed. A failure never prints the skip reason.
     """
+    profile = emulated_profile() if timed and applies else None
+    if profile:
+        applies, why_not = False, (f"emulating the {profile} profile: the sizes are that class's, the timing this "
+                                   "GPU's, so the ratio is neither GPU's and is not judged")
     if not applies or measured is None:
         check = Check(name, measured, low, high, "skipped", why_not or "not measurable here")
     else:
@@ -181,6 +187,12 @@ def expect(name: str, measured: float | None, low: float | None = None,
     print(check)
     log_check(check)
     return check
+
+
+def emulated_profile() -> str | None:
+    """The GPU profile this run emulates (`GPULAB_PROFILE`), or None."""
+    from gpulab.core.device import device_facts
+    return device_facts().profile or None
 
 
 def log_check(check: Check) -> None:

@@ -505,8 +505,8 @@ def exercise_board(folder: str | os.PathLike) -> list[BoardRow]:
             if r.name.startswith("exercise ") and r.extra.get("who", "you") == "you":
                 newest[r.name.removeprefix("exercise ")] = r
         runs = [r for r in records if r.name == "speedrun" and r.extra.get("who", "you") == "you"]
-        if runs:       # the best of the newest run's race: its GPU, scale and profile (a tiny CPU run is another race)
-            race = lambda r: (r.gpu, r.scale, r.extra.get("profile"))
+        if runs:       # the best of the newest run's race (its GPU, scale and profile: a tiny CPU run is another)
+            from gpulab.exercises.speedrun import race
             best = min((r for r in runs if race(r) == race(runs[-1])), key=lambda r: r.value)
             e = best.extra
             rows.append(BoardRow(path.stem, "13.speedrun", str(e.get("state", "?")), None, None, False, "you",

@@ -265,3 +265,15 @@ def test_a_computed_band_edge_prints_in_a_few_digits():
     from gpulab.notebook.lesson import Check
     text = str(Check("FP8 / bf16", 2.0076, 1.200606673407482, None, "pass", ""))
     assert "(expected [1.2, -])" in text, text
+
+
+def test_a_timed_check_is_shown_not_judged_under_a_gpu_profile(monkeypatch, capsys):
+    """07's vocabulary check and 09's time checks: under a profile the sizes are the class's, the timing this
+    GPU's; a ratio far outside its band is then skipped with the reason, not failed. Without a profile it fails."""
+    from gpulab.notebook import lesson as L
+    monkeypatch.setattr(L, "emulated_profile", lambda: "t4")
+    c = L.expect("step time, selective / full", 1.72, high=1.0, timed=True)
+    assert c.status == "skipped" and "emulating the t4 profile" in c.why
+    assert L.expect("memory, every block / none", 0.9, high=0.5).status == "FAIL"      # not timed: judged
+    monkeypatch.setattr(L, "emulated_profile", lambda: None)
+    assert L.expect("step time, selective / full", 1.72, high=1.0, timed=True).status == "FAIL"
