@@ -7,9 +7,11 @@
 The script as given is `make_train(model)`: fp32, eager, AdamW, one step per call of `train(x, y)`. Yours has the
 same signature. The harness (`run_to_loss`) builds the byte-level GPT of lesson 13's time-to-loss section
 (`config(scale)["ttl"]`) from a seed, trains it on random windows of the standard library's source and evaluates
-it on held-out files every `eval_every` steps; the time is the host clock around the training steps only (the
-device synchronized; evaluation and the first step, which compiles where `torch.compile` is on, not counted, as the
-modded-nanogpt records count them).
+it on held-out files every `eval_every` steps; the time is the host clock around the factory's call and the training
+steps (the device synchronized; evaluation and the first step, which compiles where `torch.compile` is on, not
+counted, as the modded-nanogpt records count them). The first step's update, and anything the factory trained, is
+undone before the clock runs: the parameters are put back as built (a factory that pre-trained the model off the
+clock reached the loss 12x sooner at the tiny size before this).
 
 Grading (grading.md's speedrun rules):
 - the target is the validation loss the script as given reaches in `budget_s` seconds of training (seed 0), measured
@@ -176,9 +178,19 @@ def run_to_loss(factory, *, seed: int, scale: str, device: torch.device, target:
         return x.to(device), y.to(device)
     torch.manual_seed(seed)
     model = JOBS["gpt"].build(cfg, device)
-    train = factory(model)
-    train(*batch())                                    # the first step: compiling, not counted
-    steps, seconds, losses = 1, 0.0, [validation_loss(model, val, device)]
+    start = [p.detach().clone() for p in model.parameters()]
+    with stopwatch(device=device) as setup:            # building the optimizer (or anything else) is on the clock
+        train = factory(model)
+    train(*batch())                                    # the first step: compiling, not counted...
+    now = list(model.parameters())
+    if [p.shape for p in now] != [p.shape for p in start]:
+        raise ValueError("the factory or the first step changed the model's parameters (their number or shapes): "
+                         "a speedrun trains the model as built")
+    with torch.no_grad():                              # ...and its update undone, with whatever the factory trained
+        for p, p0 in zip(now, start):
+            p.copy_(p0)
+    del start
+    steps, seconds, losses = 1, setup.ms / 1e3, [validation_loss(model, val, device)]
     while seconds < limit_s and (max_steps is None or steps < max_steps):
         with stopwatch(device=device) as segment:
             for _ in range(knobs["eval_every"]):
