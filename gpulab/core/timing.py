@@ -154,7 +154,9 @@ def benchmark(
       synchronized before the times are read ("cuda events").
     - `clock="host"` times each call on the host clock between two synchronizations instead
       ("host clock, synchronized"): for work the CPU takes part in (a pageable copy's staging,
-      `pin_memory()`), which CUDA events on the GPU's stream do not see whole (lesson 05).
+      `pin_memory()`). Events bracket a blocking call's CPU part too (the end mark is queued only
+      after the call returns), but miss CPU work that overlaps GPU work queued before it (lesson 05,
+      section 5).
     - On the CPU each call is timed with `time.perf_counter` ("perf_counter").
     - `repeat=None` picks a count that fits about `budget_s` seconds (3 to `max_repeat`).
     - `sync=False` is lesson 01's counter-example: host clock without synchronize

@@ -346,12 +346,14 @@ def transfer_experiment(direction: str = "h2d", pinned: bool = True, mib: int = 
     Pinned (page-locked) memory lets the GPU's copy engine read host memory
     directly; pageable memory is first staged through a pinned driver buffer.
 
-    Which clock (the rule of notebook 01, as notebook 05's `transfer_bandwidth` times it): a pinned copy is
-    the copy engine's work alone, timed on CUDA events. From pageable memory the CPU copies the data between
-    the pageable buffer and the driver's staging buffer (device->host, that copy out of the staging buffer is
-    done after the GPU's part, and the call returns only then: CUDA's "API synchronization behavior"), work
-    that events on the GPU's stream do not see whole: it is timed on the host clock between two
-    synchronizations (`benchmark(..., clock="host")`). The Timing's `method` says which.
+    Which clock (the rule of notebook 01, section 6, as notebook 05's `transfer_bandwidth` times it): a pinned
+    copy is the copy engine's work alone, timed on CUDA events. From pageable memory the CPU copies the data
+    between the pageable buffer and the driver's staging buffer (device->host, that copy out of the staging
+    buffer is done after the GPU's part, and the call returns only then: CUDA's "API synchronization
+    behavior"). Events would bracket that CPU part too (the end mark is queued only after the call returns),
+    but they miss CPU work that overlaps GPU work queued before it (notebook 05, section 5); so anything the
+    CPU takes part in is timed on the host clock between two synchronizations (`benchmark(..., clock="host")`).
+    The Timing's `method` says which.
     """
     if direction not in ("h2d", "d2h"):
         raise ValueError(f"direction must be 'h2d' or 'd2h' (got {direction!r}).")

@@ -7,9 +7,10 @@ pageable copy from a buffer nobody wrote (the zero page).
 
 Which clock: a copy from pinned memory is GPU work alone (the copy engine reads the buffer), so CUDA
 events time it (`gpulab.core.timing.benchmark`). Where the CPU takes part (the driver's staging copy
-of a pageable buffer, `pin_memory()`'s copy into page-locked memory), the events see only the part
-that reached the GPU's stream: those are timed on the host clock around a synchronized call
-(`benchmark(..., clock="host")`), the rule of notebook 01.
+of a pageable buffer, `pin_memory()`'s copy into page-locked memory), events bracket a blocking call
+whole (the end mark is queued only after it returns) but miss CPU work that overlaps GPU work queued
+before it (`pin_then_copy`'s events row): such work is timed on the host clock around a synchronized
+call (`benchmark(..., clock="host")`), the rule of notebook 01, section 6.
 
 `host_cache()` reads the size of the CPU's last-level cache from Linux's sysfs, and `cache_probe` times one
 pageable copy size from a host buffer reused every call against one rotated through buffers too many to stay
@@ -227,8 +228,9 @@ def pin_then_copy(nbytes: int, device: torch.device | None = None, budget_s: flo
     the calling thread. So the pinning is timed twice: with this process's threads, and with one, as in
     a DataLoader's worker and pin-memory thread, which set `torch.set_num_threads(1)`.
 
-    One more run times pin_memory() + copy with CUDA events, the wrong clock for it (notebook 01): the
-    events are recorded on the GPU's stream and see the copy, not all of the CPU's pinning before it.
+    One more run times pin_memory() + copy with CUDA events, the wrong clock for it (notebook 01, section 6):
+    nothing synchronizes between its calls, so the CPU pins the next call's data while the GPU still copies
+    the previous one, and the events, marks on the GPU's stream, miss that overlapped pinning.
 
     Returns GB/s of each run, `timings` (their Timings) and `threads` (the intra-op thread count).
     """

@@ -123,9 +123,10 @@ def test_transfer_experiment_refuses_bad_direction():
 
 @pytest.mark.parametrize("direction", ["h2d", "d2h"])
 def test_transfer_experiment_times_pageable_copies_on_the_host_clock(monkeypatch, direction):
-    """A pageable copy's staging is CPU work that CUDA events do not see whole (issue 40): it is timed on the
-    host clock between synchronizations; a pinned copy, the copy engine's work alone, is not. Run on the CPU
-    with the GPU check bypassed and pinning a no-op, so only the choice of clock is under test."""
+    """A pageable copy's staging is CPU work, timed on the host clock between synchronizations like all CPU work
+    (issue 40; events miss CPU work that overlaps earlier GPU work); a pinned copy, the copy engine's work alone,
+    is not. Run on the CPU with the GPU check bypassed and pinning a no-op, so only the choice of clock is under
+    test."""
     monkeypatch.setattr(L00, "require_cuda", lambda why, device=None: torch.device("cpu"))
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
     pageable = transfer_experiment(direction, pinned=False, mib=1)
