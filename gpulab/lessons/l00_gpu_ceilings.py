@@ -296,7 +296,7 @@ def stream_experiment(kind: str = "read", mib: int = 1024) -> dict:
     """Device memory bandwidth of a one-way stream of `mib` MiB: "read" (a full reduction, the faster of
     sum and amax, reads every byte once and writes one number) or "write" (the faster of fill_ and
     zero_, writes every byte once and reads none): {"GB/s", "ms", "kernel"}. A copy mixes both; a
-    kernel that mostly reads (lesson 12's fused reduction) can beat the copy's rate, never the read's."""
+    kernel that mostly reads (lesson 12's fused reduction) can beat the copy's rate."""
     if kind not in ("read", "write"):
         raise ValueError(f"kind must be 'read' or 'write' (got {kind!r}).")
     if mib < 1:
