@@ -19,6 +19,7 @@ CUDA graph replay, each checked before it is timed.
 from __future__ import annotations
 
 import gc
+import inspect
 import json
 import math
 import statistics
@@ -31,7 +32,7 @@ from gpulab.core.children import at_once
 from gpulab.core.device import require_cuda, resolve_scale
 from gpulab.core.measured import Measured, Skipped
 from gpulab.core.predict import Plan, Work
-from gpulab.core.timing import GPU_PACED_MIN, MIN_CALLS, benchmark, capture_graph, pace
+from gpulab.core.timing import GPU_PACED_MIN, benchmark, capture_graph, interleaved, pace
 
 
 # -- knobs ------------------------------------------------------------------------------------------
@@ -69,12 +70,12 @@ def plan(scale: str | None = None) -> Plan:
     n = cfg["big_n"]
     # one `four_matmuls` call: 4 bf16 n x n @ n x n products, 2 n^3 FLOPs each
     four = 4 * 2 * n**3
-    # a `benchmark` call at its fewest: 3 warm-up calls, 1 probe, 3 timed (more only fill its time budget)
-    bench = MIN_CALLS       # benchmark()'s least; the rest of its budget is host time
-    calls = (bench          # eager timing
-             + 3 + 1        # capture(): 3 warm-up calls on the side stream, then one replay to check
+    # `interleaved` (eager and replay in turns) calls each variant warmup + 1 times, then rounds x repeat times
+    turns = {k: v.default for k, v in inspect.signature(interleaved).parameters.items()}
+    per_variant = turns["warmup"] + 1 + turns["rounds"] * turns["repeat"]
+    calls = (3 + 1          # capture(): 3 warm-up calls on the side stream, then one replay to check
              + 1            # the eager reference the replay is checked against
-             + bench)       # the replay's timing
+             + 2 * per_variant)     # eager and the replay, timed in turns
     return Plan(
         # wall time on the H200 minus its GPU work (imports, compile, launch-bound loops, budgets);
         # the tiny scale keeps the full run's figure (no tiny reference run to calibrate it on)
