@@ -219,6 +219,7 @@ class HostTimeline:
     pageable: dict                  # site -> [us host, bytes]
     precopy_us: float
     sync_kinds: dict = field(default_factory=dict)     # (site, via) -> what made it wait (`gaps.sync_kind`)
+    pinnable: tuple = ()            # the lines of every host-to-device copy from pageable memory, of any size
 
 
 def host_causes(events: Sequence[Event], windows: Sequence[tuple[float, float]], span: list,
@@ -281,6 +282,15 @@ def host_causes(events: Sequence[Event], windows: Sequence[tuple[float, float]],
         row = pageable.setdefault(site, [0.0, 0])
         row[0] += max((x.dur_us for x in host), default=0.0)
         row[1] += e.nbytes
+    # every host-to-device copy from pageable memory, of any size: pinned and copied with non_blocking=True, its
+    # wait goes too (the pageable_copy rule's bound)
+    pinnable = set()
+    for e in gpu:
+        if is_pageable(e) and "htod" in e.name.lower():
+            op = ops.get(e.op_id)
+            host = [x for x in (calls.get(e.corr), op) if x is not None and x.stream in working]
+            pinnable.add(fmt_site(op.site if op is not None and op.site else
+                                  site_at(host[0].stream, host[0].start_us) if host else ()))
     blocking = [e for e in runtime if e.name in BLOCKING_CALLS]
     syncs, kinds, keyed = {}, {}, []
     running = OpsByThread(e for e in events if is_op(e) and e.stream in working)
@@ -355,7 +365,7 @@ def host_causes(events: Sequence[Event], windows: Sequence[tuple[float, float]],
     # the batch made in the main thread: the time before its copy, outside a DataLoader's __next__ (a step
     # that waits for its loader there is waiting for workers, not making the batch itself)
     return HostTimeline(by_cause, sites, syncs, pageable, length_us(subtract(merge_intervals(precopy), inputs)),
-                        {k: c.most_common(1)[0][0] for k, c in kinds.items()})
+                        {k: c.most_common(1)[0][0] for k, c in kinds.items()}, tuple(sorted(pinnable)))
 
 
 # -- the analysis ----------------------------------------------------------------------------------
@@ -434,6 +444,7 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
         pageable_copies=tuple((site, us / per_step, nbytes / steps) for site, (us, nbytes) in
                               sorted(timeline.pageable.items(), key=lambda kv: -kv[1][0])),
         precopy_ms=timeline.precopy_us / per_step,
+        pinnable_sites=timeline.pinnable,
         compile=dict(compile or {}), stalls=stalls,
         **{k: (v / per_step if k.endswith("_ms") else v) for k, v in patterns.items()},
         intervals={"windows": windows, "busy": busy, "idle": [(a, b, "idle") for a, b in idle], "host": pieces,

@@ -125,6 +125,7 @@ class Facts:
     shape_changes: tuple = ()       # (user's line, op, distinct input shapes seen, steps): ops whose shapes differ
                                     # from one profiled step to the next
     pageable_copies: tuple = ()     # (user's line, ms of host time per step, bytes per step)
+    pinnable_sites: tuple = ()      # the user's lines of every host-to-device copy from pageable memory, any size
     precopy_ms: float = 0.0         # host time before the batch's copy to the GPU (made in the main thread)
     # -- patterns of the course's later lessons (ms per profiled step)
     transpose_ms: float = 0.0       # layout conversions (NCHW <-> NHWC) around convolutions (lesson 07)

@@ -170,6 +170,8 @@ def test_pageable_copy_includes_its_wait_and_says_where():
     small = analyze(copy(PAGEABLE_MIN_BYTES - 1))
     assert small.host_by_cause["pageable_copy"] == 0 and small.host_by_cause["sync"] == pytest.approx(0.05)
     assert small.pageable_copies == ()
+    # pinned and copied with non_blocking=True, even a small host-to-device copy stops waiting (pageable_copy's bound)
+    assert small.pinnable_sites == f.pinnable_sites == ("train.py:12 (step)",)
 
 
 def test_the_allocator():
