@@ -173,7 +173,8 @@ def vocab_floor(predicted: float) -> tuple[float | None, str]:
                       f"{VOCAB_WORTH:g}x is not told from the steps' noise")
     low = 1 + VOCAB_GAIN_SHARE * (predicted - 1)
     return low, (f"{VOCAB_GAIN_SHARE:.0%} of the gain section 4 predicted ({predicted:.2f}x), which overstates it: "
-                 "each of the head's products has odd rows in one or two of its matrices, not in all three")
+                 "each of the head's three products has odd rows in one of its three matrices (the logits or their "
+                 "gradient), not in all three")
 
 
 def layout_floor(facts: DeviceFacts | None = None) -> tuple[float | None, str]:
