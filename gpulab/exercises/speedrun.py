@@ -258,10 +258,11 @@ class SpeedrunResult:
     def text(self) -> str:
         d = self.detail
         head = f"speedrun: {self.state.upper()}"
-        if self.state == "passed":
-            head += (" (the first on this GPU's board, so its best so far)" if d.get("new_best") and d.get("p_vs_best") is None
-                     else " (a new best)" if d.get("new_best") else
-                     f" (not a new best: p = {d['p_vs_best']:.3f} against the previous best, {P_NEW_BEST} needed)")
+        if self.state == "passed":    # every seed reached the target: a valid entry, whatever its speed
+            head += ": every seed reached the target loss; " + (
+                "the first on this GPU's board, so its best so far" if d.get("new_best") and d.get("p_vs_best") is None
+                else "a new best" if d.get("new_best") else
+                f"not a new best (p = {d['p_vs_best']:.3f} against the previous best, {P_NEW_BEST} needed)")
         return "\n".join([head, *[f"  - {w}" for w in self.why]])
 
 

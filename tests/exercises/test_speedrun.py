@@ -101,5 +101,7 @@ def test_training_in_the_factory_is_on_the_clock(tmp_path, monkeypatch):
     step: the cheat pays for its pre-training and is slower than the script as given."""
     monkeypatch.setenv("GPULAB_RESULTS", str(tmp_path / "s.json"))
     r = S.speedrun(cheat_pretrain_in_factory, quiet=True, scale="tiny")
-    assert r.state == "passed", r.why
-    assert r.detail["mean_s"] > r.detail["baseline_s"], r.text()
+    if r.state == "failed":     # a busy host: the pre-training on the clock used up the time allowed (WALL_CAP)
+        assert all("did not reach the target loss" in w for w in r.why), r.why
+    else:
+        assert r.detail["mean_s"] > r.detail["baseline_s"], r.text()
