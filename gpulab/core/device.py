@@ -248,6 +248,24 @@ def cpu_cores() -> int:
     return max(1, cores)
 
 
+def physical_cores(topology: str = "/sys/devices/system/cpu") -> int:
+    """The physical cores among this process's CPUs: two hyperthreads of one core count once (a Colab VM's
+    "2 vCPUs" are commonly one core's two threads, and two processes on them do not run twice as fast),
+    read from Linux's `topology` (each CPU's package and core id); `cpu_cores()` where it cannot be read.
+    At most `cpu_cores()` (a profile's host)."""
+    logical = cpu_cores()
+    try:
+        cpus = sorted(os.sched_getaffinity(0))[:logical]
+        cores = set()
+        for c in cpus:
+            base = os.path.join(topology, f"cpu{c}", "topology")
+            with open(os.path.join(base, "physical_package_id")) as pkg, open(os.path.join(base, "core_id")) as core:
+                cores.add((pkg.read().strip(), core.read().strip()))
+    except (AttributeError, OSError, ValueError):
+        return logical
+    return max(1, min(len(cores), logical))
+
+
 def apply_profile_cpu_limit() -> int | None:
     """On a GPU under a profile whose class comes with a small host (the T4: Colab's 2 cores), pin this
     process, and so the DataLoader workers it starts, to that many of its cores and give PyTorch's CPU ops

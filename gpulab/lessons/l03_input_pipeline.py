@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
-from gpulab.core.device import cpu_cores, pick_device, resolve_scale
+from gpulab.core.device import cpu_cores, physical_cores, pick_device, resolve_scale
 from gpulab.core.measured import Measured
 from gpulab.core.predict import Plan
 from gpulab.core.timing import benchmark, stopwatch
@@ -313,11 +313,13 @@ def worker_speedup_floor(counts, cores: int | None = None, stall: int | None = N
     """(the least speed-up of the best worker count over 0 workers this host should show, why). With 0
     workers one core makes a batch in batch x sample while the GPU waits; with k workers k batches are
     made at once, on at most `cores` cores, and the step cannot be faster than the GPU's (sized to 1/stall
-    of a batch's CPU time): ideal min(k, cores, stall), held to WORKER_FLOOR_SHARE of it."""
-    cores = cores or cpu_cores()
+    of a batch's CPU time): ideal min(k, cores, stall), held to WORKER_FLOOR_SHARE of it. `cores`: this
+    host's physical cores by default (`physical_cores`: two hyperthreads of one core make a batch little
+    faster than one thread)."""
+    cores = cores or physical_cores()
     k = max([c for c in counts if c > 0], default=0)
     ideal = min(k, cores, stall or k) if k else 1
-    return WORKER_FLOOR_SHARE * ideal, (f"{cores} CPU core(s), at most {k} worker(s) here: ideal "
+    return WORKER_FLOOR_SHARE * ideal, (f"{cores} physical CPU core(s), at most {k} worker(s) here: ideal "
                                         f"min(workers, cores{', stall' if stall else ''}) = {ideal}, "
                                         f"held to {WORKER_FLOOR_SHARE:.0%} of it")
 

@@ -237,3 +237,21 @@ def test_require_cuda_refuses_the_cpu_with_the_reason(monkeypatch):
     monkeypatch.setenv("GPULAB_DEVICE", "cpu")
     with pytest.raises(ValueError, match="needs a CUDA GPU"):
         require_cuda("forced CPU")
+
+
+def test_physical_cores_counts_two_hyperthreads_of_one_core_once(tmp_path, monkeypatch):
+    """A Colab VM's 2 vCPUs are commonly one core's two threads (sixth review of issue 40): notebook 03's
+    worker floor goes by physical cores; unreadable topology falls back to the logical count."""
+    import os
+    from gpulab.core import device as D
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(D, "cpu_cores", lambda: 2)
+    for cpu, core in ((0, 0), (1, 0)):
+        top = tmp_path / f"cpu{cpu}" / "topology"
+        top.mkdir(parents=True)
+        (top / "physical_package_id").write_text("0\n")
+        (top / "core_id").write_text(f"{core}\n")
+    assert D.physical_cores(str(tmp_path)) == 1
+    (tmp_path / "cpu1" / "topology" / "core_id").write_text("1\n")
+    assert D.physical_cores(str(tmp_path)) == 2
+    assert D.physical_cores(str(tmp_path / "none")) == 2          # no topology: the logical count

@@ -122,7 +122,7 @@ def test_the_worker_floor_follows_the_cores_this_host_has():
     low16, _ = worker_speedup_floor(usable_workers(workers, 16), cores=16, stall=8)
     low2, why2 = worker_speedup_floor(usable_workers(workers, 2), cores=2, stall=8)
     assert low16 == WORKER_FLOOR_SHARE * 8 and low16 >= 2.0           # the band's own low end stays
-    assert low2 == WORKER_FLOOR_SHARE * 2 and "2 CPU core(s)" in why2  # a 2-core host: 1.5
+    assert low2 == WORKER_FLOOR_SHARE * 2 and "2 physical CPU core(s)" in why2  # a 2-core host: 1.5
     assert worker_speedup_floor([0], cores=1)[0] == WORKER_FLOOR_SHARE  # no worker at all
 
 
