@@ -249,8 +249,9 @@ def cpu_cores() -> int:
 
 
 def physical_cores(topology: str = "/sys/devices/system/cpu") -> int:
-    """The physical cores among this process's CPUs: two hyperthreads of one core count once (a Colab VM's
-    "2 vCPUs" are commonly one core's two threads, and two processes on them do not run twice as fast),
+    """The physical cores among this process's CPUs: two hyperthreads of one core count once (on Google Compute
+    Engine, where Colab's VMs run, "two vCPUs share each physical CPU core by default": its "Set the number of
+    threads per core" page; two processes on them do not run twice as fast),
     read from Linux's `topology` (each CPU's package and core id); `cpu_cores()` where it cannot be read.
     At most `cpu_cores()` (a profile's host)."""
     logical = cpu_cores()
