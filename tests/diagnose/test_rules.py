@@ -178,6 +178,17 @@ def test_pageable_copy_counts_the_queue_its_waits_emptied():
     assert R.pageable_copy(facts({"pageable_copy": R.PAGEABLE_SHARE_MIN * WINDOW - BELOW}, **kw)) is None
 
 
+def test_pageable_copy_reads_the_gpus_other_work_from_the_kernel_only_profile():
+    """The full profiler stretches the GPU's work: on the H100 (2026-12-06) notebook 15's pinning round was
+    capped at the step minus the full profile's busy time (2.0 ms) and saved 2.9 ms. Room is the unprofiled
+    idle (the kernel-only profile) and the copies' own GPU time, as every host rule reads the idle."""
+    line = "train.py:7 (step)"
+    v = R.pageable_copy(facts({"pageable_copy": 15.0}, busy_ms=90.0, step_ms=100.0, light_busy_ms=78.0,
+                              light_step_ms=100.0, pageable_copy_ms=1.0, pageable_copies=((line, 15.0, 2 * 2**20),),
+                              syncs=((line, "", 0.5, 1.0),)))
+    assert v.share == pytest.approx(0.23) and v.expected == pytest.approx(0.15)   # 22 ms idle + 1 ms copy; 15 ms
+
+
 def test_launch_bound_needs_kernels_launched_one_at_a_time():
     edge = R.LAUNCH_SHARE_MIN * WINDOW
     half = R.LAUNCHES_PER_KERNEL_MIN * 90
