@@ -181,11 +181,15 @@ def judged_low(band: "Band", module=None) -> tuple[float, str]:
     """The low end a measurement is judged against: the band's, or lower where the lesson's module has a
     `band_floor()` (this machine's own prediction: lesson 03 its CPU cores, lesson 05 its memcpy against its
     link) that is lower; with the reason it was lowered ("" if not). One rule for `gpulab bench` and the
-    notebooks' `lesson.expect_band`."""
+    notebooks' `lesson.expect_band`. A `band_floor()` of None says this machine cannot show the effect at all
+    (lesson 03 on one physical core): the low end is then None and the reason says why, and the check is
+    skipped, not passed."""
     floor = getattr(module, "band_floor", None) if module is not None else None
     if floor is None:
         return band.low, ""
     predicted, why = floor()
+    if predicted is None:
+        return None, why
     if predicted < band.low:
         return predicted, f"low end lowered from {band.low:g}: {why}"
     return band.low, ""

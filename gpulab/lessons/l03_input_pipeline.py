@@ -340,11 +340,17 @@ def busy_ratio_floor(step_0_ms: float, step_best_ms: float) -> tuple[float, str]
                                                f"step: {step_0_ms:.1f} / {step_best_ms:.1f} ms = {predicted:.2f}x")
 
 
-def band_floor(scale: str | None = None) -> tuple[float, str]:
+def band_floor(scale: str | None = None) -> tuple[float | None, str]:
     """The headline's least ratio on this host (`worker_speedup_floor` over the worker counts it has cores
-    for): notebook 03 and `gpulab bench` both lower the class's band to it where it is lower."""
+    for): notebook 03 and `gpulab bench` both lower the class's band to it where it is lower. None where the
+    ideal is one core (a host of one physical core): a check against a floor under 1 could not fail, since
+    the best setting includes 0 workers, so it is skipped with this reason (`bands.judged_low`)."""
     cfg = config(scale)
-    return worker_speedup_floor(usable_workers(cfg["workers"]), stall=cfg.get("stall"))
+    floor, why = worker_speedup_floor(usable_workers(cfg["workers"]), stall=cfg.get("stall"))
+    if floor < 1.0:      # an ideal of one: 0 workers is among the counts, so the best cannot read below 1
+        return None, (f"not judged on this host: {why}; the workers have no core of their own, so no speed-up is "
+                      "expected, and with 0 workers among the settings the best one's ratio cannot fall below 1")
+    return floor, why
 
 
 def headline(scale: str | None = None, *, passes: int | None = None, width: int | None = None) -> Measured:

@@ -269,6 +269,8 @@ def expect_band(lesson: str, measured: float | None, applies: bool = True, why_n
     high = None if math.isinf(band.high) else band.high
     if applies and measured is not None and low is not None:
         low, lowered = judged_low(band, lesson_module(lesson))
+        if low is None:    # this machine cannot show the effect at all: skipped with the reason
+            return expect(label, measured, applies=False, why_not=lowered)
         if lowered:        # this machine cannot reach the class's low end (fewer cores, a slower link)
             print(f"  (the {cls} band's {lowered})")
     return expect(label, measured, low, high, applies=applies, why_not=why_not, why=why, why_fail=why_fail)

@@ -185,6 +185,8 @@ def judge(exp: Experiment, measured: Measured | None, bands: Bands, cls: str, si
     if not math.isfinite(measured.ratio):
         return FAIL, f"ratio is {measured.ratio}", band
     low, lowered = judged_low(band, exp.module)         # this machine's own prediction (lesson 03: its cores)
+    if low is None:                                      # this machine cannot show the effect at all
+        return NA, lowered, band
     ok = low <= measured.ratio <= band.high
     if ok:
         return PASS, lowered, band

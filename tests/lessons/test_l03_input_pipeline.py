@@ -143,6 +143,28 @@ def test_expect_band_lowers_its_low_end_to_a_lower_prediction_and_says_so(capsys
     assert lesson.expect_band("03", 1.6).status == "FAIL"
 
 
+def test_on_one_physical_core_the_worker_check_is_skipped_not_passed(monkeypatch):
+    """Seventh review of issue 40: with one physical core the floor fell to 0.75, under the 1.0 that the best of
+    settings including 0 workers always reaches, so the check could not fail. It is skipped, with the reason,
+    in the notebook and in bench (one rule: `bands.judged_low`)."""
+    import gpulab.core.bands as B
+    import gpulab.lessons.l03_input_pipeline as L03
+    from gpulab.notebook import lesson
+    monkeypatch.setattr(L03, "physical_cores", lambda: 1)
+    monkeypatch.setattr(L03, "cpu_cores", lambda: 2)
+    floor, why = L03.band_floor("full")
+    assert floor is None and "1 physical CPU core(s)" in why and "not judged" in why
+    band = B.Band(gpu_class="tensor-core", lesson="03", metric="m", low=2.0, high=20.0, source="s")
+    low, reason = B.judged_low(band, L03)
+    assert low is None and "no core of their own" in reason
+    monkeypatch.setattr(B, "gpu_class", lambda facts=None: "tensor-core")
+    monkeypatch.setattr(B, "load_bands", lambda: type("Bands", (), {"band": lambda self, cls, lesson: band})())
+    check = lesson.expect_band("03", 1.0)
+    assert check.status == "skipped" and "no core of their own" in check.why
+    monkeypatch.setattr(L03, "physical_cores", lambda: 2)                   # two cores: judged again
+    assert L03.band_floor("full")[0] == L03.WORKER_FLOOR_SHARE * 2
+
+
 def test_headline_runs_the_configuration_it_is_given(monkeypatch):
     """Notebook 03's self-check passes section 1's passes and section 2's width (issue 40: recalibrated, the
     headline once ran 5 passes where the table had used 10): given them, it neither recalibrates nor resizes."""
