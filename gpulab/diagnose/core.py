@@ -153,7 +153,7 @@ def _run(step: Callable, phase: str) -> None:
 # The unprofiled step is timed as a training loop runs: steps back to back, the host clock read after
 # a synchronize at the end of each chunk of `steps` steps (a sync after every step would drain the GPU's
 # queue each time and charge the refill to every step): `benchmark(..., clock="host", calls=steps)`,
-# for at least WINDOW_S seconds (at least CHUNKS chunks, at most MAX_CHUNKS), so that a step that stalls
+# for about WINDOW_S seconds or MAX_CHUNKS chunks, whichever ends sooner (CHUNKS at least), so that a step that stalls
 # every few dozen steps (a log line, a checkpoint, the garbage collector) falls inside the window.
 CHUNKS = 3
 WINDOW_S = 2.0
