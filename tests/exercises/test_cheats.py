@@ -294,4 +294,7 @@ def test_a_backward_and_update_left_on_a_thread_is_suspicious():
             return step
         """)
     assert v.state in ("suspicious", "failed"), v.why
-    assert v.state == "failed" and "signal" in v.why[-1] or "thread(s) running" in v.why[-1], v.why
+    # named by the thread check, or (on a busy host, CI 2026-12-06: the threads raced each other's updates)
+    # by the parameters after the timed calls
+    assert (v.state == "failed" and "signal" in v.why[-1] or "thread(s) running" in v.why[-1]
+            or "stopped training the model while it was timed" in v.why[-1]), v.why
