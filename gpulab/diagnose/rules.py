@@ -146,12 +146,14 @@ def pageable_copy(f: Facts) -> Verdict | None:
     (lesson 05 measures pinned against pageable bandwidth); and where the step's only waits are its
     host-to-device copies, all of `room`, since without a wait the host can queue work ahead of the GPU. On an
     H100 (2026-12-06, results/course/2026-12-06-h100-03-06-07-08-15/), notebook 15's round of pinning saved
-    1.26x against a share of 1.16x: both share and expected were capped at the step minus the full profile's
-    busy time, which left 2.0 ms where the fix removed 2.9."""
+    1.26x against a share of 1.16x: both share and expected were capped at the step minus the GPU's other
+    work as the full profile measured it, which left 2.0 ms where the fix removed 2.9 (likely the profiler's
+    stretch of the GPU's work: after the fix it read 12.2 ms busy against the kernel-only profile's 11.0; that
+    round's own facts were not kept)."""
     room = min(f.base_idle_ms + f.pageable_copy_ms, f.base_ms)
     if f.share(min(f.host("pageable_copy"), room)) < PAGEABLE_SHARE_MIN:
         return None
-    lines = {site for site, *_ in f.pageable_copies} | set(f.pinnable_sites)
+    lines = set(f.pinnable_sites)        # host-to-device only: pinning cannot remove a read-back's wait
     refill = min(sum(ms for site, _, ms in f.host_sites.get("after_sync", ()) if site in lines) * f.host_scale,
                  f.base_idle_ms)
     share = f.share(min(f.host("pageable_copy") + refill, room))
@@ -457,8 +459,8 @@ def cudagraphs_skipped(f: Facts) -> Verdict | None:
                       f"{f.compiled_launch_busy_ms:.3g} ms of which its kernels keep the GPU busy (a replayed graph "
                       "takes the rest off the step; dynamo's guards and the autograd wrappers stay)"
                       if f.compiled_launch_ms is not None else ""),
-                   "remove what inductor names (TORCH_LOGS=perf_hints): CPU tensors passed in, inputs mutated, "
-                   "dynamic shapes", expected=f.share(inside))
+                   "remove what inductor names (its cudagraphs log: TORCH_LOGS=perf_hints,cudagraphs), such as an "
+                   "input other than a parameter or buffer mutated in place", expected=f.share(inside))
 
 
 def compute_bound(f: Facts) -> Verdict | None:

@@ -242,3 +242,13 @@ def test_compiled_in_place_runs_the_compiled_forward_and_puts_the_model_back():
     with pytest.raises(C.Unavailable, match="only on a GPU"):
         with C.cuda_graphs(model, CPU):
             pass
+
+
+def test_pinned_staging_stages_every_copy_to_the_gpu_of_any_size():
+    """Issue 40 (H100, 2026-12-06): staging only copies of 64 KiB and up left notebook 15's labels' blocking copy
+    waiting; the variant measured 0.997x where pinning bought 1.26x. Every pageable CPU->GPU copy is staged; a
+    copy to the host or between CPU tensors is not."""
+    import torch
+    small = torch.zeros(4, dtype=torch.int64)
+    assert C.stages(small, "cuda") and C.stages(small, torch.device("cuda", 0))
+    assert not C.stages(small, "cpu") and not C.stages(small, None)

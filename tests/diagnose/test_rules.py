@@ -178,6 +178,16 @@ def test_pageable_copy_counts_the_queue_its_waits_emptied():
     assert R.pageable_copy(facts({"pageable_copy": R.PAGEABLE_SHARE_MIN * WINDOW - BELOW}, **kw)) is None
 
 
+def test_a_read_back_is_not_counted_as_a_copy_pinning_removes():
+    """A pageable copy back to the host (a large .cpu()) keeps its wait when the host tensors are pinned: its line
+    is not among the host-to-device ones, so neither its refill nor the all-the-idle share is counted."""
+    line = "train.py:7 (step)"
+    v = R.pageable_copy(facts({"pageable_copy": 10.0}, busy_ms=80.0, pageable_copy_ms=1.0,
+                              pageable_copies=((line, 10.0, 2 * 2**20),), syncs=((line, "", 0.5, 1.0),),
+                              host_sites={"after_sync": ((line, "", 3.0),)}))
+    assert v.expected == pytest.approx(0.10) and v.share == pytest.approx(0.11)      # staging; + its GPU time
+
+
 def test_pageable_copy_reads_the_gpus_other_work_from_the_kernel_only_profile():
     """The full profiler stretches the GPU's work: on the H100 (2026-12-06) notebook 15's pinning round was
     capped at the step minus the full profile's busy time (2.0 ms) and saved 2.9 ms. Room is the unprofiled
@@ -185,7 +195,7 @@ def test_pageable_copy_reads_the_gpus_other_work_from_the_kernel_only_profile():
     line = "train.py:7 (step)"
     v = R.pageable_copy(facts({"pageable_copy": 15.0}, busy_ms=90.0, step_ms=100.0, light_busy_ms=78.0,
                               light_step_ms=100.0, pageable_copy_ms=1.0, pageable_copies=((line, 15.0, 2 * 2**20),),
-                              syncs=((line, "", 0.5, 1.0),)))
+                              pinnable_sites=(line,), syncs=((line, "", 0.5, 1.0),)))
     assert v.share == pytest.approx(0.23) and v.expected == pytest.approx(0.15)   # 22 ms idle + 1 ms copy; 15 ms
 
 
