@@ -177,7 +177,7 @@ def gpu_class(facts=None) -> str:
     return "tensor-core"
 
 
-def judged_low(band: "Band", module=None) -> tuple[float, str]:
+def judged_low(band: "Band", module=None) -> tuple[float | None, str]:
     """The low end a measurement is judged against: the band's, or lower where the lesson's module has a
     `band_floor()` (this machine's own prediction: lesson 03 its CPU cores, lesson 05 its memcpy against its
     link) that is lower; with the reason it was lowered ("" if not). One rule for `gpulab bench` and the

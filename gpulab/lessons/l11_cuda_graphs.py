@@ -169,7 +169,7 @@ def cudagraph_skips() -> int:
     """How often torch.compile has declined to record CUDA graphs in this process (inductor's counter,
     `torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]`): read it before and after a
     `mode="reduce-overhead"` run; a difference means that run used compiled kernels without graphs
-    (its log, `TORCH_LOGS="perf_hints"`, says why)."""
+    (its log says why: `TORCH_LOGS="perf_hints,cudagraphs"`; torch 2.13 writes the reason to the cudagraphs log)."""
     try:
         from torch._dynamo.utils import counters
     except ImportError:                      # pragma: no cover - a torch without dynamo
