@@ -315,6 +315,24 @@ def measured_gain(before_ms: float, after_ms: float, bound: float, spread_before
     return g
 
 
+def round_facts(diagnosis) -> dict:
+    """What a round's verdict was computed from, for its record (issue 40: the pinning round's bound on the H100,
+    2026-12-06, could not be recomputed from the records): the unprofiled step and its idle, the GPU's busy time
+    under the full and the kernel-only profile, the host's time by cause, the pageable copies' GPU time, each
+    wait and the refill after it, and the lines of the copies to the GPU; ms per step, 4 significant figures."""
+    f = diagnosis.facts
+
+    def r(x):
+        return None if x is None else float(f"{x:.4g}")
+    return {"base_ms": r(f.base_ms), "base_idle_ms": r(f.base_idle_ms), "busy_ms": r(f.busy_ms),
+            "light_busy_ms": r(f.light_busy_ms), "light_step_ms": r(f.light_step_ms), "host_scale": r(f.host_scale),
+            "pageable_copy_ms": r(f.pageable_copy_ms),
+            "host_ms": {c: r(v) for c, v in f.host_by_cause.items() if v > 0},
+            "syncs": [[site, r(ms)] for site, _, ms, _ in f.syncs],
+            "after_sync": [[site, r(ms)] for site, _, ms in f.host_sites.get("after_sync", ())],
+            "pinnable_sites": list(f.pinnable_sites)}
+
+
 def where_it_went(before, after, top: int = 3) -> list[tuple[str, float]]:
     """The `top` largest changes from diagnosis `before` to diagnosis `after`, in ms per step, largest
     first: the GPU's idle time by cause (as the rules read it: scaled to the unprofiled step) and its

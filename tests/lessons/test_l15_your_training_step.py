@@ -235,3 +235,20 @@ def test_the_16_bit_round_fails_a_step_that_lost_a_gradient(monkeypatch):
     lost = L.same_training(half, cfg, cpu, cfg["width"], 1, k=2)
     assert "within 4x the floor" in lost[1], lost[1]          # the floor comparison passes: it holds this distance
     assert not lost[0] and "tensor 0 is outside it" in lost[1], lost[1]
+
+
+def test_a_rounds_record_keeps_what_its_verdict_was_computed_from():
+    """Issue 40: the pinning round's bound on the H100 (2026-12-06) could not be recomputed from the records; each
+    round's fix_bound record now keeps the diagnosis's facts the rules read, as plain JSON values."""
+    import json
+    from types import SimpleNamespace
+    from gpulab.diagnose.facts import Facts
+    f = Facts(on_gpu=True, steps=5, window_ms=12.5, busy_ms=12.2, idle_ms=0.3, idle_by_cause={}, busy_by_class={},
+              step_ms=11.28, light_busy_ms=11.0, light_step_ms=11.9, pageable_copy_ms=0.2,
+              host_by_cause={"pageable_copy": 1.7, "launch": 3.8, "sync": 0.0},
+              syncs=(("l15.py:232", "", 0.06, 1.0),), host_sites={"after_sync": (("l15.py:232", "", 0.29),)},
+              pinnable_sites=("l15.py:231", "l15.py:232"))
+    got = L.round_facts(SimpleNamespace(facts=f))
+    assert got["light_busy_ms"] == 11.0 and got["busy_ms"] == 12.2 and got["host_ms"] == {"pageable_copy": 1.7, "launch": 3.8}
+    assert got["after_sync"] == [["l15.py:232", 0.29]] and got["pinnable_sites"] == ["l15.py:231", "l15.py:232"]
+    assert json.loads(json.dumps(got)) == got
