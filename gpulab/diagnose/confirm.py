@@ -8,7 +8,7 @@ training steps: the model trains on, as it does during the rest of the diagnosis
 | verdict | the variant | when it cannot be made |
 |---|---|---|
 | fp32_matmuls | the step under `torch.autocast(dtype=bfloat16)`, its own outermost `autocast(enabled=False)` switched on; TF32 allowed where the GPU has no bf16 | a GPU with neither (Turing, Volta); a step that sets its precision otherwise |
-| pageable_copy | every pageable host-to-GPU `Tensor.to` or `Tensor.cuda` staged through a pinned buffer (reused after its copy's event) and copied with `non_blocking=True` | |
+| pageable_copy | every pageable host-to-GPU `Tensor.to` or `Tensor.cuda` staged into pinned memory (`pin_memory()`: the caching host allocator reuses a block after its copy finished) and copied with `non_blocking=True` | |
 | input_bound | the DataLoader's first batch handed out again every step, its tensors copied to the GPU once: what the input pipeline costs | the batch is made by the step's own code (no DataLoader): it runs anyway |
 | host_sync, host_code, periodic_stall | the step without the calls the learner marked with `skippable(...)` | nothing marked |
 | launch_bound | the step's model (`step.model`) compiled in place with `mode="reduce-overhead"` (CUDA graphs), `cudagraph_mark_step_begin()` before each step | no `step.model`; the step compiles its model already; the verdict is blocked (a sync in the forward, shapes that change: graphs cannot work yet) |
@@ -152,31 +152,22 @@ def stages(t: torch.Tensor, target) -> bool:
 
 @contextlib.contextmanager
 def pinned_staging(device: torch.device) -> Iterator[str]:
-    """Every `Tensor.to(cuda)` or `Tensor.cuda` call on a pageable CPU tensor, of any size, is staged through a
-    pinned buffer of its shape and copied with non_blocking=True. A buffer is reused only after the GPU has
-    finished copying out of it (an event recorded after each copy is waited on first). Any size: a small copy
-    from pageable memory still waits for the GPU (notebook 15 on an H100, 2026-12-06: with only its 64 KiB-and-up
-    batch staged, its labels' blocking copy kept the wait, the variant measured 0.997x and pinning itself 1.26x)."""
+    """Every `Tensor.to(cuda)` or `Tensor.cuda` call on a pageable CPU tensor, of any size, is staged into pinned
+    memory (`Tensor.pin_memory()`) and copied with non_blocking=True. The pinned block comes from PyTorch's
+    caching host allocator, which records an event on the copy's stream and reuses the block only once that
+    copy has finished (lesson 05), so two copies of one shape in a step do not wait for each other. Any size: a
+    small copy from pageable memory still waits for the GPU (notebook 15 on an H100, 2026-12-06: with only its
+    64 KiB-and-up batch staged, the variant measured 0.997x where pinning itself bought 1.26x; its labels'
+    small blocking copy likely kept the wait)."""
     if device.type != "cuda":
         raise Unavailable("pinned memory is for copies to a GPU")
-    buffers: dict = {}
     to, cuda = torch.Tensor.to, torch.Tensor.cuda
 
     def staged(t: torch.Tensor, target: torch.device) -> torch.Tensor:
-        key = (tuple(t.shape), t.dtype)
-        buf, done = buffers.get(key, (None, None))
-        if buf is None:
-            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        elif done is not None:
-            done.synchronize()                  # the last copy out of this buffer has finished
-        buf.copy_(t)
-        out = to(buf, target, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        buffers[key] = (buf, done)
-        return out
+        return to(t.pin_memory(), target, non_blocking=True)
 
     wants = stages
+
     def new_to(self, *args, **kwargs):
         target, rest = _target(args, kwargs)
         if wants(self, target):
@@ -192,7 +183,7 @@ def pinned_staging(device: torch.device) -> Iterator[str]:
 
     undo = [_patched(torch.Tensor, "to", new_to), _patched(torch.Tensor, "cuda", new_cuda)]
     try:
-        yield "pageable host-to-GPU copies staged through pinned buffers, copied with non_blocking=True"
+        yield "pageable host-to-GPU copies staged into pinned memory, copied with non_blocking=True"
     finally:
         for u in reversed(undo):
             u()
