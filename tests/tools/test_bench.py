@@ -460,3 +460,8 @@ def test_judge_lowers_the_band_to_the_lessons_own_lower_prediction(tmp_path):
     big_host = fake_lesson("90", "fake lesson", "fake ratio", lambda: None)
     big_host.module.band_floor = lambda scale=None: (6.0, "16 cores")
     assert judge(big_host, measured(1.6), bands, "tensor-core", "full")[0] == "FAIL"
+    # a host that cannot show the effect at all (lesson 03 on one physical core): not judged, with the reason
+    one_core = fake_lesson("90", "fake lesson", "fake ratio", lambda: None)
+    one_core.module.band_floor = lambda scale=None: (None, "not judged on this host: 1 physical CPU core(s)")
+    status, why, _ = judge(one_core, measured(1.0), bands, "tensor-core", "full")
+    assert status == B.NA and "1 physical CPU core(s)" in why
