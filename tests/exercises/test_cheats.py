@@ -298,3 +298,26 @@ def test_a_backward_and_update_left_on_a_thread_is_suspicious():
     # by the parameters after the timed calls
     assert (v.state == "failed" and "signal" in v.why[-1] or "thread(s) running" in v.why[-1]
             or "stopped training the model while it was timed" in v.why[-1]), v.why
+
+
+def test_a_weight_frozen_once_timed_is_rejected():
+    """A cheat of my own (2026-12-06): the correctness calls train every weight, then the first weight stops
+    requiring a gradient when the timing starts, so each timed backward skips its gradient. Rejected by the
+    parameters after the timed calls (0.137 of the reference's movement on the CPU at the tiny size, allowed 0.01)."""
+    v = grade(STEP, """
+        import torch
+        def make_step(model, optimizer):
+            calls = []
+            first = next(model.parameters())
+            def step(x, y, host):
+                calls.append(1)
+                if len(calls) == 4:
+                    first.requires_grad_(False)
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                return loss.detach(), spread(host)
+            return step
+        """)
+    assert_rejected(v, "failed", "stopped training the model while it was timed")
