@@ -84,15 +84,8 @@ def cheat_pretrain_in_factory(model):
         early.zero_grad(set_to_none=True)
         loss.backward()
         early.step()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def train(x, y):
-        loss = language_model_loss(model, x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
-    return train
+    from gpulab.exercises.speedrun import make_train
+    return make_train(model)                   # then the script as given
 
 
 def test_training_in_the_factory_is_on_the_clock(tmp_path, monkeypatch):
