@@ -1,5 +1,5 @@
 #!/bin/bash
-# usage: bash .run/profiles.sh SECONDS PROFILE:NN,NN,... PROFILE:NN,...    one lane per argument, all at once on one GPU;
+# usage: bash scripts/device/profiles.sh SECONDS PROFILE:NN,NN,... PROFILE:NN,...    one lane per argument, all at once on one GPU;
 # each lane runs its notebooks in order in one store (put 00 first in a lane to size the rest from its ceilings).
 # Everything a lane writes goes into $OUT/lanes.tgz (a call returns at most eight files).
 set -u
@@ -7,7 +7,7 @@ LIMIT=$1; shift
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 GPULAB_SCALE=full
 W=/tmp/lanes; rm -rf $W; mkdir -p $W
-python3 .run/split13.py > $W/split13.txt
+python3 scripts/device/split13.py > $W/split13.txt
 { date -u; nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv; python3 -c 'import torch; print(torch.__version__)'; } > $W/env.txt
 lane() {
   local prof=${1%%:*} list=${1#*:} n=$2
