@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from gpulab.core import figures as F
-from gpulab.core.figures import Rec, beside, check_markdown, prose_figures
+from gpulab.core.figures import NOT_RUN, Rec, beside, check_markdown, prose_figures
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -197,7 +197,7 @@ def test_beside_puts_the_learners_newest_value_next_to_the_reference_and_names_t
     assert workers["regime"] == "tiny size (CPU)"
     profiled = [R(lesson="03", name="busy_frac", value=0.5, gpu="NVIDIA H200", scale="full", extra={"profile": "t4"})]
     assert beside("03", profiled, "NVIDIA H200", RECS, md)[1]["regime"] == "emulating t4"
-    assert beside("03", [], "NVIDIA H200", RECS, md)[0]["regime"] == "not run yet"
+    assert beside("03", [], "NVIDIA H200", RECS, md)[0]["regime"] == NOT_RUN
 
 
 def test_every_notebook_with_tagged_prose_shows_the_learner_beside_it():
@@ -314,3 +314,12 @@ def test_a_renamed_measurements_old_records_are_the_same_measurement_under_its_n
                   markdown=["58 %<!-- fig 13 gpt_peak_fraction_ladder.mfu x100 -->"])
     assert rows[0]["yours"] == pytest.approx(58.0) and rows[0]["regime"] == "same GPU"
     assert any(r.name == "gpt_peak_fraction_ladder" and r.gpu == "NVIDIA H200" for r in committed_records())
+
+
+def test_a_sentence_beside_the_figure_reads_without_its_dropped_code_span():
+    """A code span with a digit is dropped from the sentence shown beside a figure (strip_code); the commas around
+    it are not left behind (tenth review: "the run of 2026-12-03, , timed")."""
+    md = "In this notebook's run of 2026-12-03, `results/x-2026.json`, timed on the host, pinned read 55 GB/s<!-- fig 05 h2d_gbps -->."
+    shown = F.plain(F.mark_tags(md)[0])
+    assert ", ," not in shown and ",," not in shown
+    assert "2026-12-03, timed on the host" in shown

@@ -141,6 +141,7 @@ def plain(sentence: str, limit: int = 110) -> str:
     """The sentence as a reader sees it (no markers), shortened."""
     s = re.sub(r"\x00[FN]\d*\x00", "", sentence)
     s = " ".join(s.split())
+    s = re.sub(r",(?:\s*,)+", ",", re.sub(r"\s+([,.;:])", r"\1", s))   # a dropped code span leaves ", ,"
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
@@ -348,7 +349,8 @@ def _value(rec_value: float, extra: dict, tag: Tag) -> float | None:
 
 
 # Records no notebook makes: a maintainers' probe, committed with its script. The learner has no value of
-# their own for these; `beside` says where the figure came from instead of "not run yet".
+# their own for these; `beside` says where the figure came from instead of NOT_RUN.
+NOT_RUN = "none of yours: not run yet, or not run on this GPU (a format or a second GPU it lacks)"
 PROBES = {("00", "layout_probe"): "results/course/2026-12-03-h200-00-to-15/peak-probe.py"}
 
 
@@ -358,7 +360,7 @@ def beside(lesson: str, mine: Iterable[Any], gpu_now: str, references: Iterable[
     reference runs it comes from (files and GPUs), and the learner's newest value of the same record
     (`mine`: records with lesson, name, value, gpu, scale, extra; scaled as the prose shows it), with how
     the two compare: "same GPU", "another GPU", "emulating a profile", "tiny size (CPU)", "CPU processes" (a
-    measurement run on the CPU beside this GPU), "not run yet", or for a probe's record (PROBES) "reference only:
+    measurement run on the CPU beside this GPU), NOT_RUN (none of yours), or for a probe's record (PROBES) "reference only:
     ..." with its script. Yours is matched only to a record of the figure's variant (the tag's KEY=VALUE filters,
     and the variant of its references), and the regime says where yours ran (`setting`)."""
     markdown = notebook_markdown(lesson) if markdown is None else markdown
@@ -382,7 +384,7 @@ def beside(lesson: str, mine: Iterable[Any], gpu_now: str, references: Iterable[
             row = {"figure": fig.shown, "record": record, "sentence": fig.sentence,
                    "reference": ", ".join(sorted({f"{Path(r.source).name} ({r.gpu})" for r in ref_recs})) or "none",
                    "reference_range": (min(v for v, _ in refs) * fig.tag.k, max(v for v, _ in refs) * fig.tag.k)
-                   if refs else None, "yours": None, "regime": "not run yet"}
+                   if refs else None, "yours": None, "regime": NOT_RUN}
             if (fig.tag.lesson, name) in PROBES:
                 row["regime"] = f"reference only: a probe no notebook runs ({PROBES[fig.tag.lesson, name]})"
             elif same_name and not ours:

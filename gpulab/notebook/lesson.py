@@ -300,7 +300,7 @@ def show_beside_reference(lesson: str) -> list[dict]:
     def ref(r):
         lo, hi = r["reference_range"] or (None, None)
         return "none" if lo is None else sig(lo) if lo == hi else f"{sig(lo)} to {sig(hi)}"
-    show_table([(r["figure"], r["record"], ref(r), "not run yet" if r["yours"] is None else sig(r["yours"]),
+    show_table([(r["figure"], r["record"], ref(r), "none" if r["yours"] is None else sig(r["yours"]),
                  r["regime"], r["reference"]) for r in rows],
                header=("in the prose", "measurement", "reference runs", "yours (newest)", "yours vs the reference",
                        "reference files (GPU)"),
