@@ -902,3 +902,13 @@ def test_seed_004s_batches_are_lowered_until_the_last_rows_check_fits():
     b, why = S.seed_4090_batch(runs, 7 * GiB, "cnn", 32)
     assert b == 8 and "start at batch 8, not 32" in why and "22.4 GiB" in why
     assert S.seed_4090_batch(runs, None, "cnn", 32) == (32, "")
+
+
+def test_the_loader_toggle_starts_no_more_workers_than_the_host_has_cores(monkeypatch):
+    """Tenth review of issue 40: the loader toggle started 4 workers on a 2-core host (the t4 profile), and PyTorch
+    warned that 2 was the most it suggested."""
+    import gpulab.core.device as D
+    monkeypatch.setattr(D, "cpu_cores", lambda: 2)
+    assert R.loader_workers() == 2
+    monkeypatch.setattr(D, "cpu_cores", lambda: 64)
+    assert R.loader_workers() == R.LOADER_WORKERS

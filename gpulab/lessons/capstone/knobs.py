@@ -80,4 +80,4 @@ ALIGN = 64             # `aligned` pads the vocabulary to a multiple of this (le
 ACCUMULATION = 4       # micro-batches per step when a waterfall adds `accumulation`
 
 
-LOADER_WORKERS = 4     # DataLoader worker processes when `loader` is on
+LOADER_WORKERS = 4     # DataLoader worker processes when `loader` is on, at most this host's cores (runner.loader_workers)

@@ -69,11 +69,18 @@ class HostBatches(Dataset):
         return self.pool[i % len(self.pool)]
 
 
+def loader_workers() -> int:
+    """The `loader` toggle's DataLoader workers: LOADER_WORKERS, at most the cores this process may use
+    (`cpu_cores()`, a profile's host included), as lessons 03 and 15 size theirs."""
+    from gpulab.core.device import cpu_cores
+    return min(LOADER_WORKERS, cpu_cores())
+
+
 class Inputs:
     """The batches of one run, in order, copied to the device.
 
     loader off: each batch is copied from pageable host memory with a plain `.to(device)` (the host
-    waits for the copy). loader on: LOADER_WORKERS DataLoader workers serve the batches, a pinning
+    waits for the copy). loader on: `loader_workers()` DataLoader workers serve the batches, a pinning
     thread copies them into page-locked memory, and `.to(device, non_blocking=True)` returns at once
     (lessons 03 and 05). Same batches either way, so the losses match.
     """
@@ -86,7 +93,7 @@ class Inputs:
     def __enter__(self) -> "Inputs":
         if self.loader:
             from gpulab.lessons.l03_input_pipeline import make_loader
-            self._it = iter(make_loader(HostBatches(self.pool), batch_size=None, num_workers=LOADER_WORKERS,
+            self._it = iter(make_loader(HostBatches(self.pool), batch_size=None, num_workers=loader_workers(),
                                         pin_memory=self.device.type == "cuda"))
         return self
 
