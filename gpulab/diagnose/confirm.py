@@ -8,7 +8,7 @@ training steps: the model trains on, as it does during the rest of the diagnosis
 | verdict | the variant | when it cannot be made |
 |---|---|---|
 | fp32_matmuls | the step under `torch.autocast(dtype=bfloat16)`, its own outermost `autocast(enabled=False)` switched on; TF32 allowed where the GPU has no bf16 | a GPU with neither (Turing, Volta); a step that sets its precision otherwise |
-| pageable_copy | every pageable host-to-GPU `Tensor.to` or `Tensor.cuda` staged into pinned memory (`pin_memory()`: the caching host allocator reuses a block after its copy finished) and copied with `non_blocking=True` | |
+| pageable_copy | a DataLoader's batches pinned one ahead in a thread of their own (as `pin_memory=True`'s pin thread does), any other pageable host-to-GPU `Tensor.to` or `Tensor.cuda` pinned in the step (`pin_memory()`), and every copy from pinned memory to the GPU made with `non_blocking=True` | |
 | input_bound | the DataLoader's first batch handed out again every step, its tensors copied to the GPU once: what the input pipeline costs | the batch is made by the step's own code (no DataLoader): it runs anyway |
 | host_sync, host_code, periodic_stall | the step without the calls the learner marked with `skippable(...)` | nothing marked |
 | launch_bound | the step's model (`step.model`) compiled in place with `mode="reduce-overhead"` (CUDA graphs), `cudagraph_mark_step_begin()` before each step | no `step.model`; the step compiles its model already; the verdict is blocked (a sync in the forward, shapes that change: graphs cannot work yet) |
@@ -150,40 +150,96 @@ def stages(t: torch.Tensor, target) -> bool:
             and not t.is_pinned())
 
 
+def goes_async(t: torch.Tensor, target) -> bool:
+    """Whether `pinned_staging` makes the copy of a pinned CPU tensor `t` to a GPU non_blocking (the fix's second
+    half: `pin_memory=True` alone leaves `.to(device)` blocking)."""
+    return (target is not None and torch.device(target).type == "cuda" and t.device.type == "cpu"
+            and t.is_pinned())
+
+
+@contextlib.contextmanager
+def _pinned_ahead(pin: Callable, device: torch.device | None = None) -> Iterator[dict]:
+    """Every DataLoader iterator hands out batches `pin` made in a thread of this context's own, one batch ahead:
+    while the step trains on one batch, the thread fetches the next and pins it, as a DataLoader with
+    `pin_memory=True` does in its pin thread (which runs `torch.set_num_threads(1)`: thread-local, so its copies do
+    not take every core from the workers; this thread does the same). Only the thread calls the iterator's own
+    `__next__` while the context lasts. When it ends, the batch pinned ahead for each iterator is dropped (the step
+    goes on from the one after it). Yields a dict whose "read" says whether a DataLoader was read."""
+    from concurrent.futures import ThreadPoolExecutor
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    def init():
+        torch.set_num_threads(1)
+        if device is not None and device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpulab-pin", initializer=init)
+    next_ = _BaseDataLoaderIter.__next__
+    ahead: dict = {}                  # id(iterator) -> the Future of its next pinned batch
+    seen = {"read": False}
+
+    def fetch(it):
+        return pin(next_(it))
+
+    def new_next(self):
+        seen["read"] = True
+        future = ahead.pop(id(self), None) or pool.submit(fetch, self)
+        batch = future.result()       # StopIteration (and any other error) comes back here
+        ahead[id(self)] = pool.submit(fetch, self)
+        return batch
+
+    undo = _patched(_BaseDataLoaderIter, "__next__", new_next)
+    try:
+        yield seen
+    finally:
+        undo()
+        for future in ahead.values():
+            future.exception()        # wait: no thread touches an iterator once the context is over
+        pool.shutdown(wait=True)
+
+
 @contextlib.contextmanager
 def pinned_staging(device: torch.device) -> Iterator[str]:
-    """Every `Tensor.to(cuda)` or `Tensor.cuda` call on a pageable CPU tensor, of any size, is staged into pinned
-    memory (`Tensor.pin_memory()`) and copied with non_blocking=True. The pinned block comes from PyTorch's
-    caching host allocator, which records an event on the copy's stream and reuses the block only once that
-    copy has finished (lesson 05), so two copies of one shape in a step do not wait for each other. Any size: a
-    small copy from pageable memory still waits for the GPU (notebook 15 on an H100, 2026-12-06: with only its
-    64 KiB-and-up batch staged, the variant measured 0.997x where pinning itself bought 1.26x; its labels'
-    small blocking copy likely kept the wait)."""
+    """The step as a DataLoader with `pin_memory=True` and copies with `non_blocking=True` would run it.
+
+    - A DataLoader's batches are pinned one batch ahead in a thread of their own (`_pinned_ahead`), as
+      `pin_memory=True`'s pin thread does, off the step's path.
+    - A copy of a pinned CPU tensor to the GPU runs with non_blocking=True.
+    - A copy of a pageable CPU tensor to the GPU from anywhere else (of any size) is pinned on the step's own
+      thread (`Tensor.pin_memory()`), then copied with non_blocking=True: that pinning costs the step a memcpy the
+      fix would not (the pinned block comes from PyTorch's caching host allocator, reused once its copy is done).
+
+    Why: on an H100 (2026-12-06) notebook 15's pinning fix bought 1.26x and 1.30x where a variant that pinned
+    every batch on the step's thread measured 0.997x (staging copies of 64 KiB and up into a pinned buffer) and
+    0.67x (`pin_memory()` of every copy on the step's thread; that copy runs on every intra-op thread, which the
+    DataLoader's pin thread avoids with `torch.set_num_threads(1)` beside its busy workers: perhaps the cause, not
+    measured). Not yet run on a GPU."""
     if device.type != "cuda":
         raise Unavailable("pinned memory is for copies to a GPU")
+    from torch.utils.data._utils.pin_memory import pin_memory as pin_batch      # what the pin thread calls
     to, cuda = torch.Tensor.to, torch.Tensor.cuda
 
     def staged(t: torch.Tensor, target: torch.device) -> torch.Tensor:
-        return to(t.pin_memory(), target, non_blocking=True)
-
-    wants = stages
+        return to(t if t.is_pinned() else t.pin_memory(), target, non_blocking=True)
 
     def new_to(self, *args, **kwargs):
         target, rest = _target(args, kwargs)
-        if wants(self, target):
+        if stages(self, target) or goes_async(self, target):
             out = staged(self, torch.device(target))
             return to(out, **rest) if rest else out
         return to(self, *args, **kwargs)
 
     def new_cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
         target = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
-        if wants(self, target):
+        if stages(self, target) or goes_async(self, target):
             return staged(self, target)
         return cuda(self, device, non_blocking, memory_format=memory_format)
 
     undo = [_patched(torch.Tensor, "to", new_to), _patched(torch.Tensor, "cuda", new_cuda)]
     try:
-        yield "pageable host-to-GPU copies staged into pinned memory, copied with non_blocking=True"
+        with _pinned_ahead(lambda batch: pin_batch(batch, "cuda"), device):
+            yield ("a DataLoader's batches pinned one ahead in a thread (as pin_memory=True), other pageable "
+                   "host-to-GPU copies pinned in the step; every copy from pinned memory non_blocking=True")
     finally:
         for u in reversed(undo):
             u()

@@ -252,3 +252,42 @@ def test_pinned_staging_stages_every_copy_to_the_gpu_of_any_size():
     small = torch.zeros(4, dtype=torch.int64)
     assert C.stages(small, "cuda") and C.stages(small, torch.device("cuda", 0))
     assert not C.stages(small, "cpu") and not C.stages(small, None)
+
+
+def test_pinned_ahead_hands_out_the_loaders_batches_in_order_made_in_another_thread():
+    """The pinned-staging variant pins a DataLoader's batches one ahead in a thread of its own, as pin_memory=True's
+    pin thread does (on an H100 a variant pinning on the step's thread measured 0.997x and 0.67x where the fix
+    bought 1.26x and 1.30x). Here `pin` marks each batch with the thread that made it: the order is the loader's,
+    the end of the data comes through as StopIteration, and after the context the loader is the step's again."""
+    import threading
+    import torch
+    from torch.utils.data import DataLoader
+    made_in = []
+
+    def pin(batch):
+        made_in.append(threading.current_thread().name)
+        return batch
+    loader = DataLoader(torch.arange(10), batch_size=2)
+    next_ = type(iter(loader)).__next__
+    it = iter(loader)
+    with C._pinned_ahead(pin) as seen:
+        got = [next(it).tolist() for _ in range(5)]
+        with pytest.raises(StopIteration):
+            next(it)
+        assert seen["read"]
+    assert got == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    assert made_in and all(name.startswith("gpulab-pin") for name in made_in)
+    assert type(iter(loader)).__next__ is next_                 # put back
+    it = iter(loader)
+    with C._pinned_ahead(pin):
+        assert next(it).tolist() == [0, 1]                      # [2, 3] is pinned ahead, then dropped at the end
+    assert next(it).tolist() == [4, 5]
+
+
+def test_pinned_staging_makes_a_pinned_copy_non_blocking_and_leaves_the_rest():
+    """The fix is pin_memory=True and non_blocking=True: a pinned CPU tensor's copy to a GPU goes non_blocking; a
+    pageable one is staged; a copy to the host or between CPU tensors is neither."""
+    import torch
+    t = torch.zeros(3)
+    assert not C.goes_async(t, "cuda") and C.stages(t, "cuda")
+    assert not C.goes_async(t, "cpu") and not C.goes_async(t, None)
