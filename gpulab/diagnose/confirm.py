@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 
@@ -150,23 +151,44 @@ def stages(t: torch.Tensor, target) -> bool:
             and not t.is_pinned())
 
 
-def goes_async(t: torch.Tensor, target) -> bool:
-    """Whether `pinned_staging` makes the copy of a pinned CPU tensor `t` to a GPU non_blocking (the fix's second
-    half: `pin_memory=True` alone leaves `.to(device)` blocking)."""
-    return (target is not None and torch.device(target).type == "cuda" and t.device.type == "cpu"
-            and t.is_pinned())
+class Marked:
+    """Tensors by identity, held weakly (a WeakSet would compare two tensors with ==, which is elementwise)."""
+
+    def __init__(self):
+        self._refs: dict = {}
+
+    def add(self, t: torch.Tensor) -> None:
+        key = id(t)
+        self._refs[key] = weakref.ref(t, lambda r, key=key: self._refs.pop(key, None) if self._refs.get(key) is r
+                                      else None)
+
+    def __contains__(self, t) -> bool:
+        r = self._refs.get(id(t))
+        return r is not None and r() is t
+
+
+def goes_async(t: torch.Tensor, target, ours: Marked) -> bool:
+    """Whether `pinned_staging` makes the copy of `t` to `target` non_blocking: a CPU tensor the variant pinned itself
+    (`ours`) going to a GPU. A pinned buffer of the step's own keeps its blocking copy: the step may
+    refill it right after, which a non_blocking copy would race."""
+    return (target is not None and torch.device(target).type == "cuda" and t.device.type == "cpu" and t in ours)
 
 
 @contextlib.contextmanager
 def _pinned_ahead(pin: Callable, device: torch.device | None = None) -> Iterator[dict]:
-    """Every DataLoader iterator hands out batches `pin` made in a thread of this context's own, one batch ahead:
-    while the step trains on one batch, the thread fetches the next and pins it, as a DataLoader with
-    `pin_memory=True` does in its pin thread (which runs `torch.set_num_threads(1)`: thread-local, so its copies do
-    not take every core from the workers; this thread does the same). Only the thread calls the iterator's own
-    `__next__` while the context lasts. When it ends, the batch pinned ahead for each iterator is dropped (the step
-    goes on from the one after it). Yields a dict whose "read" says whether a DataLoader was read."""
+    """A DataLoader with workers hands out its batches pinned by `pin` in a thread of this context's own, one batch
+    ahead, off the step's path, as `pin_memory=True`'s pin thread does; that thread runs
+    `torch.set_num_threads(1)` first, as the pin thread does (it sets the calling thread's count, and the default of
+    threads started after it, not the step's). A DataLoader without workers pins inside `next(loader)`, on the step's
+    thread, as `pin_memory=True` does there. While the context lasts only its thread calls an iterator's own
+    `__next__`; a new pass over a loader with persistent workers (`iter(loader)` resets the same iterator) waits for
+    the batch in flight and drops it, as the context's end does. A DataLoader read inside another's dataset is read
+    in place (the thread would wait on itself). Yields a dict whose "read" counts the batches handed out."""
     from concurrent.futures import ThreadPoolExecutor
+    from torch.utils.data import DataLoader
     from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    local = threading.local()
 
     def init():
         torch.set_num_threads(1)
@@ -174,27 +196,47 @@ def _pinned_ahead(pin: Callable, device: torch.device | None = None) -> Iterator
             torch.cuda.set_device(device)
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpulab-pin", initializer=init)
-    next_ = _BaseDataLoaderIter.__next__
-    ahead: dict = {}                  # id(iterator) -> the Future of its next pinned batch
-    seen = {"read": False}
+    next_, iter_ = _BaseDataLoaderIter.__next__, DataLoader.__iter__
+    ahead: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # iterator -> the Future of its next batch
+    seen = {"read": 0}
 
     def fetch(it):
-        return pin(next_(it))
+        local.inside = True
+        try:
+            return pin(next_(it))
+        finally:
+            local.inside = False
+
+    def drop(it) -> None:
+        future = ahead.pop(it, None)
+        if future is not None:
+            future.exception()        # wait for it; its batch goes
 
     def new_next(self):
-        seen["read"] = True
-        future = ahead.pop(id(self), None) or pool.submit(fetch, self)
+        if getattr(local, "inside", False):          # a loader read by another loader's dataset, in the thread
+            return next_(self)
+        seen["read"] += 1
+        if getattr(self, "_num_workers", 0) == 0:
+            return pin(next_(self))
+        future = ahead.pop(self, None) or pool.submit(fetch, self)
         batch = future.result()       # StopIteration (and any other error) comes back here
-        ahead[id(self)] = pool.submit(fetch, self)
+        ahead[self] = pool.submit(fetch, self)
         return batch
 
-    undo = _patched(_BaseDataLoaderIter, "__next__", new_next)
+    def new_iter(self):
+        it = getattr(self, "_iterator", None)         # persistent workers: __iter__ resets this same iterator
+        if it is not None:
+            drop(it)
+        return iter_(self)
+
+    undo = [_patched(_BaseDataLoaderIter, "__next__", new_next), _patched(DataLoader, "__iter__", new_iter)]
     try:
         yield seen
     finally:
-        undo()
-        for future in ahead.values():
-            future.exception()        # wait: no thread touches an iterator once the context is over
+        for u in reversed(undo):
+            u()
+        for it in list(ahead.keys()):
+            drop(it)                  # no thread touches an iterator once the context is over
         pool.shutdown(wait=True)
 
 
@@ -202,12 +244,14 @@ def _pinned_ahead(pin: Callable, device: torch.device | None = None) -> Iterator
 def pinned_staging(device: torch.device) -> Iterator[str]:
     """The step as a DataLoader with `pin_memory=True` and copies with `non_blocking=True` would run it.
 
-    - A DataLoader's batches are pinned one batch ahead in a thread of their own (`_pinned_ahead`), as
-      `pin_memory=True`'s pin thread does, off the step's path.
-    - A copy of a pinned CPU tensor to the GPU runs with non_blocking=True.
+    - A DataLoader's batches come pinned (`_pinned_ahead`): with workers, one batch ahead in a thread of their own,
+      as `pin_memory=True`'s pin thread does, off the step's path; without workers, inside `next(loader)`.
+    - A copy of a tensor the variant pinned to the GPU runs with non_blocking=True (`goes_async`).
     - A copy of a pageable CPU tensor to the GPU from anywhere else (of any size) is pinned on the step's own
       thread (`Tensor.pin_memory()`), then copied with non_blocking=True: that pinning costs the step a memcpy the
       fix would not (the pinned block comes from PyTorch's caching host allocator, reused once its copy is done).
+    - A copy it cannot see (`gpu_tensor.copy_(cpu_tensor)`, `torch.tensor(..., device=...)`) stays as it was; a step
+      whose copies it saw none of and that read no DataLoader is not measured (Unavailable at the end).
 
     Why: on an H100 (2026-12-06) notebook 15's pinning fix bought 1.26x and 1.30x where a variant that pinned
     every batch on the step's thread measured 0.997x (staging copies of 64 KiB and up into a pinned buffer) and
@@ -218,31 +262,43 @@ def pinned_staging(device: torch.device) -> Iterator[str]:
         raise Unavailable("pinned memory is for copies to a GPU")
     from torch.utils.data._utils.pin_memory import pin_memory as pin_batch      # what the pin thread calls
     to, cuda = torch.Tensor.to, torch.Tensor.cuda
+    ours = Marked()                                   # the tensors this variant pinned
+    copies = {"n": 0}
+
+    def pin(batch):
+        batch = pin_batch(batch, "cuda")
+        for t in _tensors(batch):
+            ours.add(t)
+        return batch
 
     def staged(t: torch.Tensor, target: torch.device) -> torch.Tensor:
-        return to(t if t.is_pinned() else t.pin_memory(), target, non_blocking=True)
+        copies["n"] += 1
+        return to(t if t in ours else t.pin_memory(), target, non_blocking=True)
 
     def new_to(self, *args, **kwargs):
         target, rest = _target(args, kwargs)
-        if stages(self, target) or goes_async(self, target):
+        if stages(self, target) or goes_async(self, target, ours):
             out = staged(self, torch.device(target))
             return to(out, **rest) if rest else out
         return to(self, *args, **kwargs)
 
     def new_cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
         target = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
-        if stages(self, target) or goes_async(self, target):
+        if stages(self, target) or goes_async(self, target, ours):
             return staged(self, target)
         return cuda(self, device, non_blocking, memory_format=memory_format)
 
     undo = [_patched(torch.Tensor, "to", new_to), _patched(torch.Tensor, "cuda", new_cuda)]
     try:
-        with _pinned_ahead(lambda batch: pin_batch(batch, "cuda"), device):
-            yield ("a DataLoader's batches pinned one ahead in a thread (as pin_memory=True), other pageable "
-                   "host-to-GPU copies pinned in the step; every copy from pinned memory non_blocking=True")
+        with _pinned_ahead(pin, device) as seen:
+            yield ("a DataLoader's batches pinned as pin_memory=True pins them (with workers, one ahead in a thread), "
+                   "other pageable host-to-GPU copies pinned in the step, the pinned ones copied non_blocking=True")
     finally:
         for u in reversed(undo):
             u()
+    if not copies["n"] and not seen["read"]:
+        raise Unavailable("the step read no DataLoader and made no copy to the GPU through Tensor.to or Tensor.cuda "
+                          "(copy_ into a GPU tensor, torch.tensor(..., device=...)): the variant could not pin them")
 
 
 def _tensors(batch) -> list[torch.Tensor]:
