@@ -317,8 +317,8 @@ def test_a_renamed_measurements_old_records_are_the_same_measurement_under_its_n
 
 
 def test_a_sentence_beside_the_figure_reads_without_its_dropped_code_span():
-    """A code span with a digit is dropped from the sentence shown beside a figure (strip_code); the commas around
-    it are not left behind (tenth review: "the run of 2026-12-03, , timed")."""
+    """A code span with a digit is dropped from a figure's sentence as `beside` returns it and the test's messages
+    quote it (strip_code); the commas around it are not left behind (tenth review: "the run of 2026-12-03, , timed")."""
     md = "In this notebook's run of 2026-12-03, `results/x-2026.json`, timed on the host, pinned read 55 GB/s<!-- fig 05 h2d_gbps -->."
     shown = F.plain(F.mark_tags(md)[0])
     assert ", ," not in shown and ",," not in shown

@@ -350,7 +350,7 @@ def _value(rec_value: float, extra: dict, tag: Tag) -> float | None:
 
 # Records no notebook makes: a maintainers' probe, committed with its script. The learner has no value of
 # their own for these; `beside` says where the figure came from instead of NOT_RUN.
-NOT_RUN = "none of yours: not run yet, or not run on this GPU (a format or a second GPU it lacks)"
+NOT_RUN = "none of yours (not run yet, or not here)"
 PROBES = {("00", "layout_probe"): "results/course/2026-12-03-h200-00-to-15/peak-probe.py"}
 
 
