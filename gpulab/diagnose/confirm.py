@@ -266,7 +266,7 @@ def pinned_staging(device: torch.device) -> Iterator[str]:
     copies = {"n": 0}
 
     def pin(batch):
-        batch = pin_batch(batch, "cuda")
+        batch = pin_batch(batch)        # no device argument: torch 2.13 ignores it (the current accelerator)
         for t in _tensors(batch):
             ours.add(t)
         return batch
