@@ -2,8 +2,9 @@
 
 A rule's promise is an estimate from one profile; where the fix can be made to the step from outside,
 without editing the learner's code, `confirm_verdicts` runs the step with it and ranks the verdicts by
-what it measured. Each variant is undone when it ends (nothing it changes outlives it), and runs real
-training steps: the model trains on, as it does during the rest of the diagnosis.
+what it measured. Each variant is undone when it ends (nothing it changes outlives it but the batch pinned
+ahead, which pinned staging drops), and runs real training steps: the model trains on, as it does during the
+rest of the diagnosis.
 
 | verdict | the variant | when it cannot be made |
 |---|---|---|
@@ -19,7 +20,9 @@ saved less than half of what it was expected to, by more than the two timings' s
 """
 from __future__ import annotations
 
+import collections.abc
 import contextlib
+import os
 import threading
 import weakref
 from collections import Counter
@@ -137,8 +140,9 @@ def _patched(cls, name: str, new) -> Callable[[], None]:
 
 def _target(args, kwargs) -> tuple[torch.device | None, dict]:
     """The device a `.to(...)` call moves to, and what else it asked for (dtype, memory format)."""
-    parsed = torch._C._nn._parse_to(*args, **kwargs)
-    # (device, dtype, non_blocking, memory_format); newer PyTorch adds `copy` before memory_format
+    # (device, dtype, non_blocking, memory_format); the parser refuses `copy`, which Tensor.to takes (GradScaler
+    # passes copy=True every step): left out here, since a copy to another device is a new tensor anyway
+    parsed = torch._C._nn._parse_to(*args, **{k: v for k, v in kwargs.items() if k != "copy"})
     device, dtype, memory_format = parsed[0], parsed[1], parsed[-1]
     rest = {k: v for k, v in (("dtype", dtype), ("memory_format", memory_format)) if v is not None}
     return device, rest
@@ -152,19 +156,24 @@ def stages(t: torch.Tensor, target) -> bool:
 
 
 class Marked:
-    """Tensors by identity, held weakly (a WeakSet would compare two tensors with ==, which is elementwise)."""
+    """Tensors by the storage they view, held weakly: a tensor marked and every view of it (`x[:n]`, `x.view(-1)`)
+    are in; a WeakSet of tensors would compare two of them with ==, which is elementwise."""
 
     def __init__(self):
         self._refs: dict = {}
 
     def add(self, t: torch.Tensor) -> None:
-        key = id(t)
-        self._refs[key] = weakref.ref(t, lambda r, key=key: self._refs.pop(key, None) if self._refs.get(key) is r
-                                      else None)
+        storage = t.untyped_storage()
+        key = id(storage)
+        self._refs[key] = weakref.ref(storage, lambda r, key=key: self._refs.pop(key, None)
+                                      if self._refs.get(key) is r else None)
 
     def __contains__(self, t) -> bool:
-        r = self._refs.get(id(t))
-        return r is not None and r() is t
+        if not isinstance(t, torch.Tensor):
+            return False
+        storage = t.untyped_storage()
+        r = self._refs.get(id(storage))
+        return r is not None and r() is storage
 
 
 def goes_async(t: torch.Tensor, target, ours: Marked) -> bool:
@@ -177,18 +186,20 @@ def goes_async(t: torch.Tensor, target, ours: Marked) -> bool:
 @contextlib.contextmanager
 def _pinned_ahead(pin: Callable, device: torch.device | None = None) -> Iterator[dict]:
     """A DataLoader with workers hands out its batches pinned by `pin` in a thread of this context's own, one batch
-    ahead, off the step's path, as `pin_memory=True`'s pin thread does; that thread runs
-    `torch.set_num_threads(1)` first, as the pin thread does (it sets the calling thread's count, and the default of
-    threads started after it, not the step's). A DataLoader without workers pins inside `next(loader)`, on the step's
-    thread, as `pin_memory=True` does there. While the context lasts only its thread calls an iterator's own
-    `__next__`; a new pass over a loader with persistent workers (`iter(loader)` resets the same iterator) waits for
-    the batch in flight and drops it, as the context's end does. A DataLoader read inside another's dataset is read
-    in place (the thread would wait on itself). Yields a dict whose "read" counts the batches handed out."""
+    ahead, off the step's path, as `pin_memory=True`'s pin thread does; that thread runs `torch.set_num_threads(1)`
+    first, as the pin thread does (it sets the calling thread's count and the default of threads started after it;
+    the step's own count is put back as that default when the context ends). A DataLoader without workers pins
+    inside `next(loader)`, on the step's thread, as `pin_memory=True` does there. While the context lasts only its
+    thread calls an iterator's own `__next__`; a new pass over a loader with persistent workers (`iter(loader)`
+    resets the same iterator) waits for the batch in flight and drops it, as the context's end does. A worker
+    process forked meanwhile runs everything as it was (a DataLoader read inside its dataset is not pinned there).
+    Differences from the fix, each small against a step: one thread pins for every loader; it pins one batch ahead
+    on top of the workers' prefetch; the workers' shutdown at the end of the data runs in that thread, not in the
+    step's `next()`. Yields a dict whose "read" counts the batches handed out."""
     from concurrent.futures import ThreadPoolExecutor
-    from torch.utils.data import DataLoader
-    from torch.utils.data.dataloader import _BaseDataLoaderIter
+    from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
-    local = threading.local()
+    pid, threads = os.getpid(), torch.get_num_threads()
 
     def init():
         torch.set_num_threads(1)
@@ -196,16 +207,12 @@ def _pinned_ahead(pin: Callable, device: torch.device | None = None) -> Iterator
             torch.cuda.set_device(device)
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpulab-pin", initializer=init)
-    next_, iter_ = _BaseDataLoaderIter.__next__, DataLoader.__iter__
+    next_, reset_ = _BaseDataLoaderIter.__next__, _MultiProcessingDataLoaderIter._reset
     ahead: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # iterator -> the Future of its next batch
     seen = {"read": 0}
 
     def fetch(it):
-        local.inside = True
-        try:
-            return pin(next_(it))
-        finally:
-            local.inside = False
+        return pin(next_(it))
 
     def drop(it) -> None:
         future = ahead.pop(it, None)
@@ -213,7 +220,7 @@ def _pinned_ahead(pin: Callable, device: torch.device | None = None) -> Iterator
             future.exception()        # wait for it; its batch goes
 
     def new_next(self):
-        if getattr(local, "inside", False):          # a loader read by another loader's dataset, in the thread
+        if os.getpid() != pid:                        # a worker forked while the variant ran: as it was
             return next_(self)
         seen["read"] += 1
         if getattr(self, "_num_workers", 0) == 0:
@@ -223,21 +230,20 @@ def _pinned_ahead(pin: Callable, device: torch.device | None = None) -> Iterator
         ahead[self] = pool.submit(fetch, self)
         return batch
 
-    def new_iter(self):
-        it = getattr(self, "_iterator", None)         # persistent workers: __iter__ resets this same iterator
-        if it is not None:
-            drop(it)
-        return iter_(self)
+    def new_reset(self, *args, **kwargs):             # persistent workers: iter(loader) resets this iterator
+        if os.getpid() == pid:
+            drop(self)
+        return reset_(self, *args, **kwargs)
 
-    undo = [_patched(_BaseDataLoaderIter, "__next__", new_next), _patched(DataLoader, "__iter__", new_iter)]
+    undo = [_patched(_BaseDataLoaderIter, "__next__", new_next),
+            _patched(_MultiProcessingDataLoaderIter, "_reset", new_reset)]
     try:
         yield seen
     finally:
         for u in reversed(undo):
             u()
-        for it in list(ahead.keys()):
-            drop(it)                  # no thread touches an iterator once the context is over
-        pool.shutdown(wait=True)
+        pool.shutdown(wait=True)      # every fetch finished: no thread touches an iterator once the context is over
+        torch.set_num_threads(threads)                # the step's count, again the default of threads to come
 
 
 @contextlib.contextmanager
@@ -275,17 +281,20 @@ def pinned_staging(device: torch.device) -> Iterator[str]:
         copies["n"] += 1
         return to(t if t in ours else t.pin_memory(), target, non_blocking=True)
 
+    pid = os.getpid()
+
     def new_to(self, *args, **kwargs):
         target, rest = _target(args, kwargs)
-        if stages(self, target) or goes_async(self, target, ours):
+        if os.getpid() == pid and (stages(self, target) or goes_async(self, target, ours)):
             out = staged(self, torch.device(target))
             return to(out, **rest) if rest else out
         return to(self, *args, **kwargs)
 
     def new_cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
         target = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
-        if stages(self, target) or goes_async(self, target, ours):
-            return staged(self, target)
+        if os.getpid() == pid and (stages(self, target) or goes_async(self, target, ours)):
+            out = staged(self, target)
+            return out if memory_format is torch.preserve_format else to(out, memory_format=memory_format)
         return cuda(self, device, non_blocking, memory_format=memory_format)
 
     undo = [_patched(torch.Tensor, "to", new_to), _patched(torch.Tensor, "cuda", new_cuda)]
@@ -302,11 +311,12 @@ def pinned_staging(device: torch.device) -> Iterator[str]:
 
 
 def _tensors(batch) -> list[torch.Tensor]:
+    """The tensors in a batch, through any mapping or sequence (as the DataLoader's pin_memory walks them)."""
     if isinstance(batch, torch.Tensor):
         return [batch]
-    if isinstance(batch, dict):
+    if isinstance(batch, collections.abc.Mapping):
         return [t for v in batch.values() for t in _tensors(v)]
-    if isinstance(batch, (list, tuple)):
+    if isinstance(batch, collections.abc.Sequence) and not isinstance(batch, (str, bytes)):
         return [t for v in batch for t in _tensors(v)]
     return []
 

@@ -301,10 +301,10 @@ def test_pinned_ahead_pins_a_loader_without_workers_on_the_steps_thread():
     assert made_in == [threading.current_thread().name] * 3
 
 
-def test_pinned_ahead_survives_new_iterators_persistent_workers_and_nested_loaders():
-    """Tenth review: a new iterator every step once got a dead iterator's batch (ids are reused); iter() over a
-    loader with persistent workers reset the iterator while the thread read it (a false StopIteration); a dataset
-    that reads another DataLoader hung (the one thread waited on itself)."""
+def test_pinned_ahead_survives_new_iterators_persistent_workers_and_nested_loaders(tmp_path):
+    """Reviews of the variant: a new iterator every step once got a dead iterator's batch (ids are reused); iter()
+    over a loader with persistent workers reset the iterator while the thread read it (a false StopIteration); a
+    dataset that reads another DataLoader hung, then pinned in the forked worker (CUDA cannot start there)."""
     import threading
     import torch
     from torch.utils.data import DataLoader, IterableDataset
@@ -317,17 +317,26 @@ def test_pinned_ahead_survives_new_iterators_persistent_workers_and_nested_loade
             it = iter(persistent)
             assert next(it).tolist() == [0, 1] and next(it).tolist() == [2, 3]
 
+    import os
+
     class Outer(IterableDataset):
         def __iter__(self):
             yield from (int(b.sum()) for b in DataLoader(torch.arange(4), batch_size=2))
-    out = []
-    with C._pinned_ahead(lambda b: b):
+    out, log = [], tmp_path / "pinned-in"
+
+    def pin(batch):                            # a file: a forked worker's pin shows here too
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return batch
+    with C._pinned_ahead(pin):
         worker = threading.Thread(target=lambda: out.extend(next(iter(DataLoader(Outer(), batch_size=None,
                                                                                     num_workers=1)))
                                                              for _ in range(1)), daemon=True)
         worker.start()
         worker.join(timeout=30)
     assert not worker.is_alive() and out == [1]
+    pinned_in = log.read_text().split()
+    assert pinned_in and set(pinned_in) == {str(os.getpid())}   # the outer batches, here; never the inner one's
 
 
 def test_pinned_staging_makes_only_its_own_pinned_tensors_copy_non_blocking():
@@ -342,3 +351,36 @@ def test_pinned_staging_makes_only_its_own_pinned_tensors_copy_non_blocking():
     assert not C.goes_async(other, "cuda", ours)
     assert not C.goes_async(mine, "cpu", ours) and not C.goes_async(mine, None, ours)
     assert C.stages(other, "cuda") and not C.stages(other, "cpu")
+
+
+def test_pinned_staging_marks_views_and_any_container_and_takes_copy_true():
+    """Second review of the variant: a view of a pinned batch (x[:n]) kept its blocking copy (a tensor, not its
+    storage, was marked); a UserDict batch (transformers' BatchEncoding is one) was not walked; and Tensor.to's
+    copy=True, which GradScaler passes every step, made the variant raise in every fp16 step."""
+    import collections
+    import threading
+    import torch
+    ours, x = C.Marked(), torch.zeros(4, 3)
+    ours.add(x)
+    assert all(v in ours for v in (x[:2], x.view(-1), x[0], x.unsqueeze(1))) and torch.zeros(4, 3) not in ours
+    batch = collections.UserDict(a=torch.ones(2), b=collections.deque([torch.ones(1)]))
+    assert len(C._tensors(batch)) == 2 and C._tensors("text") == []
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+
+    def step():
+        loss = model(torch.ones(2, 3)).sum()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    threads = torch.get_num_threads()
+    with pytest.raises(C.Unavailable, match="read no DataLoader and made no copy to the GPU"):
+        with C.pinned_staging(torch.device("cuda")):        # on the CPU only its patches run: no copy goes to a GPU
+            step()
+            assert torch.ones(2).to(torch.float64, copy=True).dtype == torch.float64
+    later = []
+    t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+    t.start(); t.join()
+    assert later == [threads]                 # the pin thread's count of 1 did not become the default
