@@ -20,6 +20,7 @@ saved less than half of what it was expected to, by more than the two timings' s
 """
 from __future__ import annotations
 
+import collections
 import collections.abc
 import contextlib
 import os
@@ -162,8 +163,15 @@ class Marked:
     def __init__(self):
         self._refs: dict = {}
 
+    @staticmethod
+    def _held(t: torch.Tensor):
+        try:
+            return t.untyped_storage()
+        except (NotImplementedError, RuntimeError):      # sparse, wrapper subclasses: no storage of their own
+            return t
+
     def add(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
+        storage = self._held(t)
         key = id(storage)
         self._refs[key] = weakref.ref(storage, lambda r, key=key: self._refs.pop(key, None)
                                       if self._refs.get(key) is r else None)
@@ -171,7 +179,7 @@ class Marked:
     def __contains__(self, t) -> bool:
         if not isinstance(t, torch.Tensor):
             return False
-        storage = t.untyped_storage()
+        storage = self._held(t)
         r = self._refs.get(id(storage))
         return r is not None and r() is storage
 
@@ -284,7 +292,10 @@ def pinned_staging(device: torch.device) -> Iterator[str]:
     pid = os.getpid()
 
     def new_to(self, *args, **kwargs):
-        target, rest = _target(args, kwargs)
+        try:
+            target, rest = _target(args, kwargs)
+        except RuntimeError:                          # a form the parser refuses (a positional copy): as it was
+            return to(self, *args, **kwargs)
         if os.getpid() == pid and (stages(self, target) or goes_async(self, target, ours)):
             out = staged(self, torch.device(target))
             return to(out, **rest) if rest else out
@@ -316,7 +327,8 @@ def _tensors(batch) -> list[torch.Tensor]:
         return [batch]
     if isinstance(batch, collections.abc.Mapping):
         return [t for v in batch.values() for t in _tensors(v)]
-    if isinstance(batch, collections.abc.Sequence) and not isinstance(batch, (str, bytes)):
+    if isinstance(batch, collections.abc.Sequence) and not isinstance(
+            batch, (str, bytes, bytearray, collections.UserString, memoryview)):
         return [t for v in batch for t in _tensors(v)]
     return []
 

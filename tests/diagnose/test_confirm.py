@@ -364,7 +364,10 @@ def test_pinned_staging_marks_views_and_any_container_and_takes_copy_true():
     ours.add(x)
     assert all(v in ours for v in (x[:2], x.view(-1), x[0], x.unsqueeze(1))) and torch.zeros(4, 3) not in ours
     batch = collections.UserDict(a=torch.ones(2), b=collections.deque([torch.ones(1)]))
-    assert len(C._tensors(batch)) == 2 and C._tensors("text") == []
+    assert len(C._tensors(batch)) == 2 and C._tensors("text") == [] and C._tensors(collections.UserString("ab")) == []
+    sparse = torch.eye(3).to_sparse()
+    ours.add(sparse)
+    assert sparse in ours and torch.eye(3).to_sparse() not in ours   # no storage of its own: held as itself
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu")
@@ -376,10 +379,14 @@ def test_pinned_staging_marks_views_and_any_container_and_takes_copy_true():
         scaler.update()
         opt.zero_grad()
     threads = torch.get_num_threads()
+    from torch.utils.data import DataLoader
+    with C._pinned_ahead(lambda b: b):                    # the pin thread starts, and sets its count to 1
+        assert len(list(DataLoader(torch.arange(4), batch_size=2, num_workers=1))) == 2
     with pytest.raises(C.Unavailable, match="read no DataLoader and made no copy to the GPU"):
         with C.pinned_staging(torch.device("cuda")):        # on the CPU only its patches run: no copy goes to a GPU
             step()
             assert torch.ones(2).to(torch.float64, copy=True).dtype == torch.float64
+            assert torch.ones(2).to(torch.float64, False, True).dtype == torch.float64   # copy given by position
     later = []
     t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
     t.start(); t.join()
