@@ -9,7 +9,7 @@ rest of the diagnosis.
 | verdict | the variant | when it cannot be made |
 |---|---|---|
 | fp32_matmuls | the step under `torch.autocast(dtype=bfloat16)`, its own outermost `autocast(enabled=False)` switched on; TF32 allowed where the GPU has no bf16 | a GPU with neither (Turing, Volta); a step that sets its precision otherwise |
-| pageable_copy | a DataLoader's batches pinned one ahead in a thread of their own (as `pin_memory=True`'s pin thread does), any other pageable host-to-GPU `Tensor.to` or `Tensor.cuda` pinned in the step (`pin_memory()`), and every copy from pinned memory to the GPU made with `non_blocking=True` | |
+| pageable_copy | a DataLoader's batches pinned as `pin_memory=True` pins them (with workers one ahead in a thread of their own, without inside `next()`), any other pageable host-to-GPU `Tensor.to` or `Tensor.cuda` pinned in the step (`pin_memory()`), and every copy of what it pinned to the GPU made with `non_blocking=True` | a step that reads no DataLoader and copies to the GPU only in ways it cannot see (`copy_` into a GPU tensor, `torch.tensor(..., device=)`) |
 | input_bound | the DataLoader's first batch handed out again every step, its tensors copied to the GPU once: what the input pipeline costs | the batch is made by the step's own code (no DataLoader): it runs anyway |
 | host_sync, host_code, periodic_stall | the step without the calls the learner marked with `skippable(...)` | nothing marked |
 | launch_bound | the step's model (`step.model`) compiled in place with `mode="reduce-overhead"` (CUDA graphs), `cudagraph_mark_step_begin()` before each step | no `step.model`; the step compiles its model already; the verdict is blocked (a sync in the forward, shapes that change: graphs cannot work yet) |
