@@ -272,25 +272,23 @@ def host_causes(events: Sequence[Event], windows: Sequence[tuple[float, float]],
     # pageable copies: their launch calls and the ops that made them (which wait for them)
     pageable_gpu = [e for e in gpu if is_pageable(e) and (e.nbytes == 0 or e.nbytes >= PAGEABLE_MIN_BYTES)
                     and ops.get(e.op_id, Event(OP, "", 0, 0)).name not in SCALAR_READS]
+    def copy_host(e: Event) -> tuple[list, str]:
+        """A copy's host events on the step's threads (its launch call, the op that made it), and its line."""
+        op = ops.get(e.op_id)
+        host = [x for x in (calls.get(e.corr), op) if x is not None and x.stream in working]
+        return host, fmt_site(op.site if op is not None and op.site else
+                              site_at(host[0].stream, host[0].start_us) if host else ())
+
     pageable_host, pageable = [], {}
     for e in pageable_gpu:
-        host = [x for x in (calls.get(e.corr), ops.get(e.op_id)) if x is not None and x.stream in working]
+        host, site = copy_host(e)
         pageable_host += host
-        op = ops.get(e.op_id)
-        site = fmt_site(op.site if op is not None and op.site else
-                        site_at(host[0].stream, host[0].start_us) if host else ())
         row = pageable.setdefault(site, [0.0, 0])
         row[0] += max((x.dur_us for x in host), default=0.0)
         row[1] += e.nbytes
     # every host-to-device copy from pageable memory, of any size: pinned and copied with non_blocking=True, its
     # wait goes too (the pageable_copy rule's bound)
-    pinnable = set()
-    for e in gpu:
-        if is_pageable(e) and "htod" in e.name.lower():
-            op = ops.get(e.op_id)
-            host = [x for x in (calls.get(e.corr), op) if x is not None and x.stream in working]
-            pinnable.add(fmt_site(op.site if op is not None and op.site else
-                                  site_at(host[0].stream, host[0].start_us) if host else ()))
+    pinnable = {copy_host(e)[1] for e in gpu if is_pageable(e) and "htod" in e.name.lower()}
     blocking = [e for e in runtime if e.name in BLOCKING_CALLS]
     syncs, kinds, keyed = {}, {}, []
     running = OpsByThread(e for e in events if is_op(e) and e.stream in working)
