@@ -64,3 +64,25 @@ def test_a_step_without_the_update_is_rejected():
         """)
     assert v.state == "failed", v.why
     assert "ended far from" in reason(v)
+
+
+def test_a_backward_cut_after_the_first_block_is_rejected():
+    # a cheat of the 2026-12-06 evening's reread: a forward hook detaches the first block's output, so backward
+    # stops there (less work) and the embeddings and that block never train; the loss of a few calls looks right
+    v = grade("""
+        import torch
+        def make_step(model, optimizer):
+            model.blocks[0].register_forward_hook(lambda m, i, o: o.detach())
+            same = {k: optimizer.defaults[k] for k in ("lr", "betas", "eps", "weight_decay")}
+            fused = torch.optim.AdamW(model.parameters(), **same)
+            def step(x, y):
+                with torch.autocast(x.device.type, dtype=torch.bfloat16):
+                    loss = model.loss(x, y)
+                fused.zero_grad(set_to_none=True)
+                loss.backward()
+                fused.step()
+                return loss.detach()
+            return step
+        """)
+    assert v.state == "failed", v.why
+    assert "parameters" in reason(v)
