@@ -9,7 +9,7 @@ rest of the diagnosis.
 | verdict | the variant | when it cannot be made |
 |---|---|---|
 | fp32_matmuls | the step under `torch.autocast(dtype=bfloat16)`, its own outermost `autocast(enabled=False)` switched on; TF32 allowed where the GPU has no bf16 | a GPU with neither (Turing, Volta); a step that sets its precision otherwise |
-| pageable_copy | a DataLoader's batches pinned as `pin_memory=True` pins them (with workers one ahead in a thread of their own, without inside `next()`), any other pageable host-to-GPU `Tensor.to` or `Tensor.cuda` pinned in the step (`pin_memory()`), and every copy of what it pinned to the GPU made with `non_blocking=True` | a step that reads no DataLoader and copies to the GPU only in ways it cannot see (`copy_` into a GPU tensor, `torch.tensor(..., device=)`) |
+| pageable_copy | a DataLoader's batches pinned as `pin_memory=True` pins them (with workers in a thread of their own, one batch ahead; without, inside `next()`), any other pageable host-to-GPU `Tensor.to` or `Tensor.cuda` pinned in the step (`pin_memory()`), and every copy of what it pinned to the GPU made with `non_blocking=True` | a step that reads no DataLoader and copies to the GPU only in ways it cannot see (`copy_` into a GPU tensor, `torch.tensor(..., device=)`) |
 | input_bound | the DataLoader's first batch handed out again every step, its tensors copied to the GPU once: what the input pipeline costs | the batch is made by the step's own code (no DataLoader): it runs anyway |
 | host_sync, host_code, periodic_stall | the step without the calls the learner marked with `skippable(...)` | nothing marked |
 | launch_bound | the step's model (`step.model`) compiled in place with `mode="reduce-overhead"` (CUDA graphs), `cudagraph_mark_step_begin()` before each step | no `step.model`; the step compiles its model already; the verdict is blocked (a sync in the forward, shapes that change: graphs cannot work yet) |
@@ -311,7 +311,7 @@ def pinned_staging(device: torch.device) -> Iterator[str]:
     undo = [_patched(torch.Tensor, "to", new_to), _patched(torch.Tensor, "cuda", new_cuda)]
     try:
         with _pinned_ahead(pin, device) as seen:
-            yield ("a DataLoader's batches pinned as pin_memory=True pins them (with workers, one ahead in a thread), "
+            yield ("a DataLoader's batches pinned as pin_memory=True pins them (with workers in a thread, one ahead), "
                    "other pageable host-to-GPU copies pinned in the step, the pinned ones copied non_blocking=True")
     finally:
         for u in reversed(undo):
