@@ -205,3 +205,50 @@ def test_a_reanalysed_record_takes_the_live_runs_measurements():
     kept = Z.with_confirmations({"name": "s", "verdicts": [a]}, {"verdicts": [{**a, "measured": 2.4}]})
     assert not kept["verdicts"][0]["demoted"]
     assert Z.with_confirmations({"name": "s", "verdicts": [a]}, None)["verdicts"] == [a]
+
+
+SHAPE_CACHE_STEP = '''
+import time
+FIXES = {{"host_sync": "the same step (a fix that changes nothing)"}}
+SEEN = set()            # a cache of the process: each new shape's first run is slow (a plan built, memory reserved)
+SLOW = {slow}
+
+
+def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
+    state = {{"k": 0}}
+
+    def step():
+        shape = state["k"] % 40                 # 40 shapes, as a collator padding to the longest makes
+        time.sleep(0.02 if SLOW and shape not in SEEN else 0.001)
+        SEEN.add(shape)
+        state["k"] += 1
+    return step
+'''
+
+
+@pytest.mark.parametrize("slow", [True, False])
+def test_a_step_the_fixes_warmed_is_timed_again(tmp_path, slow):
+    """hf_trainer_dynamic_padding on the H100 (2026-12-06): 126 ms as written, timed first, 12.6 ms with its optimizer
+    fused, timed after other variants had run its lengths. A fix that changes nothing must not read as one."""
+    path = tmp_path / f"shapes_{slow}.py"
+    path.write_text(SHAPE_CACHE_STEP.format(slow=slow))
+    said = []
+    out = Z.label_step(path, "tiny", torch.device("cpu"), say=said.append, window_s=0.2,
+                       checks={path.stem: {"host_sync": {"ok": True, "why": "the same step"}}})
+    assert "error" not in out, out
+    assert "as_written_again" in out
+    gain = out["fixes"]["host_sync"]["gain"]
+    if slow:
+        assert "first_pass" in out, said
+        assert out["first_pass"]["fixes"]["host_sync"]["gain"] > 1.5, out["first_pass"]   # what the first pass read
+        assert gain < Z.TUNED_GAIN_MAX and out["best"] is None, (gain, said)
+        assert any("timed again" in line for line in said)
+    else:
+        assert "first_pass" not in out and out["best"] is None, out
+
+
+def test_warmed_by_the_fixes_needs_more_than_the_tuned_bar_and_the_spreads():
+    assert Z.warmed_by_the_fixes({"ms": 126.0, "spread": 0.2}, {"ms": 12.6, "spread": 0.05})
+    assert not Z.warmed_by_the_fixes({"ms": 10.5, "spread": 0.01}, {"ms": 10.0, "spread": 0.01})     # 5 %
+    assert not Z.warmed_by_the_fixes({"ms": 12.0, "spread": 0.3}, {"ms": 10.0, "spread": 0.1})       # 1.2x < 1.4
+    assert Z.warmed_by_the_fixes({"ms": 12.0, "spread": 0.02}, {"ms": 10.0, "spread": 0.02})         # 1.2x > 1.1
