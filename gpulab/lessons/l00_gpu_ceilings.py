@@ -2,8 +2,9 @@
 
 - `CONFIG`, `config(scale)`: the lesson's sizes, shared by the notebook and `gpulab bench`.
 - `matmul_experiment`: TFLOP/s of an n x n x n matrix product per precision.
-- `peak_sweep`, `sustained`: the peak is the best of a sweep over shapes (the ceiling later lessons and
-  MFU divide by), and what the best shape holds when it runs for seconds (clock and power from NVML).
+- `peak_sweep`, `sustained`: the peak is the best of a sweep over shapes (the ceiling later lessons divide
+  by as the fraction of measured peak; MFU divides by the datasheet's), and what the best shape holds when it
+  runs for seconds (clock and power from NVML).
 - `copy_experiment`: device memory bandwidth of a device-to-device copy.
 - `transfer_experiment`: host<->device bandwidth, pageable or pinned host memory.
 - `measure_ceilings`: all of them, recorded in the results store.
@@ -220,8 +221,8 @@ def sustained(precision: str, shape, seconds: float = 3.0) -> dict:
     """The same product run back to back for about `seconds`, in batches of ~50 ms timed with CUDA
     events (`benchmark`, no gap between batches), while NVML samples the SM clock and board power:
     {"TFLOP/s": median over the batches, "first": the first batch's, "sm_clock_mhz", "power_w" (means
-    over the run; None without NVML)}. A short burst runs at boost clock; held for seconds, the power
-    limit lowers the clock, and with it the rate."""
+    over the run; None without NVML)}. Held for seconds, the GPU draws more power and heats up, and the driver
+    may lower the clock to stay within its limits, and the rate with it."""
     from gpulab.core.monitor import GpuMonitor
     m, n, k = shape
     device = pick_device()
@@ -250,10 +251,11 @@ def copy_experiment(mib: int = 1024, launch_free: bool = False) -> dict:
     """Device memory bandwidth from dst.copy_(src) of `mib` MiB: bytes read + written per second.
 
     Each copy is one kernel launch timed on its own event pair: a small copy then measures the launch and
-    the GPU's fill as much as the memory. `launch_free=True` (on a GPU) captures GRAPH_MIB worth of copies (at least two)
-    in one CUDA graph and replays it, so the copies run back to back without the host between them: the memory
+    the GPU's fill as much as the memory. `launch_free=True` (on a GPU, for a copy of at most GRAPH_MIB / 2:
+    a larger one is timed one launch per copy) captures GRAPH_MIB worth of copies in one CUDA graph and replays it, so the copies run back to back without the host between them: the memory
     system alone (a buffer pair that fits in the L2 cache is then read from there). On the CPU there is no
-    graph and both ways are the same. Returns {"GB/s", "ms" (per copy), "copies" (per timed sample), "how"}."""
+    graph and both ways are the same. Returns {"GB/s", "ms" (the Timing of one sample: one copy, or one replay of
+    `copies` copies), "per_copy_ms", "copies" (per timed sample), "how"}."""
     if mib < 1:
         raise ValueError(f"mib must be >= 1 (got {mib}).")
     device = pick_device()
