@@ -21,11 +21,12 @@ from gpulab.diagnose.facts import CAUSES, CLASSES, Facts, GemmFact, MemoryFacts
 from gpulab.diagnose.core import DiagnoseError, Diagnosis, diagnose
 from gpulab.diagnose.events import Event, Record, from_profiler, parse
 from gpulab.diagnose.rules import GPU_ONLY, RULES, Verdict, run_rules
+from gpulab.diagnose.confirm import skippable     # the report and notebook 15 name it gpulab.diagnose.skippable
 
 __all__ = [
     "CAUSES", "CLASSES", "GPU_ONLY", "RULES", "DiagnoseError", "Diagnosis", "Event", "Facts",
     "GemmFact", "MemoryFacts", "Record", "Verdict", "analyze", "diagnose", "from_profiler", "parse",
-    "run_rules",
+    "run_rules", "skippable",
 ]
 
 
