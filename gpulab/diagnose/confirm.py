@@ -13,6 +13,7 @@ rest of the diagnosis.
 | input_bound | the DataLoader's first batch handed out again every step, its tensors copied to the GPU once: what the input pipeline costs | the batch is made by the step's own code (no DataLoader): it runs anyway |
 | host_sync, host_code, periodic_stall | the step without the calls the learner marked with `skippable(...)` | nothing marked |
 | launch_bound | the step's model (`step.model`) compiled in place with `mode="reduce-overhead"` (CUDA graphs), `cudagraph_mark_step_begin()` before each step | no `step.model`; the step compiles its model already; the verdict is blocked (a sync in the forward, shapes that change: graphs cannot work yet) |
+| elementwise_unfused (a note) | the step's model compiled in place with `torch.compile` (default mode: the pointwise chains fused, no CUDA graphs); the note becomes a ranked fix, on what it measured, where that is at least COMPILE_PROMOTE_MIN beyond the timings' spread | no `step.model`; compiling it changed nothing |
 
 Every other verdict says "not measured" and why, and keeps its expected gain. A verdict whose variant
 saved less than half of what it was expected to, by more than the two timings' spread, is demoted
@@ -42,6 +43,16 @@ CONFIRM_MAX_CHUNKS = 20
 # The CUDA-graph variant's warm-up steps: the first compiles, the next ones warm the CUDA graph trees up and
 # record the graphs, which later steps replay.
 CONFIRM_GRAPH_WARMUP = 4
+
+
+# The elementwise note (kernel_rules.elementwise_unfused) promises nothing: what fusing buys is not in the kernel names.
+# Measured with the model compiled, it becomes a ranked fix where it bought at least this, beyond the two timings'
+# spread: the least gain that makes a fix a zoo step's label (zoo.TUNED_GAIN_MAX). On the H100 (2026-12-06, labels
+# of results/zoo/2026-12-06-h100-issue41/) compiling the model was the best fix of resnet50_bf16_nchw (2.46x),
+# resnet50_fp32, pageable_uint8_images and transformer_under_cap, where the note fired on the H200's profiles and no
+# ranked verdict could name it.
+COMPILE_PROMOTE_MIN = 1.10
+COMPILE_KWARGS: dict = {}           # torch.compile's arguments for that variant (a test passes its own backend)
 
 
 # -- marks the learner puts in their own step -------------------------------------------------------------
@@ -511,7 +522,7 @@ def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) ->
     out = []
     for v in d.verdicts:
         if not v.actionable:
-            out.append(v)
+            out.append(compiled_note(v, d, step, device, steps) if v.rule == "elementwise_unfused" else v)
             continue
         try:
             run, warmup = step, CONFIRM_WARMUP
@@ -544,6 +555,32 @@ def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) ->
                                        f"{_describe(v)}", step_ms=d.step_ms,
                           noise_ms=(d.step_spread_ms or 0.0) + (timing.spread_ms or 0.0)))
     d.verdicts = rank(out)
+
+
+def compiled_note(v: Verdict, d, step: Callable, device: torch.device, steps: int) -> Verdict:
+    """The elementwise note measured: `step.model` compiled in place (`compiled_in_place`, torch.compile's default
+    mode). A ranked fix with that measurement where it bought COMPILE_PROMOTE_MIN beyond the timings' spread; else
+    the note, saying what it measured or why it was not."""
+    from dataclasses import replace
+
+    model = getattr(step, "model", None)
+    if not isinstance(model, torch.nn.Module):
+        return _note(v, "not measured: the step exposes no model (step.model = the module it calls) to compile")
+    try:
+        ms = measure(step, steps, device, compiled_in_place(model, **COMPILE_KWARGS), took_graphs)
+    except Unavailable as why:
+        return _note(v, f"not measured: {why}")
+    except Exception as err:       # noqa: BLE001 - a compile that fails leaves the note as it was
+        return _note(v, f"not measured: the variant failed ({type(err).__name__}: {str(err)[:200]})")
+    after = ms.median_ms
+    measured = d.step_ms / after if after > 0 else float("inf")
+    noise = (d.step_spread_ms or 0.0) + (ms.spread_ms or 0.0)
+    how = (f"measured {measured:.3g}x ({d.step_ms:.3g} -> {after:.3g} ms per step) with the model compiled "
+           "(torch.compile, default mode)")
+    if measured >= COMPILE_PROMOTE_MIN and d.step_ms - after > noise:
+        return replace(v, actionable=True, measured=measured, expected=min(1 - 1 / measured, v.share),
+                       confirmation=how + "; ranked on that measurement")
+    return _note(v, how + f"; a note still: under {COMPILE_PROMOTE_MIN:g}x, or within the steps' spread ({noise:.3g} ms)")
 
 
 @contextlib.contextmanager

@@ -399,3 +399,35 @@ def test_skippable_is_where_the_report_and_notebook_15_say_it_is():
     assert gpulab.diagnose.skippable(lambda x: x + 1, 1) == 2
     from gpulab.diagnose import skippable
     assert skippable is gpulab.diagnose.confirm.skippable
+
+
+@pytest.mark.parametrize("fused_ms,promoted", [(1.0, True), (5.0, False)])
+def test_the_elementwise_note_is_measured_with_the_model_compiled_and_ranked_only_on_a_real_gain(monkeypatch, fused_ms,
+                                                                                              promoted):
+    """The note promises nothing; compiling `step.model` (default mode) measures it: a 5x gain makes it a ranked
+    fix with that measurement, 1.0x leaves it a note that says what it measured. Here 'compiled' is an instance
+    forward (what `compiled_in_place` sets) that makes the step faster, with a backend that compiles nothing."""
+    monkeypatch.setattr(C, "COMPILE_KWARGS", {"backend": "eager"})
+    model = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+
+    def step():
+        time.sleep((fused_ms if "forward" in model.__dict__ else 5.0) / 1e3)
+        model(x).sum().backward()
+
+    step.model = model
+    d = diagnosis({"host_code": 0.1}, 5.0)
+    note = verdict("elementwise_unfused", "unfused elementwise work", "12", 0.5, "e", "torch.compile", actionable=False)
+    d.verdicts = [note]
+    C.confirm_verdicts(d, step, CPU, steps=1)
+    (v,) = [w for w in d.verdicts if w.rule == "elementwise_unfused"]
+    assert "with the model compiled (torch.compile, default mode)" in v.confirmation, v.confirmation
+    assert "forward" not in model.__dict__                          # the model is put back
+    if promoted:
+        assert v.actionable and v.measured > 3 and not v.demoted and d.verdicts[0] is v, v
+    else:
+        assert not v.actionable and "a note still" in v.confirmation, v.confirmation
+    step.model = None                                                # nothing to compile: said, not measured
+    d.verdicts = [note]
+    C.confirm_verdicts(d, step, CPU, steps=1)
+    assert d.verdicts[0].confirmation.startswith("not measured: the step exposes no model")
