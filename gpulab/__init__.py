@@ -38,6 +38,8 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
+    if name == "diagnose":      # the package, which is callable: gpulab.diagnose(step), and gpulab.diagnose.skippable
+        return importlib.import_module("gpulab.diagnose")
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'gpulab' has no attribute {name!r}")

@@ -399,6 +399,11 @@ def test_skippable_is_where_the_report_and_notebook_15_say_it_is():
     assert gpulab.diagnose.skippable(lambda x: x + 1, 1) == 2
     from gpulab.diagnose import skippable
     assert skippable is gpulab.diagnose.confirm.skippable
+    import subprocess
+    import sys
+    fresh = subprocess.run([sys.executable, "-c", "import gpulab; print(gpulab.diagnose.skippable(lambda: 5), "
+                            "callable(gpulab.diagnose))"], capture_output=True, text=True, timeout=120)
+    assert fresh.stdout.split() == ["5", "True"], fresh.stderr[-2000:]     # the first access, in a fresh process
 
 
 @pytest.mark.parametrize("fused_ms,promoted", [(1.0, True), (5.0, False)])
