@@ -44,7 +44,7 @@ CONFIG = {
         monitor_n=128,                  # bf16 products the GPU monitor watches
         monitor_seconds=0.5,            # how long the monitor's load runs
         # the peak: (m, n, k) shapes `peak_sweep` times in each precision, seconds of timed calls per
-        # shape, and how long `sustained` keeps the fastest 16-bit shape running back to back
+        # shape (in at most 200 calls: `benchmark`'s max_repeat), and how long `sustained` keeps the fastest 16-bit shape running back to back
         sweep_shapes=[(64, 64, 64), (128, 128, 128), (256, 256, 256), (256, 128, 256)],
         sweep_budget_s=0.02,
         sustain_seconds=0.2,
