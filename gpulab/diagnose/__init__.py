@@ -11,7 +11,9 @@
 - `analyze.py`: facts from events (`analyze` -> `Facts`): busy/idle, the host's time by cause, the patterns;
 - `rules.py`: the host-side rules and `TABLE` (one row per rule), the ranking, `run_rules`; `kernel_rules.py`:
   the GPU-side rules; `verdicts.py`: `Verdict` and how a measured fix is judged against its promise;
-- `core.py`: `diagnose()` and `Diagnosis` (report, plot, to_dict); `report.py`: its report and timeline.
+- `core.py`: `diagnose()` and `Diagnosis` (report, plot, to_dict); `report.py`: its report and timeline;
+  `confirm.py`: the variants that measure a verdict's fix;
+- `zoo.py`, `zoo_label.py`: the zoo of steps from outside the course, labelled by measurement, and the judge.
 """
 import sys
 import types

@@ -577,9 +577,11 @@ def compiled_note(v: Verdict, d, step: Callable, device: torch.device, steps: in
     noise = (d.step_spread_ms or 0.0) + (ms.spread_ms or 0.0)
     how = (f"measured {measured:.3g}x ({d.step_ms:.3g} -> {after:.3g} ms per step) with the model compiled "
            "(torch.compile, default mode)")
-    if measured >= COMPILE_PROMOTE_MIN and d.step_ms - after > noise:
+    if (d.step_ms - noise) / after >= COMPILE_PROMOTE_MIN:           # the gain less the two timings' spread
+        beyond = (f"; more than the elementwise time's bound ({v.bound:.3g}x): compiling removed other time too "
+                  "(launches, other kernels)" if measured > v.bound else "")
         return replace(v, actionable=True, measured=measured, expected=min(1 - 1 / measured, v.share),
-                       confirmation=how + "; ranked on that measurement")
+                       confirmation=how + "; ranked on that measurement" + beyond)
     return _note(v, how + f"; a note still: under {COMPILE_PROMOTE_MIN:g}x, or within the steps' spread ({noise:.3g} ms)")
 
 
