@@ -427,8 +427,8 @@ def judge(labels: list[dict], diagnoses: list[dict], only: str | None = None) ->
             measured.append((lab["name"], _rule(v), gain, how, v.get("demoted", False) or kept >= 0.5, kept))
         rows.append(row)
     ok_top = hits / labelled >= TOP_HITS_MIN if labelled else None
-    checks.append(("top verdict names the best fix", ok_top, f"{hits} of {labelled} labelled steps; {ties} more a fix "
-                   f"within {TIE_MAX:.0%} of the best (shown, not counted)"))
+    checks.append(("top verdict names the best fix", ok_top, f"{hits} of {labelled} labelled steps" + (
+        f"; {ties} more a fix within {TIE_MAX:.0%} of the best (shown, not counted)" if ties else "")))
     checks.append(("tuned steps: no verdict expects more than 10 %", not tuned_over if rows else None,
                    f"over: {', '.join(tuned_over) or 'none'}"))
     judged = [m for m in measured if m[2] is not None]
