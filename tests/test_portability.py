@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 
 import pytest
+from kernels import PollingKernelManager      # tests/kernels.py
 
 from gpulab.core.device import facts_for_capability
 from gpulab.core.profiles import PROFILES
@@ -65,44 +66,6 @@ def branching_notebooks() -> list[Path]:
 
 
 GRADED = ("exercise(", "ex.check(", "ex.hint(", "ex.show(", "ex.solution(", "speedrun(")
-POLL_S = 1.0
-
-
-def polling_manager():
-    """An AsyncKernelManager whose client waits for a message in polls of POLL_S. pyzmq's asyncio poll can miss the
-    wake-up of a message that has arrived; it finds it only when its timeout fires and it polls once more. With
-    nbclient's 600 s cell timeout that was a notebook of this matrix waiting about 600 s, then passing, in two of four
-    fresh-clone runs of 2026-12-06 (the faulthandler dump: the client's event loop in select, nothing due). A miss
-    now costs at most POLL_S."""
-    import queue
-    import time
-
-    from jupyter_client.asynchronous.client import AsyncKernelClient
-    from jupyter_client.channels import AsyncZMQSocketChannel
-    from jupyter_client.manager import AsyncKernelManager
-    from traitlets import Type
-
-    class Channel(AsyncZMQSocketChannel):
-        async def get_msg(self, timeout=None):
-            end = None if timeout is None else time.monotonic() + timeout
-            while True:
-                left = POLL_S if end is None else max(0.0, min(POLL_S, end - time.monotonic()))
-                try:
-                    return await super().get_msg(timeout=left)
-                except queue.Empty:
-                    if end is not None and time.monotonic() >= end:
-                        raise
-
-    class Client(AsyncKernelClient):
-        shell_channel_class = Type(Channel)
-        iopub_channel_class = Type(Channel)
-        stdin_channel_class = Type(Channel)
-        control_channel_class = Type(Channel)
-
-    class Manager(AsyncKernelManager):
-        client_factory = Type(Client)
-
-    return Manager
 
 
 def run_notebook(path: Path, profile: str, timeout: int = 600) -> None:
@@ -117,7 +80,7 @@ def run_notebook(path: Path, profile: str, timeout: int = 600) -> None:
     os.environ.update(env)                  # the kernel inherits this process's environment
     try:
         client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                         kernel_manager_class=polling_manager(),
+                                         kernel_manager_class=PollingKernelManager,
                                          resources={"metadata": {"path": str(path.parent)}})
         client.execute()
     finally:

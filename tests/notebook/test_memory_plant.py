@@ -77,7 +77,9 @@ def test_a_leak_left_after_the_first_cell_fails_the_first_memory_check(monkeypat
     nb = nbformat.read(NOTEBOOKS / "02_memory_fragmentation.ipynb", as_version=4)
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     cells = [code[0], nbformat.v4.new_code_cell(f"_planted = torch.ones({planted}, dtype=torch.uint8)"), *code[1:]]
-    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300,
+    from kernels import PollingKernelManager      # tests/kernels.py
+
+    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300, kernel_manager_class=PollingKernelManager,
                                      resources={"metadata": {"path": str(NOTEBOOKS)}})
     failed = None
     with client.setup_kernel():

@@ -39,12 +39,14 @@ def cell_with(name: str, text: str) -> str:
 # -- 1. a setting that is not understood ------------------------------------------------------------
 def test_notebook_01_under_a_bad_device_setting_says_so_once_and_stops(monkeypatch, tmp_path):
     import nbformat
+    from kernels import PollingKernelManager      # tests/kernels.py
     from nbclient import NotebookClient
 
     monkeypatch.setenv("GPULAB_DEVICE", "banana")
     monkeypatch.setenv("GPULAB_RESULTS", str(tmp_path / "results.json"))
     nb = nbformat.read(NOTEBOOKS / "01_measuring_time.ipynb", as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True).execute()
+    NotebookClient(nb, timeout=300, kernel_name="python3", kernel_manager_class=PollingKernelManager,
+                   allow_errors=True).execute()
     code = [c for c in nb.cells if c.cell_type == "code"]
     errors = [(i, o) for i, c in enumerate(code) for o in c.outputs if o.output_type == "error"]
     assert [(i, o.ename) for i, o in errors] == [(0, "SettingError")], errors
