@@ -521,14 +521,16 @@ def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) ->
     expectation, and the verdicts are ranked again."""
     out = []
     for v in d.verdicts:
-        if not v.actionable:
-            out.append(compiled_note(v, d, step, device, steps) if v.rule == "elementwise_unfused" else v)
+        if not v.actionable and v.rule != "elementwise_unfused":         # a note that no variant measures
+            out.append(v)
             continue
         try:
             run, warmup = step, CONFIRM_WARMUP
             if v.rule == "launch_bound":
                 context, run = graphs_variant(v, d.facts, step, device)
                 warmup = CONFIRM_GRAPH_WARMUP
+            elif v.rule == "elementwise_unfused":
+                context = compiled_variant(step)
             else:
                 context = _variant(v, d.facts, device)
             hits: dict = {}
@@ -536,7 +538,7 @@ def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) ->
                 context = _counting(context, hits)
             check = took_16bit if v.rule == "fp32_matmuls" and torch.cuda.is_available() and \
                 device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False) else None
-            if v.rule == "launch_bound":
+            if v.rule in ("launch_bound", "elementwise_unfused"):
                 check = took_graphs
             timing = measure(run, steps, device, context, check, warmup)
             ms = timing.median_ms
@@ -551,38 +553,35 @@ def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) ->
                                 "mark the line to measure what removing it buys"))
             continue
         measured = d.step_ms / ms if ms > 0 else float("inf")
-        out.append(demote(v, measured, f"measured {measured:.3g}x ({d.step_ms:.3g} -> {ms:.3g} ms per step) with "
-                                       f"{_describe(v)}", step_ms=d.step_ms,
-                          noise_ms=(d.step_spread_ms or 0.0) + (timing.spread_ms or 0.0)))
+        how = f"measured {measured:.3g}x ({d.step_ms:.3g} -> {ms:.3g} ms per step) with {_describe(v)}"
+        noise = (d.step_spread_ms or 0.0) + (timing.spread_ms or 0.0)
+        out.append(promoted(v, d.step_ms, ms, how, noise) if not v.actionable else
+                   demote(v, measured, how, step_ms=d.step_ms, noise_ms=noise))
     d.verdicts = rank(out)
 
 
-def compiled_note(v: Verdict, d, step: Callable, device: torch.device, steps: int) -> Verdict:
-    """The elementwise note measured: `step.model` compiled in place (`compiled_in_place`, torch.compile's default
-    mode). A ranked fix with that measurement where it bought COMPILE_PROMOTE_MIN beyond the timings' spread; else
-    the note, saying what it measured or why it was not."""
-    from dataclasses import replace
-
+def compiled_variant(step: Callable):
+    """The elementwise note's variant: `step.model` compiled in place with torch.compile's default mode
+    (`compiled_in_place`), or Unavailable where the step exposes no model."""
     model = getattr(step, "model", None)
     if not isinstance(model, torch.nn.Module):
-        return _note(v, "not measured: the step exposes no model (step.model = the module it calls) to compile")
-    try:
-        ms = measure(step, steps, device, compiled_in_place(model, **COMPILE_KWARGS), took_graphs)
-    except Unavailable as why:
-        return _note(v, f"not measured: {why}")
-    except Exception as err:       # noqa: BLE001 - a compile that fails leaves the note as it was
-        return _note(v, f"not measured: the variant failed ({type(err).__name__}: {str(err)[:200]})")
-    after = ms.median_ms
-    measured = d.step_ms / after if after > 0 else float("inf")
-    noise = (d.step_spread_ms or 0.0) + (ms.spread_ms or 0.0)
-    how = (f"measured {measured:.3g}x ({d.step_ms:.3g} -> {after:.3g} ms per step) with the model compiled "
-           "(torch.compile, default mode)")
-    if (d.step_ms - noise) / after >= COMPILE_PROMOTE_MIN:           # the gain less the two timings' spread
-        beyond = (f"; more than the elementwise time's bound ({v.bound:.3g}x): compiling removed other time too "
-                  "(launches, other kernels)" if measured > v.bound else "")
-        return replace(v, actionable=True, measured=measured, expected=min(1 - 1 / measured, v.share),
-                       confirmation=how + "; ranked on that measurement" + beyond)
-    return _note(v, how + f"; a note still: under {COMPILE_PROMOTE_MIN:g}x, or within the steps' spread ({noise:.3g} ms)")
+        raise Unavailable("the step exposes no model (step.model = the module it calls) to compile")
+    return compiled_in_place(model, **COMPILE_KWARGS)
+
+
+def promoted(v: Verdict, before_ms: float, after_ms: float, how: str, noise_ms: float) -> Verdict:
+    """A note its variant measured: a ranked fix on that measurement where the gain less the two timings' spread
+    reaches COMPILE_PROMOTE_MIN (its promise is what it measured: it cannot be demoted), else the note, saying it."""
+    from dataclasses import replace
+
+    measured = before_ms / after_ms if after_ms > 0 else float("inf")
+    if (before_ms - noise_ms) / after_ms < COMPILE_PROMOTE_MIN:
+        return _note(v, how + f"; a note still: under {COMPILE_PROMOTE_MIN:g}x, or within the steps' spread "
+                              f"({noise_ms:.3g} ms)")
+    beyond = (f"; more than the elementwise time's bound ({v.bound:.3g}x): compiling removed other time too "
+              "(launches, other kernels)" if measured > v.bound else "")
+    return replace(v, actionable=True, measured=measured, expected=min(1 - 1 / measured, v.share),
+                   confirmation=how + "; ranked on that measurement" + beyond)
 
 
 @contextlib.contextmanager
@@ -594,7 +593,8 @@ def _counting(context, hits: dict):
 
 def _describe(v: Verdict) -> str:
     return {"fp32_matmuls": "16-bit math", "pageable_copy": "pinned staging", "input_bound": "the batch replayed",
-            "launch_bound": 'the model compiled with mode="reduce-overhead"'}.get(v.rule, "the marked calls skipped")
+            "launch_bound": 'the model compiled with mode="reduce-overhead"',
+            "elementwise_unfused": "the model compiled (torch.compile, default mode)"}.get(v.rule, "the marked calls skipped")
 
 
 def _note(v: Verdict, text: str) -> Verdict:

@@ -196,7 +196,7 @@ def elementwise_unfused(f: Facts) -> Verdict | None:
     pass already; code Dynamo runs eagerly, like nn.LSTM, not at all), which kernel names do not tell. On
     the H200 (2026-12-01) lstm_tuned's torch.compile bought 1.01x where half its elementwise time (the
     factor an earlier version of this rule used) predicted 1.3x, so no gain is promised: lesson 12
-    measures it, and so does the diagnosis where the step exposes its model (`confirm.compiled_note`: compiled,
+    measures it, and so does the diagnosis where the step exposes its model (`confirm.compiled_variant`: compiled,
     it becomes a ranked fix on what it measured). Share: their time (shown, not promised)."""
     ms = f.busy_by_class.get("elementwise_norm", 0.0)
     share = f.busy_share(ms)

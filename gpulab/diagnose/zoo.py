@@ -215,6 +215,23 @@ def step_time(module, fix, scale: str, device: torch.device, window_s: float = L
         _release(device)
 
 
+def time_fix(module, rule: str, row: dict, base_ms: float, scale: str, device: torch.device, window_s: float,
+             settled: bool, when: str = "") -> bool:
+    """Time `module`'s step with fix `rule` into `row` (`step_time`) and its gain over `base_ms`; False, with the
+    row's `error` and no gain, where it failed (out of memory, a compile error) or a fix made from outside compiled
+    nothing (the step calls another module than step.model)."""
+    try:
+        row.update(step_time(module, rule, scale, device, window_s, settled))
+        if (row.get("settle") or {}).get("graphs") == 0 and rule in getattr(module, "_generic", ()):
+            raise ValueError("compiling step.model compiled nothing: the step calls another module")
+        row["gain"] = base_ms / row["ms"]
+        return True
+    except Exception as err:        # noqa: BLE001 - one fix that fails must not stop the step's label
+        row.pop("gain", None)
+        row["error"] = f"{type(err).__name__}{when}: {str(err)[:300]}"
+        return False
+
+
 def label_step(path: Path, scale: str, device: torch.device, say=print, checks: dict | None = None,
                window_s: float = LABEL_WINDOW_S, settled: bool = False) -> dict:
     """One step's label: its time as written and with each fix (each checked first: here, or in `checks`,
@@ -239,15 +256,8 @@ def label_step(path: Path, scale: str, device: torch.device, say=print, checks: 
                 except Exception as err:        # noqa: BLE001 - as `check` records it: the row stays untimed
                     check = {"ok": False, "why": f"{type(err).__name__}: {str(err)[:300]}"}
             row = {"fix": text, "check": check}
-            if check["ok"]:
-                try:            # a fix that fails here (out of memory, a compile error) leaves its row untimed
-                    row.update(step_time(module, rule, scale, device, window_s, settled))
-                    if (row.get("settle") or {}).get("graphs") == 0 and rule in getattr(module, "_generic", ()):
-                        raise ValueError("compiling step.model compiled nothing: the step calls another module")
-                    row["gain"] = out["as_written"]["ms"] / row["ms"]
-                except Exception as err:        # noqa: BLE001
-                    row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
-                    say(f"{path.stem} / {rule}: ERROR {row['error']}")
+            if check["ok"] and not time_fix(module, rule, row, out["as_written"]["ms"], scale, device, window_s, settled):
+                say(f"{path.stem} / {rule}: ERROR {row['error']}")
             out["fixes"][rule] = row
         retime(module, out, scale, device, window_s, settled, say)     # zoo_label: timed again where warmed
         timed = {r: f["gain"] for r, f in out["fixes"].items() if "gain" in f}

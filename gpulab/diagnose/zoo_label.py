@@ -113,7 +113,7 @@ def retime(module, out: dict, scale: str, device: torch.device, window_s: float,
     On the H100 (2026-12-06, labels of results/zoo/2026-12-06-h100-issue41/) hf_trainer_dynamic_padding read 126 ms
     as written, timed first, and 12.6 ms with only its optimizer fused, timed after three other variants had run
     its batches' lengths: every fix read 2.5x to 16x."""
-    from gpulab.diagnose.zoo import step_time
+    from gpulab.diagnose.zoo import step_time, time_fix
 
     again = step_time(module, None, scale, device, window_s, settled)
     out["as_written_again"] = again
@@ -127,12 +127,7 @@ def retime(module, out: dict, scale: str, device: torch.device, window_s: float,
     for rule, row in out["fixes"].items():
         if "gain" not in row:
             continue
-        try:
-            row.update(step_time(module, rule, scale, device, window_s, settled))
-            row["gain"] = again["ms"] / row["ms"]
-        except Exception as err:        # noqa: BLE001 - as in label_step: the row keeps no gain
-            row.pop("gain", None)
-            row["error"] = f"{type(err).__name__} when timed again: {str(err)[:300]}"
+        time_fix(module, rule, row, again["ms"], scale, device, window_s, settled, when=" when timed again")
 
 
 def within_spread(fixes: dict, rule: str, best: str) -> bool:

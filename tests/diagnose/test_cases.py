@@ -42,7 +42,7 @@ def test_every_case_builds_agrees_and_steps_on_the_cpu(name):
 # Rules whose fix no case here and no step of the zoo measures yet: their verdicts rank by expectation only.
 UNMEASURED = {"data_parallel"}
 # Notes, not fixes: what is left (compute_bound), memory nearly full (memory_full), elementwise work whose
-# fusion gain is not predicted (elementwise_unfused: ranked only on a measurement, confirm.compiled_note, which the
+# fusion gain is not predicted (elementwise_unfused: ranked only on a measurement, confirm.promoted, which the
 # zoo's labels hold through zoo_label.GENERIC).
 NOT_FIXES = {"compute_bound", "memory_full", "elementwise_unfused"}
 
