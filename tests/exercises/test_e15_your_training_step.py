@@ -57,3 +57,24 @@ def test_the_step_for_diagnosis_trains_the_exercise_model():
     step = step_for_diagnosis(make_step_fixed, scale="tiny", device=torch.device("cpu"))
     first, second = float(step()), float(step())
     assert second < first          # the same batch twice: the loss falls
+
+
+def test_an_update_every_other_call_is_not_the_same_training():
+    # a cheat of the 2026-12-06 night's six questions: half the optimizer steps, each on two batches' averaged
+    # gradients (accumulation the exercise did not ask for): half the update work per call, and the loss looks right
+    v = grade("""
+        import torch
+        def make_step(model, optimizer):
+            state = {"calls": 0}
+            def step(x, y):
+                loss = torch.nn.functional.cross_entropy(model(x), y) / 2
+                loss.backward()
+                state["calls"] += 1
+                if state["calls"] % 2 == 0:
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                return (2 * loss).detach()
+            return step
+        """)
+    assert v.state == "failed", v.why
+    assert "ended far from the reference's" in reason(v)
