@@ -392,7 +392,7 @@ def judge(labels: list[dict], diagnoses: list[dict], only: str | None = None) ->
     from gpulab.diagnose.zoo_label import within_spread
 
     by_name = {d["name"]: d for d in diagnoses}
-    rows, checks, hits, ties, labelled, tuned_over, measured = [], [], 0, 0, 0, [], []
+    rows, checks, hits, ties, untimed, labelled, tuned_over, measured = [], [], 0, 0, 0, 0, [], []
     for lab in labels:
         if only and (lab.get("held_out") != (only == "held_out")):
             continue
@@ -411,8 +411,11 @@ def judge(labels: list[dict], diagnoses: list[dict], only: str | None = None) ->
             labelled += 1
             row["hit"] = top is not None and _rule(top) == best
             row["tie"] = not row["hit"] and top is not None and within_spread(lab["fixes"], _rule(top), best)
+            # the label never timed the top's fix: it cannot say the top is wrong (still counted as a miss)
+            row["untimed"] = top is not None and "gain" not in lab["fixes"].get(_rule(top), {})
             hits += row["hit"]
             ties += row["tie"]
+            untimed += row["untimed"]
         else:
             over = [v for v in fixes if _expected(v) > TUNED_GAIN_MAX]
             row["over"] = [f"{_rule(v)} expects {_expected(v):.3g}x" for v in over]
@@ -438,7 +441,8 @@ def judge(labels: list[dict], diagnoses: list[dict], only: str | None = None) ->
         rows.append(row)
     ok_top = hits / labelled >= TOP_HITS_MIN if labelled else None
     checks.append(("top verdict names the best fix", ok_top, f"{hits} of {labelled} labelled steps" + (
-        f"; {ties} more a fix within {TIE_MAX:.0%} of the best (shown, not counted)" if ties else "")))
+        f"; {ties} more a fix within {TIE_MAX:.0%} of the best (shown, not counted)" if ties else "") + (
+        f"; on {untimed} the label never timed the top's fix (counted as misses)" if untimed else "")))
     checks.append(("tuned steps: no verdict expects more than 10 %", not tuned_over if rows else None,
                    f"over: {', '.join(tuned_over) or 'none'}"))
     judged = [m for m in measured if m[2] is not None]
@@ -468,7 +472,8 @@ def matrix_text(result: dict) -> str:
                 cell = f"{100 * share:.0f}%{mark}"
                 cells.append(f"[{cell}]" if r == row["label"] else cell)
         label = f"{row['label']} {row['label_gain']:.2f}x" if row["label"] != "tuned" else "tuned"
-        hit = "" if "hit" not in row else (" ok" if row["hit"] else " tie" if row.get("tie") else " MISS")
+        hit = "" if "hit" not in row else (" ok" if row["hit"] else " tie" if row.get("tie") else
+                                           " untimed" if row.get("untimed") else " MISS")
         lines.append("  ".join([row["name"].ljust(first)] + [c.rjust(8) for c in cells]
                                + [label.rjust(20), (row["top"] + hit).rjust(20)]))
     lines.append("cells: the share of the step the rule's fix is expected to remove; [ ] the label's rule; d demoted")
@@ -568,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
                           "diagnosis leaves in a process (CUDA modules, the allocator's cache, CUPTI) does not "
                           "slow the next step's launches")
     jud = sub.add_parser("judge")
-    jud.add_argument("labels", help="labels JSON; several comma-separated (a run in groups)")
+    jud.add_argument("labels", help="labels JSON; several comma-separated (a run in groups; a step's last row counts)")
     jud.add_argument("diagnoses", help="diagnoses JSON; several comma-separated")
     jud.add_argument("--only", choices=("dev", "held_out"), default=None)
     jud.add_argument("--names", default=None, help="judge only these steps (comma-separated): the steps of one issue")
@@ -644,7 +649,8 @@ def main(argv: list[str] | None = None) -> int:
                                               indent=1))
         return 0
     if a.cmd == "judge":
-        labels = [row for name in a.labels.split(",") for row in json.loads(Path(name).read_text())["steps"]]
+        # a step in several files: the last file's row (a step labelled or diagnosed again)
+        labels = list({r["name"]: r for f in a.labels.split(",") for r in json.loads(Path(f).read_text())["steps"]}.values())
         diagnoses = [row for name in a.diagnoses.split(",") for row in json.loads(Path(name).read_text())["steps"]]
         if a.names:
             wanted = set(a.names.split(","))

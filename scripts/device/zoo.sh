@@ -17,7 +17,7 @@ W=/tmp/zoo; rm -rf $W; mkdir -p $W/records
 { echo "=== call $(date -u)"; nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv;
   python3 -c 'import torch; print(torch.__version__)'; git log -1 --format='commit %h' 2>/dev/null; } >> $W/env.txt
 for spec in "$@"; do
-  kind=${spec%%:*} arg=${spec#*:} tag=$(echo "${spec#*:}" | tr '/,' '-_')
+  kind=${spec%%:*} arg=${spec#*:} tag=$(echo "${spec#*:}" | tr '/,' '-_' | cut -c1-40)-$(date +%H%M%S)
   left=$((LIMIT - SECONDS - 10))
   if [ $left -lt 60 ]; then echo "=== NOT RUN (time): $spec" >> $W/log.txt; continue; fi
   case $kind in

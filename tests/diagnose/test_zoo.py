@@ -57,7 +57,8 @@ def test_judge_the_top_verdict_the_tuned_steps_and_the_measured_gains():
 
 
 def test_judge_a_miss_and_the_tuned_bar_at_ten_percent():
-    labels = [{"name": "s", "best": "host_sync", "fixes": {}}, {"name": "t", "best": None, "fixes": {}}]
+    labels = [{"name": "s", "best": "host_sync", "fixes": {"host_sync": {"gain": 1.5}, "input_bound": {"gain": 1.25}}},
+              {"name": "t", "best": None, "fixes": {}}]
     diagnoses = [{"name": "s", "verdicts": [verdict("input_bound", 1.3)]},
                  {"name": "t", "verdicts": [verdict("host_code", Z.TUNED_GAIN_MAX)]}]       # at the bar: fine
     r = Z.judge(labels, diagnoses)
@@ -65,7 +66,8 @@ def test_judge_a_miss_and_the_tuned_bar_at_ten_percent():
     c = checks(r)
     assert c["top verdict names the best fix"] == (False, "0 of 1 labelled steps")
     assert c["tuned steps: no verdict expects more than 10 %"] == (True, "over: none")
-    assert c["every measured verdict kept half its expectation, or was demoted"][0] is None     # nothing measured
+    # input_bound measured by the zoo's own fix: 1.25x of an expected 1.3x
+    assert c["every measured verdict kept half its expectation, or was demoted"][0] is True
     over = Z.judge(labels, [diagnoses[0], {"name": "t", "verdicts": [verdict("host_code", Z.TUNED_GAIN_MAX + 0.01)]}])
     assert checks(over)["tuned steps: no verdict expects more than 10 %"][0] is False
 
@@ -371,3 +373,25 @@ def test_a_reanalysed_record_takes_the_live_runs_promotion_of_a_note():
     out = Z.with_confirmations(row, live)
     (v,) = [w for w in out["verdicts"] if w["rule"] == "elementwise_unfused"]
     assert v["actionable"] and v["measured"] == 2.4 and not v["demoted"], v
+
+def test_a_top_verdict_whose_fix_the_label_never_timed_is_said_so_and_counted_as_a_miss(tmp_path):
+    """The H100's diagnoses of 2026-12-06 ranked fixes (layout_transposes on torchvision_reference_classification)
+    that the step's FIXES did not hold: its label cannot say the verdict is wrong, nor right."""
+    labels = [{"name": "t", "best": "launch_bound", "best_gain": 1.53, "fixes": {"launch_bound": {"gain": 1.53}}}]
+    for top, untimed in [("layout_transposes", True), ("launch_bound", False)]:
+        r = Z.judge(labels, [{"name": "t", "verdicts": [verdict(top, 1.2)]}])
+        assert r["rows"][0]["untimed"] is untimed and r["rows"][0]["hit"] is not untimed
+        assert checks(r)["top verdict names the best fix"][0] is not untimed       # still a miss, not left out
+        assert ("never timed the top's fix" in checks(r)["top verdict names the best fix"][1]) is untimed
+        assert (" untimed" in Z.matrix_text(r)) is untimed
+    # a step labelled again: judge reads the last file's row for it, once
+    import json
+    first, again, d = tmp_path / "l1.json", tmp_path / "l2.json", tmp_path / "d.json"
+    first.write_text(json.dumps({"steps": [*labels, {"name": "u", "best": None, "fixes": {}}]}))
+    again.write_text(json.dumps({"steps": [{**labels[0], "best": "layout_transposes",
+                                            "fixes": {"layout_transposes": {"gain": 1.6}}}]}))
+    d.write_text(json.dumps({"steps": [{"name": "t", "verdicts": [verdict("layout_transposes", 1.2)]}]}))
+    out = tmp_path / "j.json"
+    assert Z.main(["judge", f"{first},{again}", str(d), "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["name"] for r in rows] == ["t", "u"] and rows[0]["hit"] is True
