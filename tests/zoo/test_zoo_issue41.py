@@ -1,0 +1,57 @@
+"""zoo/README.md's standing of issue 41 and results/zoo/2026-12-06-h100-issue41-diagnoses/'s matrices come from the
+committed labels (H100, 22c9d00, four steps labelled again at e906886) and diagnoses (H100, e906886; before: the
+same records under the rules of 822f1d6, scripts/zoo_frozen_records.py)."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from gpulab.diagnose import zoo as Z
+
+RES = Path(__file__).resolve().parents[2] / "results" / "zoo"
+LABELS = RES / "2026-12-06-h100-issue41"
+RUN = RES / "2026-12-06-h100-issue41-diagnoses"
+NEW = ("nanogpt_shakespeare_char mingpt_chargpt timm_train_one_epoch torchvision_reference_classification "
+       "hf_trainer_dynamic_padding fairseq_token_batches word_language_model_lstm mnist_adadelta ddpm_trainer "
+       "mixtral_moe_routing mae_pretrain coteaching_numpy_argsort cifar10_tutorial_per_class").split()
+
+
+def _steps(*paths):
+    return [row for p in paths for row in json.loads(p.read_text())["steps"]]
+
+
+def labels():
+    files = sorted(LABELS.glob("labels-[1-6]-6.json")) + [LABELS / "labels-6-6-rest.json",
+                                                         RUN / "labels-again-4-new-steps.json"]
+    return list({r["name"]: r for r in _steps(*files)}.values())      # a step's last row, as `zoo judge` reads them
+
+
+DIAGNOSES = {"after": ["diagnoses-new-steps.json", "diagnoses-old-steps-a.json", "diagnoses-old-steps-b.json"],
+             "before": ["diagnoses-by-822f1d6.json"]}
+
+
+@pytest.mark.parametrize("when", ["after", "before"])
+def test_the_matrices_come_from_the_committed_files(when):
+    d = _steps(*(RUN / f for f in DIAGNOSES[when]))
+    whole = Z.judge(labels(), d)
+    assert Z.matrix_text(whole) == (RUN / f"matrix-{when}.txt").read_text().rstrip("\n")
+    new = Z.judge([r for r in labels() if r["name"] in NEW], d)
+    assert Z.matrix_text(new) == (RUN / f"matrix-{when}-new-steps.txt").read_text().rstrip("\n")
+
+
+def _score(when, new=False):
+    d = _steps(*(RUN / f for f in DIAGNOSES[when]))
+    why = dict((n, w) for n, _, w in Z.judge([r for r in labels() if not new or r["name"] in NEW], d)["checks"])
+    return re.match(r"(\d+) of (\d+)", why["top verdict names the best fix"]).groups()
+
+
+def test_the_readme_and_the_notes_quote_those_scores():
+    readme = " ".join((Path(__file__).resolve().parents[2] / "zoo" / "README.md").read_text().split())
+    notes = (RUN / "NOTES.md").read_text()
+    a, b, an, bn = _score("after"), _score("before"), _score("after", True), _score("before", True)
+    assert f"on {a[0]} of {a[1]} (before, the rules frozen at 822f1d6 on the same records: {b[0]} of {b[1]})" in readme
+    assert f"on the new steps {an[0]} of {an[1]} (before {bn[0]} of {bn[1]})" in readme
+    row = lambda s: f"{s[0]} of {s[1]} ({100 * int(s[0]) / int(s[1]):.0f} %)"      # noqa: E731
+    assert f"before (822f1d6)     {row(b)}  {row(bn)}" in notes
+    assert f"after  (e906886)     {row(a)}  {row(an)}" in notes
