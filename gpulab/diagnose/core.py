@@ -409,7 +409,8 @@ def stall_facts(chunks_steps: list, chunks: list) -> StallFacts | None:
     else:                                                 # every chunk has a slow step: their excess, per step
         steps = [ms for c in timed for ms in c]
         typical = mean - sum(ms - median for ms in steps if ms > STALL_FACTOR * median) / len(steps)
-    return StallFacts(step_ms=tuple(per_step), slow=slow, median_ms=typical, mean_ms=mean, period=period)
+    return StallFacts(step_ms=tuple(per_step), slow=slow, median_ms=typical, mean_ms=mean, period=period,
+                      every_chunk=bool(slow) and not clean)
 
 
 def fp32_modes() -> tuple[bool, bool]:

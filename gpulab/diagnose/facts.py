@@ -56,6 +56,7 @@ class StallFacts:
     period: int | None              # steps between slow steps, when they repeat evenly
     site: str = ""                  # the user's line the slow step spent its extra time on, where found
     site_ms: float = 0.0            # how much longer that line took in the slow step than in a typical one
+    every_chunk: bool = False       # every timed chunk had a slow step: no chunk times the step without one
 
     @property
     def excess_ms(self) -> float:

@@ -244,7 +244,7 @@ def test_stall_facts_finds_a_periodic_slow_step_and_the_typical_one():
     for i in (8, 18, 28):
         per_step[i] = 10.0                          # a checkpoint every 10 steps
     s = stall_facts(*chunks_of(per_step, 5))
-    assert s.slow == (8, 18, 28) and s.period == 10 and s.step_ms == tuple(per_step)
+    assert s.slow == (8, 18, 28) and s.period == 10 and s.step_ms == tuple(per_step) and not s.every_chunk
     assert s.median_ms == pytest.approx(1.0)       # the chunks without a slow step
     assert s.mean_ms == pytest.approx((2.8 * 3 + 1.0 * 3) / 6) and s.excess_ms == pytest.approx(0.9)
     per_step[28] = 1.0
@@ -268,7 +268,7 @@ def test_stall_facts_without_a_clean_chunk_takes_the_host_steps_excess():
     s = stall_facts(*chunks_of(per_step, 5))
     assert s.slow == (4, 9, 14, 19) and s.period == 5 and s.mean_ms == pytest.approx(2.8)
     assert s.median_ms == pytest.approx(1.0)                            # the mean less the slow steps' excess
-    assert s.excess_ms == pytest.approx(1.8)
+    assert s.excess_ms == pytest.approx(1.8) and s.every_chunk           # the rule bounds it by the GPU's idle
 
 
 def test_stall_facts_the_probe_chunk_does_not_dilute_the_excess():

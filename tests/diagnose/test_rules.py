@@ -38,10 +38,10 @@ def memory(retries=0, reserved=0.5, allocated=0.4, total=1000 * 2**20):
                        steps=5)
 
 
-def stalls(mean, median, slow=(9,), period=None, site="", site_ms=0.0):
+def stalls(mean, median, slow=(9,), period=None, site="", site_ms=0.0, every_chunk=False):
     steps = tuple(40.0 if i in slow else 10.0 for i in range(20))
     return StallFacts(step_ms=steps, slow=slow, median_ms=median, mean_ms=mean, period=period, site=site,
-                      site_ms=site_ms)
+                      site_ms=site_ms, every_chunk=every_chunk)
 
 
 def counters(before=None, warm=None, after=None):
@@ -796,3 +796,25 @@ def test_one_row_per_rule_holds_its_name_column_order_and_gpu_reason():
     assert sorted(ties) == list(range(len(ties))), "each fix has its own place in the tie order"
     assert len(set(R.SHORT.values())) == len(R.TABLE), "two rules share a column head"
     assert all(r.gpu_only.startswith("needs a GPU") for r in R.TABLE if r.gpu_only)
+
+
+def test_a_stall_in_every_timed_chunk_is_bounded_by_the_gpus_idle():
+    """cnn_tf32_off_inside on the H100 (2026-12-06): slow host steps every 5 steps, the chunk's length, in a step
+    whose GPU idled 1 %: the queue filling after each chunk's synchronize, not a stall."""
+    every = dict(slow=(4, 9, 14, 19), period=5, every_chunk=True)
+    gpu_bound = facts(stalls=stalls(100.0, 80.0, **every))                  # no host time: the GPU never idles
+    assert gpu_bound.base_idle_ms == 0 and R.periodic_stall(gpu_bound) is None
+    # the GPU idle 12 % of the step: the 20 % excess is bounded by it, and says so
+    idle = facts(host={"user": 0.12 * WINDOW}, stalls=stalls(100.0, 80.0, **every))
+    v = R.periodic_stall(idle)
+    assert v.share == pytest.approx(0.12) and "bounded by the GPU's idle time, 12" in v.evidence
+    # at the rule's own bar, and just under it
+    edge = facts(host={"user": R.STALL_SHARE_MIN * WINDOW}, stalls=stalls(100.0, 80.0, **every))
+    assert R.periodic_stall(edge).share == pytest.approx(R.STALL_SHARE_MIN)
+    under = facts(host={"user": (R.STALL_SHARE_MIN - BELOW) * WINDOW}, stalls=stalls(100.0, 80.0, **every))
+    assert R.periodic_stall(under) is None
+    # idle above the excess: the excess stands, unbounded; and where some chunk was clean, no bound at all
+    assert R.periodic_stall(facts(host={"user": 0.5 * WINDOW}, stalls=stalls(100.0, 80.0, **every))).share \
+        == pytest.approx(0.2)
+    clean = facts(stalls=stalls(100.0, 80.0, slow=(4, 14), period=10))
+    assert R.periodic_stall(clean).share == pytest.approx(0.2) and "bounded" not in R.periodic_stall(clean).evidence
