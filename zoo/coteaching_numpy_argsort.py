@@ -6,13 +6,15 @@ host and sorted there with numpy (`np.argsort(loss_1.data.cpu()).cuda()`), the s
 array, indexed by the kept indices read back again. Both models are also scored with top-1/top-5 accuracy.
 CIFAR-sized images (batch 128, 20 % of the labels flipped), handed out as the repository's DataLoader does
 (no pinned memory) and copied with `.cuda()`. Adam (lr 0.001) for each model, the default multi-tensor
-kernels, fp32. Dropout left out (the zoo's correctness check compares parameters)."""
+kernels, fp32, NCHW. Dropout left out (the zoo's correctness check compares parameters)."""
+import contextlib
+
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from _common import GRAPHS_FIX, reduce_overhead, reordered, rng, rows, setup
+from _common import GRAPHS_FIX, half_dtype, reduce_overhead, reordered, rng, rows, setup
 
 FIXES = {
     "host_sync": "torch.argsort on the GPU; the pure ratio counted there (noise_or_not as a GPU tensor) and read "
@@ -20,6 +22,9 @@ FIXES = {
     "launch_bound": GRAPHS_FIX + " (both models)",
     "optimizer_unfused": "torch.optim.Adam(..., fused=True) for both models",
     "pageable_copy": "the DataLoader's pin_memory=True: batches pinned, copied with .cuda(non_blocking=True)",
+    "fp32_matmuls": "the forwards, accuracies and losses of both models in bf16 autocast",
+    "layout_transposes": "both models .to(memory_format=torch.channels_last) and each batch converted likewise "
+                         "once on the GPU",
 }
 
 SIZES = {"tiny": dict(widths=(8, 8, 16), image=16, batch=8, samples=256),
@@ -52,6 +57,11 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     cfg = SIZES[scale]
     cuda = device.type == "cuda"
     models = nn.ModuleList([cnn(cfg["widths"]), cnn(cfg["widths"])]).to(device)
+    if fix == "layout_transposes":
+        models = models.to(memory_format=torch.channels_last)
+    # the fp32_matmuls fix: bf16 autocast; as written, no autocast context at all (its labels are committed)
+    sixteen_bit = (lambda: torch.autocast(device.type, dtype=half_dtype(device))) if fix == "fp32_matmuls" \
+        else contextlib.nullcontext
     fused = True if fix == "optimizer_unfused" else None
     opts = [torch.optim.Adam(m.parameters(), lr=0.001, fused=fused) for m in models]
     if fix == "launch_bound":
@@ -85,14 +95,17 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
             images, labels = images.pin_memory().cuda(non_blocking=True), labels.pin_memory().cuda(non_blocking=True)
         else:
             images, labels = images.to(device), labels.to(device)
+        if fix == "layout_transposes":
+            images = images.contiguous(memory_format=torch.channels_last)
         mark()
-        logits1 = forwards[0](images)
-        prec1, _ = accuracy(logits1, labels, topk=(1, 5))
-        logits2 = forwards[1](images)
-        prec2, _ = accuracy(logits2, labels, topk=(1, 5))
-        state["correct"] += torch.cat([prec1, prec2])
-        loss_1 = F.cross_entropy(logits1, labels, reduction="none")          # loss_coteaching
-        loss_2 = F.cross_entropy(logits2, labels, reduction="none")
+        with sixteen_bit():
+            logits1 = forwards[0](images)
+            prec1, _ = accuracy(logits1, labels, topk=(1, 5))
+            logits2 = forwards[1](images)
+            prec2, _ = accuracy(logits2, labels, topk=(1, 5))
+            state["correct"] += torch.cat([prec1, prec2])
+            loss_1 = F.cross_entropy(logits1, labels, reduction="none")      # loss_coteaching
+            loss_2 = F.cross_entropy(logits2, labels, reduction="none")
         num_remember = int((1 - FORGET_RATE) * len(loss_1))
         if fix == "host_sync":
             ind_1_sorted, ind_2_sorted = torch.argsort(loss_1.detach()), torch.argsort(loss_2.detach())
@@ -109,8 +122,9 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
             pure_ratio_2 = np.sum(noise_or_not[ind[ind_2_sorted[:num_remember].cpu().numpy()]]) / float(num_remember)
             state["ratios"].append((100 * pure_ratio_1, 100 * pure_ratio_2))
         ind_1_update, ind_2_update = ind_1_sorted[:num_remember], ind_2_sorted[:num_remember]
-        loss_1_update = F.cross_entropy(logits1[ind_2_update], labels[ind_2_update])
-        loss_2_update = F.cross_entropy(logits2[ind_1_update], labels[ind_1_update])
+        with sixteen_bit():
+            loss_1_update = F.cross_entropy(logits1[ind_2_update], labels[ind_2_update])
+            loss_2_update = F.cross_entropy(logits2[ind_1_update], labels[ind_1_update])
         for opt, loss in zip(opts, (loss_1_update, loss_2_update)):
             opt.zero_grad()
             loss.backward()

@@ -6,8 +6,8 @@ and an EMA of the weights (ema-pytorch: every 10th step, one `lerp_` per paramet
 step fetches `next(self.dl).to(device)` (a DataLoader with pinned memory: a blocking copy) and adds
 `loss.item()` to `total_loss` for the progress bar, so the host waits for the GPU every step. The denoiser is
 the zoo's UNet (3 levels, 64 channels) with the timestep as an extra input channel, in place of lucidrains'
-Unet. The timesteps and the noise are drawn with each batch (a generator of the batch's own), not inside the
-forward, so every variant of the step sees the same ones."""
+Unet, in the default NCHW layout. The timesteps and the noise are drawn with each batch (a generator of the
+batch's own), not inside the forward, so every variant of the step sees the same ones."""
 import copy
 import math
 
@@ -24,6 +24,8 @@ FIXES = {
     "launch_bound": GRAPHS_FIX,
     "optimizer_unfused": "torch.optim.Adam(..., fused=True)",
     "fp32_matmuls": "amp: the forward and loss in bf16 autocast",
+    "layout_transposes": "model.to(memory_format=torch.channels_last) and the batch and noise converted likewise (the "
+                         "timestep channel concatenated, then the UNet's input converted)",
 }
 
 SIZES = {"tiny": dict(image=16, width=8, depth=2, batch=4, images=64),
@@ -51,19 +53,26 @@ class Images(Dataset):
 
 
 class Denoiser(torch.nn.Module):
-    def __init__(self, width, depth):
+    def __init__(self, width, depth, channels_last=False):
         super().__init__()
         self.unet = UNet(in_ch=4, classes=3, width=width, depth=depth)
+        self.channels_last = channels_last
 
     def forward(self, x, t):
         tt = (t.float() / TIMESTEPS).view(-1, 1, 1, 1).expand(-1, 1, *x.shape[2:])
-        return self.unet(torch.cat([x, tt], dim=1))
+        h = torch.cat([x, tt], dim=1)
+        if self.channels_last:                  # cat with the expanded timestep channel gives NCHW
+            h = h.contiguous(memory_format=torch.channels_last)
+        return self.unet(h)
 
 
 def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     device, scale = setup(device, scale, seed)
     cfg = SIZES[scale]
-    model = Denoiser(cfg["width"], cfg["depth"]).to(device)
+    channels_last = fix == "layout_transposes"
+    model = Denoiser(cfg["width"], cfg["depth"], channels_last).to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.99),
                            fused=True if fix == "optimizer_unfused" else None)
     ema = copy.deepcopy(model).requires_grad_(False)
@@ -91,6 +100,8 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
         t = torch.randint(0, TIMESTEPS, (B,), device=device, generator=g)
         noise = torch.randn(data.shape, device=device, generator=g)
         data, t, noise = reordered(perm, data, t, noise)
+        if channels_last:
+            data, noise = (a.contiguous(memory_format=torch.channels_last) for a in (data, noise))
         mark()
         with torch.autocast(device.type, dtype=dtype, enabled=amp):
             x_start = data * 2 - 1                                                    # normalize

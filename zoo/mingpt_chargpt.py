@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from _common import GRAPHS_FIX, reduce_overhead, reordered, rng, rows, setup
+from _common import GRAPHS_FIX, half_dtype, reduce_overhead, reordered, rng, rows, setup
 from _transformers import GPT
 
 FIXES = {
@@ -22,6 +22,7 @@ FIXES = {
     "optimizer_unfused": "torch.optim.AdamW(optim_groups, ..., fused=True)",
     "host_sync": "the batch copied with .to(device, non_blocking=True) and the loss read every 100 iterations",
     "attention_math": "F.scaled_dot_product_attention(..., is_causal=True) in the attention (attention='sdpa')",
+    "fp32_matmuls": "the forward and loss (CharGPT's forward(idx, targets)) in bf16 autocast",
 }
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     data_iter = iter(loader)
     perm = rows(B, reorder)
     log_every = 100 if fix == "host_sync" else 10
+    dtype = half_dtype(device)
     state = {"iter_num": 0, "iter_time": time.time(), "iter_dt": 0.0}
 
     def step():
@@ -98,7 +100,8 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
         batch = [t.to(device, non_blocking=fix == "host_sync") for t in batch]
         x, y = reordered(perm, *batch)
         mark()
-        logits, loss = forward(x, y)
+        with torch.autocast(device.type, dtype=dtype, enabled=fix == "fp32_matmuls"):
+            logits, loss = forward(x, y)
         model.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

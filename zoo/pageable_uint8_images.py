@@ -1,7 +1,7 @@
 """A small CNN (four strided conv-BN-ReLU stages, bf16 autocast, SGD) trained on a dataset of uint8
 images held in one big numpy array in host memory (4096 images of 3x224x224: about 600 MB). Each step
 takes the next 256 images as a slice of the array, `torch.from_numpy(...).to(device)` from pageable
-memory, and scales them to [0, 1] on the GPU."""
+memory, and scales them to [0, 1] on the GPU. The model and images are in the default NCHW layout."""
 import torch
 from torch import nn
 import torch.nn.functional as F
@@ -16,6 +16,8 @@ FIXES = {
                    "(batch_size=None, item k is batch k)",
     "launch_bound": GRAPHS_FIX,
     "optimizer_unfused": "torch.optim.SGD(..., fused=True)",
+    "layout_transposes": "model.to(memory_format=torch.channels_last) and each uint8 batch converted likewise on the "
+                         "GPU, before it is scaled",
 }
 
 SIZES = {"tiny": dict(images=64, image=32, width=8, classes=10, batch=16, workers=2),
@@ -45,6 +47,8 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     model = nn.Sequential(*conv_bn(3, w, 5, 4), *conv_bn(w, 2 * w, 3, 2), *conv_bn(2 * w, 4 * w, 3, 2),
                           *conv_bn(4 * w, 8 * w, 3, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                           nn.Linear(8 * w, cfg["classes"])).to(device)
+    if fix == "layout_transposes":
+        model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9,
                           fused=True if fix == "optimizer_unfused" else None)
     dtype = half_dtype(device)
@@ -78,6 +82,8 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
         else:
             x = torch.from_numpy(images[i:i + B]).to(device)
         x, y = reordered(perm, x, labels[i:i + B])
+        if fix == "layout_transposes":
+            x = x.contiguous(memory_format=torch.channels_last)
         k += 1
         mark()
         with torch.autocast(device.type, dtype=dtype):

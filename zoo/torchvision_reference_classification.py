@@ -2,10 +2,10 @@
 with its defaults: batch 32 of 224x224 images, fp32 (`--amp` off: cuDNN's default TF32 for the convolutions),
 SGD with momentum 0.9 and weight decay 1e-4 (the default multi-tensor kernels), the learning rate stepped per
 epoch. The model is the zoo's Bottleneck ResNet with 2 blocks per stage (a ResNet-26) in place of torchvision's
-resnet18. The batches come from pinned host memory, as a DataLoader with pin_memory=True hands them out, and
-are copied with `image.to(device)`: blocking. After each step the loop computes top-1 and top-5 accuracy
-(`utils.accuracy`: topk, eq, sums) and feeds its MetricLogger `loss.item()`, `acc1.item()` and `acc5.item()`,
-and images per second from the host clock."""
+resnet18, in the default NCHW layout. The batches come from pinned host memory, as a DataLoader with
+pin_memory=True hands them out, and are copied with `image.to(device)`: blocking. After each step the loop
+computes top-1 and top-5 accuracy (`utils.accuracy`: topk, eq, sums) and feeds its MetricLogger `loss.item()`,
+`acc1.item()` and `acc5.item()`, and images per second from the host clock."""
 import time
 
 import torch
@@ -22,6 +22,7 @@ FIXES = {
     "launch_bound": GRAPHS_FIX,
     "copy_not_overlapped": "the next batch copied on a side stream (non_blocking, wait_stream, record_stream) while "
                            "this one trains",
+    "layout_transposes": "model.to(memory_format=torch.channels_last) and each batch converted likewise on the GPU",
 }
 
 SIZES = {"tiny": dict(width=8, depths=(1, 1, 1, 1), image=32, classes=10, batch=8),
@@ -54,6 +55,8 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     cfg = SIZES[scale]
     cuda = device.type == "cuda"
     model = resnet50(cfg["classes"], cfg["width"], cfg["depths"], device=device)
+    if fix == "layout_transposes":
+        model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4,
                           fused=True if fix == "optimizer_unfused" else None)
     amp = fix == "fp32_matmuls"
@@ -93,6 +96,8 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
         else:
             image, target = copy(k)
         image, target = reordered(perm, image, target)
+        if fix == "layout_transposes":
+            image = image.contiguous(memory_format=torch.channels_last)
         mark()
         with torch.autocast(device.type, dtype=dtype, enabled=amp):
             output = forward(image)
