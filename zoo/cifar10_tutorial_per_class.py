@@ -80,6 +80,7 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
                 state["running_loss"].zero_()
         else:
             state["running_loss"] += loss.item()
+            # the host_code fix: also one read-back per step in place of one per image (host_sync's ground too)
             pairs = zip(labels.tolist(), predictions.tolist()) if fix == "host_code" else zip(labels, predictions)
             for label, prediction in pairs:
                 if label == prediction:

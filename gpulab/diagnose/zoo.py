@@ -411,8 +411,11 @@ def judge(labels: list[dict], diagnoses: list[dict], only: str | None = None) ->
             labelled += 1
             row["hit"] = top is not None and _rule(top) == best
             row["tie"] = not row["hit"] and top is not None and within_spread(lab["fixes"], _rule(top), best)
-            # the label never timed the top's fix: it cannot say the top is wrong (still counted as a miss)
-            row["untimed"] = top is not None and "gain" not in lab["fixes"].get(_rule(top), {})
+            # the step's fixes lack the top's: its label cannot say the top is wrong (still counted as a miss); a fix
+            # the label ran that failed (an error, a failed correctness check) is a miss on evidence, said apart
+            miss = top is not None and not row["hit"] and not row["tie"]
+            row["untimed"] = miss and _rule(top) not in lab["fixes"]
+            row["fix_failed"] = miss and "gain" not in lab["fixes"].get(_rule(top), {"gain": None})
             hits += row["hit"]
             ties += row["tie"]
             untimed += row["untimed"]
@@ -473,7 +476,8 @@ def matrix_text(result: dict) -> str:
                 cells.append(f"[{cell}]" if r == row["label"] else cell)
         label = f"{row['label']} {row['label_gain']:.2f}x" if row["label"] != "tuned" else "tuned"
         hit = "" if "hit" not in row else (" ok" if row["hit"] else " tie" if row.get("tie") else
-                                           " untimed" if row.get("untimed") else " MISS")
+                                           " untimed" if row.get("untimed") else
+                                           " MISS (fix failed)" if row.get("fix_failed") else " MISS")
         lines.append("  ".join([row["name"].ljust(first)] + [c.rjust(8) for c in cells]
                                + [label.rjust(20), (row["top"] + hit).rjust(20)]))
     lines.append("cells: the share of the step the rule's fix is expected to remove; [ ] the label's rule; d demoted")

@@ -816,5 +816,11 @@ def test_a_stall_in_every_timed_chunk_is_bounded_by_the_gpus_idle():
     # idle above the excess: the excess stands, unbounded; and where some chunk was clean, no bound at all
     assert R.periodic_stall(facts(host={"user": 0.5 * WINDOW}, stalls=stalls(100.0, 80.0, **every))).share \
         == pytest.approx(0.2)
+    # the idle of a GPU run: from the kernel-only profile of steps back to back (light_busy_ms over light_step_ms)
+    light = facts(stalls=stalls(100.0, 80.0, **every), step_ms=100.0, light_busy_ms=88.0, light_step_ms=100.0)
+    assert light.base_idle_ms == pytest.approx(12.0) and R.periodic_stall(light).share == pytest.approx(0.12)
+    # an excess equal to the idle is not bounded (nothing to cap)
+    equal = facts(host={"user": 0.2 * WINDOW}, stalls=stalls(100.0, 80.0, **every))
+    assert R.periodic_stall(equal).share == pytest.approx(0.2) and "bounded" not in R.periodic_stall(equal).evidence
     clean = facts(stalls=stalls(100.0, 80.0, slow=(4, 14), period=10))
     assert R.periodic_stall(clean).share == pytest.approx(0.2) and "bounded" not in R.periodic_stall(clean).evidence

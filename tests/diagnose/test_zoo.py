@@ -384,6 +384,11 @@ def test_a_top_verdict_whose_fix_the_label_never_timed_is_said_so_and_counted_as
         assert checks(r)["top verdict names the best fix"][0] is not untimed       # still a miss, not left out
         assert ("never timed the top's fix" in checks(r)["top verdict names the best fix"][1]) is untimed
         assert (" untimed" in Z.matrix_text(r)) is untimed
+    # the label ran the top's fix and it failed (an error, a failed check): a miss on evidence, not untimed
+    failed = [{**labels[0], "fixes": {**labels[0]["fixes"], "layout_transposes": {"error": "RuntimeError: ..."}}}]
+    r = Z.judge(failed, [{"name": "t", "verdicts": [verdict("layout_transposes", 1.2)]}])
+    assert not r["rows"][0]["untimed"] and r["rows"][0]["fix_failed"] and "MISS (fix failed)" in Z.matrix_text(r)
+    assert "never timed" not in checks(r)["top verdict names the best fix"][1]
     # a step labelled again: judge reads the last file's row for it, once
     import json
     first, again, d = tmp_path / "l1.json", tmp_path / "l2.json", tmp_path / "d.json"
