@@ -14,39 +14,34 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+from pathlib import Path
+
+
+def tolerant(fn, dropped: set, prefix: str = ""):
+    """`fn` called with only the keyword arguments it takes; the others' names go into `dropped`."""
+    known = set(inspect.signature(fn).parameters)
+
+    def call(*args, **kwargs):
+        extra = set(kwargs) - known
+        dropped.update(prefix + k for k in extra)
+        return fn(*args, **{k: v for k, v in kwargs.items() if k not in extra})
+    return call
 
 
 def main(argv: list[str]) -> int:
     core = importlib.import_module("gpulab.diagnose.core")
-    if "/frozen" not in (core.__file__ or "") and "--any-gpulab" not in argv:
-        raise SystemExit(f"this reads records with an older gpulab, but gpulab is imported from {core.__file__}: "
-                         "put the older checkout first on PYTHONPATH (or pass --any-gpulab)")
+    here = Path(__file__).resolve().parents[1]
+    if Path(core.__file__).resolve().is_relative_to(here) and "--any-gpulab" not in argv:
+        raise SystemExit(f"this reads records with an older gpulab, but gpulab is imported from {core.__file__}, this "
+                         "checkout: put the older checkout first on PYTHONPATH (or pass --any-gpulab)")
     argv = [a for a in argv if a != "--any-gpulab"]
-    original = core.analyze
-    known = set(inspect.signature(original).parameters)
     dropped: set[str] = set()
-
-    def analyze(*args, **kwargs):
-        extra = set(kwargs) - known
-        dropped.update(extra)
-        return original(*args, **{k: v for k, v in kwargs.items() if k not in extra})
-
-    core.analyze = analyze
-    import dataclasses
-    stall_cls = core.StallFacts
-    stall_known = {f.name for f in dataclasses.fields(stall_cls)}
-
-    def stall_facts(**kwargs):          # a newer record's stall fields the older StallFacts lacks (every_chunk)
-        extra = set(kwargs) - stall_known
-        dropped.update(f"stalls.{k}" for k in extra)
-        return stall_cls(**{k: v for k, v in kwargs.items() if k not in extra})
-
-    core.StallFacts = stall_facts
+    core.analyze = tolerant(core.analyze, dropped)                        # what from_record calls, by these names
+    core.StallFacts = tolerant(core.StallFacts, dropped, "stalls.")
     zoo = importlib.import_module("gpulab.diagnose.zoo")
     rc = zoo.main(["records", *argv])
     print(f"inputs the older analyze does not take, dropped: {', '.join(sorted(dropped)) or 'none'}")
     return rc or 0
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

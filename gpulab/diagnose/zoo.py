@@ -386,6 +386,12 @@ def _expected(v: dict) -> float:
     return v["bound"] if v.get("bound") is not None else math.inf
 
 
+def read_steps(paths) -> list[dict]:
+    """The step rows of zoo JSON files (a run in groups), one per step: where a step is in several files (labelled
+    or diagnosed again), the last file's row, in the place of its first."""
+    return list({r["name"]: r for p in paths for r in json.loads(Path(p).read_text())["steps"]}.values())
+
+
 def judge(labels: list[dict], diagnoses: list[dict], only: str | None = None) -> dict:
     """The confusion matrix (step x rule: the expected share where the rule fired), the top verdict against
     the label, and the checks. `only`: "held_out" or "dev" to judge half the zoo."""
@@ -653,9 +659,7 @@ def main(argv: list[str] | None = None) -> int:
                                               indent=1))
         return 0
     if a.cmd == "judge":
-        # a step in several files: the last file's row (a step labelled or diagnosed again)
-        labels = list({r["name"]: r for f in a.labels.split(",") for r in json.loads(Path(f).read_text())["steps"]}.values())
-        diagnoses = [row for name in a.diagnoses.split(",") for row in json.loads(Path(name).read_text())["steps"]]
+        labels, diagnoses = read_steps(a.labels.split(",")), read_steps(a.diagnoses.split(","))
         if a.names:
             wanted = set(a.names.split(","))
             labels = [row for row in labels if row["name"] in wanted]
@@ -666,8 +670,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.cmd == "records":
         rows = []
-        live = ({r["name"]: r for name in a.confirmations.split(",") for r in json.loads(Path(name).read_text())["steps"]}
-                if a.confirmations else {})
+        live = {r["name"]: r for r in read_steps(a.confirmations.split(","))} if a.confirmations else {}
         for path in sorted(Path(a.folder).glob("*.json.gz")):
             try:
                 rows.append(with_confirmations(diagnose_record(path), live.get(path.name.split(".")[0])))

@@ -1,7 +1,6 @@
 """zoo/README.md's standing of issue 41 and results/zoo/2026-12-06-h100-issue41-diagnoses/'s matrices come from the
 committed labels (H100, 22c9d00, four steps labelled again at e906886) and diagnoses (H100, e906886; before: the
 same records under the rules of 822f1d6, scripts/zoo_frozen_records.py)."""
-import json
 import re
 from pathlib import Path
 
@@ -18,13 +17,13 @@ NEW = ("nanogpt_shakespeare_char mingpt_chargpt timm_train_one_epoch torchvision
 
 
 def _steps(*paths):
-    return [row for p in paths for row in json.loads(p.read_text())["steps"]]
+    return Z.read_steps(paths)
 
 
 def labels():
     files = sorted(LABELS.glob("labels-[1-6]-6.json")) + [LABELS / "labels-6-6-rest.json",
                                                          RUN / "labels-again-4-new-steps.json"]
-    return list({r["name"]: r for r in _steps(*files)}.values())      # a step's last row, as `zoo judge` reads them
+    return _steps(*files)                 # a step's last row, as `zoo judge` reads them
 
 
 DIAGNOSES = {"after": ["diagnoses-new-steps.json", "diagnoses-old-steps-a.json", "diagnoses-old-steps-b.json"],
