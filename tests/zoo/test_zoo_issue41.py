@@ -54,3 +54,20 @@ def test_the_readme_and_the_notes_quote_those_scores():
     row = lambda s: f"{s[0]} of {s[1]} ({100 * int(s[0]) / int(s[1]):.0f} %)"      # noqa: E731
     assert f"before (822f1d6)     {row(b)}  {row(bn)}" in notes
     assert f"after  (e906886)     {row(a)}  {row(an)}" in notes
+
+
+def test_a_diagnosis_that_always_says_launch_bound_is_caught_on_the_committed_labels():
+    """A cheat of the judge's own: on the H100 labels the CUDA-graph fix is the best of 20 steps, so a diagnosis
+    that names launch_bound first on every step, promising 2x, names many labels right without reading a profile.
+    The judge fails it three ways: under 90 % of the labels, a tuned step promised more than 10 %, and promises the
+    zoo's own fixes did not keep."""
+    rows = [r for r in labels() if "skipped" not in r and "error" not in r]
+    cheat = [{"name": r["name"], "verdicts": [{"rule": "launch_bound", "actionable": True, "demoted": False,
+                                               "measured": None, "expected_gain": 2.0, "bound": 2.0,
+                                               "share": 0.5, "expected": 0.5}]} for r in rows]
+    c = {n: (ok, why) for n, ok, why in Z.judge(rows, cheat)["checks"]}
+    hits, of = map(int, re.match(r"(\d+) of (\d+)", c["top verdict names the best fix"][1]).groups())
+    assert c["top verdict names the best fix"][0] is False and 0.4 < hits / of < Z.TOP_HITS_MIN, c
+    assert c["tuned steps: no verdict expects more than 10 %"][0] is False
+    assert c["every measured verdict kept half its expectation, or was demoted"][0] is False
+    assert "gc_collect_every_step/launch_bound" in c["every measured verdict kept half its expectation, or was demoted"][1]
