@@ -21,7 +21,8 @@ largest gain if it makes the step at least TUNED_GAIN_MAX faster; else the step 
 file diagnoses the zoo with the rules before a change (an older checkout on PYTHONPATH) and after.
 `judge` holds the verdicts to the labels:
 
-- the top verdict names the best fix's rule on at least TOP_HITS_MIN of the steps with a label (a fix within
+- the top verdict (the report's first fix, demoted or not: a demoted fix is ranked by what it measured) names
+  the best fix's rule on at least TOP_HITS_MIN of the steps with a label (a fix within
   TIE_MAX of the best, `zoo_label.within_spread`, is shown as a tie and not counted);
 - on the tuned steps no verdict that proposes a fix expects more than TUNED_GAIN_MAX;
 - every fired verdict whose gain was measured (by `gpulab.diagnose.confirm`, or by a fix of the zoo for
@@ -408,7 +409,9 @@ def judge(labels: list[dict], diagnoses: list[dict], only: str | None = None) ->
             rows.append({"name": lab["name"], "status": "skipped" if "skipped" in lab else "error", "why": why})
             continue
         fixes = [v for v in d["verdicts"] if v.get("actionable", True)]
-        top = next((v for v in fixes if not v.get("demoted")), None)
+        # the report's first fix: `rules.rank` ranks a demoted fix by what it measured, and the report shows it
+        # first where that measurement is the best it has, so the judge reads the same line the learner does
+        top = fixes[0] if fixes else None
         best = lab.get("best")
         row = {"name": lab["name"], "label": best or "tuned", "label_gain": lab.get("best_gain", 1.0),
                "top": _rule(top) if top else "none", "fired": {_rule(v): v for v in d["verdicts"]},
