@@ -310,13 +310,23 @@ def host_causes(events: Sequence[Event], windows: Sequence[tuple[float, float]],
     cpu_ops = [e for e in top_ops if id(e) not in calling and e.dur_us >= CPU_OP_US]
 
     # the batch's copy: each step's first host-to-device copy of some size, launched from this thread
+    # The batch is made from the step's start to its copy; where the model's matrix products were queued before the
+    # copy (a loop that prefetches its next batch after the forward, as nanoGPT's does), from the end of the last call
+    # that queued GPU work before it: the forward's launches and host code are not the batch's making
     precopy = []
+    queued = sorted((e.start_us, e.end_us) for e in runtime if e.stream in mains and e.name in QUEUEING)
+    products = sorted(calls[g.corr].start_us for g in gpu if g.corr in calls and calls[g.corr].stream in mains
+                      and kernel_class(g.name, ops[g.op_id].name if g.op_id in ops else g.op).startswith("gemm"))
     for lo, hi in windows:
         firsts = [calls[g.corr].start_us for g in gpu if "htod" in g.name.lower() and g.corr in calls
                   and calls[g.corr].stream in mains and lo <= calls[g.corr].start_us <= hi
                   and (g.nbytes == 0 or g.nbytes >= BATCH_COPY_MIN_BYTES)]
         if firsts:
-            precopy.append((lo, min(firsts)))
+            copy = min(firsts)
+            start = lo
+            if any(lo <= t < copy for t in products):
+                start = max((b for a, b in queued if lo <= a < copy and b <= copy), default=lo)
+            precopy.append((start, copy))
 
     user_top = merge_intervals((a, b) for a, b, f, under in segments if f.user and not under)
     framework = merge_intervals((a, b) for a, b, f, under in segments if not (f.user and not under))

@@ -409,9 +409,12 @@ def judge(labels: list[dict], diagnoses: list[dict], only: str | None = None) ->
             rows.append({"name": lab["name"], "status": "skipped" if "skipped" in lab else "error", "why": why})
             continue
         fixes = [v for v in d["verdicts"] if v.get("actionable", True)]
-        # the report's first fix: `rules.rank` ranks a demoted fix by what it measured, and the report shows it
-        # first where that measurement is the best it has, so the judge reads the same line the learner does
+        # the report's first fix: `rules.rank` ranks a demoted fix by what it measured, and the report shows it first
+        # where no other fix promises more (an older version's records list a demoted verdict where it stood before)
         top = fixes[0] if fixes else None
+        if top is not None and top.get("demoted") and any(_expected(v) > (top.get("measured") or 1.0)
+                                                          for v in fixes[1:] if not v.get("demoted")):
+            top = next((v for v in fixes if not v.get("demoted")), None)
         best = lab.get("best")
         row = {"name": lab["name"], "label": best or "tuned", "label_gain": lab.get("best_gain", 1.0),
                "top": _rule(top) if top else "none", "fired": {_rule(v): v for v in d["verdicts"]},

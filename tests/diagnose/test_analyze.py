@@ -207,6 +207,24 @@ def test_the_batch_made_before_its_copy_is_input():
     assert g.host_by_cause["host_code"] == pytest.approx(0.27 + 0.2)
 
 
+def test_a_batch_prefetched_after_the_forward_is_made_after_the_models_last_launch():
+    """nanoGPT's loop copies its next batch after the forward: the forward's products and the host code between
+    its launches (a compiled module's wrapper) come before the copy and are not the batch's making; only the
+    stretch after the last call that queued work is. Without a matrix product before the copy the stretch runs
+    from the step's start (the test above)."""
+    forward = [*launched("aten::mm", 20, 40, corr=3), *launched("aten::add", 60, 70, corr=4)]
+    events = [step(0, 1000), frame("forward", 10, 200, code=("model.py", 5, "forward"), user=True), *forward,
+              frame("get_batch", 200, 300, code=("train.py", 30, "get_batch"), user=True),
+              op("aten::copy_", 300, 330, corr=5, site=USER), call("cudaMemcpyAsync", 305, 310, corr=50, op_id=5),
+              kernel("Memcpy HtoD (Pinned -> Device)", 310, 320, corr=50, op_id=5, nbytes=BATCH_COPY_MIN_BYTES)]
+    assert analyze(events).precopy_ms == pytest.approx((305 - 63) / 1e3)      # the add's launch call ends at 63
+    # the same steps with an elementwise kernel where the product was: the stretch runs from the step's start
+    plain = [e if "mm" not in e.name else (Event(e.kind, e.name.replace("mm", "mul"), e.start_us, e.end_us,
+                                                    stream=e.stream, corr=e.corr, op_id=e.op_id, op=e.op))
+             for e in events]
+    assert analyze(plain).precopy_ms == pytest.approx(0.305)
+
+
 def test_a_copy_of_unknown_size_is_the_batchs():
     events = [step(0, 1000), op("aten::copy_", 400, 420, corr=4), call("cudaMemcpyAsync", 401, 405, corr=40, op_id=4),
               kernel("Memcpy HtoD (Pinned -> Device)", 405, 410, corr=40, op_id=4)]

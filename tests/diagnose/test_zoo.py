@@ -23,7 +23,8 @@ LABELS = [
     {"name": "d", "held_out": False, "skipped": "needs 2 GPUs, this machine has 1", "fixes": {}},
 ]
 DIAGNOSES = [
-    # a demoted verdict (it measured 1.05x of an expected 1.5x) does not count as the top one
+    # a demoted verdict (it measured 1.05x of an expected 1.5x) listed first, where a fix after it promises more,
+    # does not count as the top one (the report ranks it by what it measured: after host_sync)
     {"name": "a", "verdicts": [verdict("input_bound", 1.5, measured=1.05, demoted=True), verdict("host_sync", 1.4)]},
     # a tuned step with a fix that promises 20 %, and a note (not a fix) that promises more
     {"name": "b", "verdicts": [verdict("launch_bound", 1.2), verdict("compute_bound", 3.0, actionable=False)]},
