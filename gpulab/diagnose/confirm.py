@@ -520,7 +520,10 @@ def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) ->
     each gets `measured` and `confirmation` (or why not), is demoted if it saved under half its
     expectation, and the verdicts are ranked again."""
     out = []
-    for v in d.verdicts:
+    # the 16-bit variant last: a step that carries tensors from one call to the next (an RNN's hidden state) keeps
+    # them in the dtype the last variant left, and a 16-bit state fed to the step outside autocast fails (the H100,
+    # 2026-12-06: word_language_model_lstm's CUDA-graph variant after its 16-bit one)
+    for v in sorted(d.verdicts, key=lambda v: v.rule == "fp32_matmuls"):
         if not v.actionable and v.rule != "elementwise_unfused":         # a note that no variant measures
             out.append(v)
             continue
@@ -575,7 +578,7 @@ def graphs_after_fusing(d, out: list, step: Callable, device: torch.device, step
     from gpulab.diagnose.rules import graphs_blocked_by
     from gpulab.diagnose.verdicts import verdict
 
-    if device.type != "cuda" or any(v.rule == "launch_bound" for v in out) or graphs_blocked_by(d.facts):
+    if device.type != "cuda" or any(v.rule == "launch_bound" for v in [*out, *d.verdicts]) or graphs_blocked_by(d.facts):
         return []
     probe = verdict("launch_bound", "", "11", 0.0, "", "")
     try:
