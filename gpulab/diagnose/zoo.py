@@ -24,7 +24,7 @@ file diagnoses the zoo with the rules before a change (an older checkout on PYTH
 - the top verdict (the report's first fix, demoted or not: a demoted fix is ranked by what it measured) names
   the best fix's rule on at least TOP_HITS_MIN of the steps with a label (a fix within
   TIE_MAX of the best, `zoo_label.within_spread`, is shown as a tie and not counted);
-- on the tuned steps no verdict that proposes a fix expects more than TUNED_GAIN_MAX;
+- on the tuned steps no verdict that proposes a fix expects more than TUNED_GAIN_MAX (a demoted one: measured);
 - every fired verdict whose gain was measured (by `gpulab.diagnose.confirm`, or by a fix of the zoo for
   its rule) saved at least half of what it expected, or it was demoted with its measurement shown. A verdict
   blocked by another (`blocked_by`: CUDA graphs behind a sync in the forward) promises what its fix buys once
@@ -387,6 +387,13 @@ def _expected(v: dict) -> float:
     return v["bound"] if v.get("bound") is not None else math.inf
 
 
+def _promise(v: dict) -> float:
+    """What a verdict promises in the report: a demoted one what it measured, else its expected gain."""
+    if v.get("demoted") and v.get("measured") is not None:
+        return v["measured"]
+    return _expected(v)
+
+
 def read_steps(paths) -> list[dict]:
     """The step rows of zoo JSON files (a run in groups), one per step: where a step is in several files (labelled
     or diagnosed again), the last file's row, in the place of its first."""
@@ -432,8 +439,10 @@ def judge(labels: list[dict], diagnoses: list[dict], only: str | None = None) ->
             ties += row["tie"]
             untimed += row["untimed"]
         else:
-            over = [v for v in fixes if _expected(v) > TUNED_GAIN_MAX]
-            row["over"] = [f"{_rule(v)} expects {_expected(v):.3g}x" for v in over]
+            # a demoted verdict promises what it measured (the report ranks it so, and says DEMOTED)
+            over = [v for v in fixes if _promise(v) > TUNED_GAIN_MAX]
+            row["over"] = [f"{_rule(v)} " + (f"measured {_promise(v):.3g}x, demoted" if v.get("demoted") else
+                                             f"expects {_expected(v):.3g}x") for v in over]
             if over:
                 tuned_over.append(lab["name"])
         for v in fixes:

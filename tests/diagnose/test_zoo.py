@@ -71,6 +71,11 @@ def test_judge_a_miss_and_the_tuned_bar_at_ten_percent():
     assert c["every measured verdict kept half its expectation, or was demoted"][0] is True
     over = Z.judge(labels, [diagnoses[0], {"name": "t", "verdicts": [verdict("host_code", Z.TUNED_GAIN_MAX + 0.01)]}])
     assert checks(over)["tuned steps: no verdict expects more than 10 %"][0] is False
+    # demoted: what it measured is its promise, at the bar fine, over it not
+    for measured, ok in ((Z.TUNED_GAIN_MAX, True), (Z.TUNED_GAIN_MAX + 0.01, False)):
+        demoted = verdict("launch_bound", 1.5, measured=measured, demoted=True)
+        r = Z.judge(labels, [diagnoses[0], {"name": "t", "verdicts": [demoted]}])
+        assert checks(r)["tuned steps: no verdict expects more than 10 %"][0] is ok, r["rows"][1]
 
 
 def test_a_blocked_verdict_is_not_judged_by_the_zoos_fix_made_alone():
