@@ -507,49 +507,6 @@ def matrix_text(result: dict) -> str:
     return "\n".join(lines)
 
 
-# -- the kernel names this GPU uses, for the math-mode tables ------------------------------------------------
-def probe_kernels(device: torch.device) -> dict:
-    """The kernel names of fp32 (IEEE and TF32), bf16 and fp16 matrix products and convolutions (NCHW and
-    NHWC), SDPA, and fused / foreach AdamW on this GPU: what analyze's name tables must recognise."""
-    from gpulab.core.timing import gpu_profile
-
-    from gpulab.models.precision import fp32_math
-
-    def names(fn) -> list[str]:
-        fn()
-        torch.cuda.synchronize()
-        with gpu_profile() as prof:
-            fn()
-            torch.cuda.synchronize()
-        return sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})
-
-    a = torch.randn(1024, 1024, device=device)
-    x = torch.randn(32, 64, 56, 56, device=device)
-    conv = torch.nn.Conv2d(64, 64, 3, padding=1).to(device)
-    out = {}
-    for mode in ("ieee", "tf32"):
-        with fp32_math(mode):
-            out[f"mm fp32 {mode}"] = names(lambda: a @ a)
-            out[f"conv fp32 {mode}"] = names(lambda: conv(x).sum().backward())
-    for dt in (torch.bfloat16, torch.float16):
-        with torch.autocast("cuda", dtype=dt):
-            out[f"mm {dt}"] = names(lambda: a @ a)
-            out[f"conv {dt} nchw"] = names(lambda: conv(x).sum().backward())
-            xl, cl = x.to(memory_format=torch.channels_last), conv.to(memory_format=torch.channels_last)
-            out[f"conv {dt} nhwc"] = names(lambda: cl(xl).sum().backward())
-    q = torch.randn(8, 12, 1024, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
-    out["sdpa bf16"] = names(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward())
-    lstm = torch.nn.LSTM(256, 256, batch_first=True).to(device)
-    out["lstm fp32"] = names(lambda: lstm(torch.randn(16, 32, 256, device=device))[0].sum().backward())
-    for fused in (False, True):
-        p = [torch.nn.Parameter(torch.randn(1024, 1024, device=device)) for _ in range(4)]
-        for t in p:
-            t.grad = torch.randn_like(t)
-        opt = torch.optim.AdamW(p, fused=fused)
-        out[f"adamw fused={fused}"] = names(opt.step)
-    return out
-
-
 def _diagnose_in_child(path: Path, a, say=print) -> dict:
     """One step's `diagnose` row from a child process (`python -m gpulab.diagnose.zoo diagnose --only`)."""
     import subprocess
@@ -698,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
                                            "steps": rows}, indent=1))
         return 0
     if a.cmd == "probe":
+        from gpulab.diagnose.probe import probe_kernels
         out = probe_kernels(device)
         Path(a.out).write_text(json.dumps({**stamp, "kernels": out}, indent=1))
         for k, v in out.items():
