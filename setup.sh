@@ -193,7 +193,9 @@ if [ "$mode" = hub ]; then
   exec "$venv/bin/jupyterhub" -f workshop/jupyterhub_config.py "$@"
 elif [ "$mode" = lab ]; then
   working_copy
-  args=(--ip=127.0.0.1 --port="${GPULAB_PORT:-8888}" --ServerApp.root_dir="$work")
+  args=(--ip=127.0.0.1 --ServerApp.root_dir="$work")
+  # a --port of the caller's wins (jupyter refuses two); else GPULAB_PORT or 8888
+  case " $* " in *" --port"*|*" --ServerApp.port"*) ;; *) args+=(--port="${GPULAB_PORT:-8888}") ;; esac
   [ "$(id -u)" = 0 ] && args+=(--allow-root)
   echo "setup: starting JupyterLab on $work/; open the http://127.0.0.1:...?token=... address it prints"
   exec "$venv/bin/jupyter" lab "${args[@]}" "$@"

@@ -97,6 +97,7 @@ def test_first_start_makes_a_git_ignored_working_copy_and_jupyterlab_opens_it(cl
     assert "bash setup.sh reset" in out
     args = jupyter_args(venv)
     assert args[0] == "lab" and "--ServerApp.root_dir=my-notebooks" in args and "--no-browser" in args
+    assert "--port=8888" in args
     _git(clone, "check-ignore", "-q", f"my-notebooks/{LESSONS[0]}")    # exits non-zero if not ignored
     learner_edits(work / LESSONS[2])                                    # a learner works in a lesson
     assert _git(clone, "status", "--porcelain") == ""
@@ -196,3 +197,11 @@ def test_gpulab_notebooks_can_name_another_folder_or_the_tracked_one(clone, venv
     assert setup_sh(clone, venv, "reset", "00", ok=False, GPULAB_NOTEBOOKS="notebooks")
     out = setup_sh(clone, venv, "lab", GPULAB_NOTEBOOKS="unignored")
     assert "git does not ignore unignored/" in out
+
+
+def test_a_port_of_the_learners_own_is_the_only_port(clone, venv):
+    """jupyter refuses two ports ("port only accepts one value"): a --port given to setup.sh replaces the default."""
+    for given in (["--port", "8899"], ["--port=8899"], ["--ServerApp.port=8899"]):
+        setup_sh(clone, venv, "lab", *given)
+        args = jupyter_args(venv)
+        assert [a for a in args if "port" in a] == [a for a in given if "port" in a], args
