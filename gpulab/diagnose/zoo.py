@@ -417,10 +417,11 @@ def judge(labels: list[dict], diagnoses: list[dict], only: str | None = None) ->
             continue
         fixes = [v for v in d["verdicts"] if v.get("actionable", True)]
         # the report's first fix: `rules.rank` ranks a demoted fix by what it measured, and the report shows it first
-        # where no other fix promises more (an older version's records list a demoted verdict where it stood before)
+        # where no other fix promises more (an older version's records list a demoted verdict where it stood before);
+        # a demoted fix is a fix only where what it measured clears the zoo's own bar for one (TUNED_GAIN_MAX)
         top = fixes[0] if fixes else None
-        if top is not None and top.get("demoted") and any(_expected(v) > (top.get("measured") or 1.0)
-                                                          for v in fixes[1:] if not v.get("demoted")):
+        if top is not None and top.get("demoted") and (_promise(top) < TUNED_GAIN_MAX or any(
+                _expected(v) > _promise(top) for v in fixes[1:] if not v.get("demoted"))):
             top = next((v for v in fixes if not v.get("demoted")), None)
         best = lab.get("best")
         row = {"name": lab["name"], "label": best or "tuned", "label_gain": lab.get("best_gain", 1.0),

@@ -71,3 +71,18 @@ def test_a_diagnosis_that_always_says_launch_bound_is_caught_on_the_committed_la
     assert c["tuned steps: no verdict expects more than 10 %"][0] is False
     assert c["every measured verdict kept half its expectation, or was demoted"][0] is False
     assert "gc_collect_every_step/launch_bound" in c["every measured verdict kept half its expectation, or was demoted"][1]
+
+
+def test_a_diagnosis_that_names_a_demoted_fix_first_everywhere_names_nothing():
+    """A cheat of the judge's reading of demoted fixes (the report's first fix counts, demoted or not): launch_bound
+    first on every step, demoted, measured 1.0x. A demoted fix passes the half-its-promise check and promises what it
+    measured on a tuned step, so the only guard is that a demoted fix counts as the top only where what it measured
+    clears the zoo's bar for a fix (1.10x): here it names no step's fix."""
+    rows = [r for r in labels() if "skipped" not in r and "error" not in r]
+    for measured, named in ((1.0, False), (Z.TUNED_GAIN_MAX, True)):
+        cheat = [{"name": r["name"], "verdicts": [{"rule": "launch_bound", "actionable": True, "demoted": True,
+                                                   "measured": measured, "expected_gain": 2.0, "bound": 2.0,
+                                                   "share": 0.5, "expected": 0.5}]} for r in rows]
+        result = Z.judge(rows, cheat)
+        tops = {row["top"] for row in result["rows"] if "top" in row}
+        assert tops == ({"launch_bound"} if named else {"none"}), tops
