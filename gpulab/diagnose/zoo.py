@@ -21,7 +21,7 @@ largest gain if it makes the step at least TUNED_GAIN_MAX faster; else the step 
 file diagnoses the zoo with the rules before a change (an older checkout on PYTHONPATH) and after.
 `judge` holds the verdicts to the labels:
 
-- the top verdict (the report's first fix, demoted or not: a demoted fix is ranked by what it measured) names
+- the top verdict (the report's first fix, demoted or not where it measured at least TUNED_GAIN_MAX) names
   the best fix's rule on at least TOP_HITS_MIN of the steps with a label (a fix within
   TIE_MAX of the best, `zoo_label.within_spread`, is shown as a tie and not counted);
 - on the tuned steps no verdict that proposes a fix expects more than TUNED_GAIN_MAX (a demoted one: measured);
