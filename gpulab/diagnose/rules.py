@@ -551,23 +551,25 @@ FIX_ORDER = tuple(r.name for r in sorted((r for r in TABLE if r.tie is not None)
 SHORT = {r.name: r.short for r in TABLE}
 
 
+def rank_key(gain: float, rule: str) -> tuple:
+    """Where a fix of this gain and rule ranks (smaller first): by gain in steps of TIE, then the smaller fix."""
+    order = {r: i for i, r in enumerate(FIX_ORDER)}
+    return (-round(math.log(gain) / math.log1p(TIE)) if gain > 1 and math.isfinite(gain) else
+            (-math.inf if gain == math.inf else 0), order.get(rule, len(order)))
+
+
 def rank(verdicts: list[Verdict]) -> list[Verdict]:
     """Fixes by gain (measured, else expected: a demoted fix by what it measured; a fix others wait for by
     the best of theirs), the smaller fix first among near-equals; a blocked fix right after the one blocking
     it; what is not a fix last."""
     fixes = [v for v in verdicts if v.actionable]
-    order = {r: i for i, r in enumerate(FIX_ORDER)}
     # a fix that others wait for is worth what they unlock: it ranks as high as the best fix it blocks
     unlocks = {}
     for v in fixes:
         if v.blocked_by:
             unlocks[v.blocked_by] = max(unlocks.get(v.blocked_by, 1.0), v.gain)
 
-    def key(v: Verdict):
-        gain = max(v.gain, unlocks.get(v.rule, 1.0))
-        return (-round(math.log(gain) / math.log1p(TIE)) if gain > 1 and math.isfinite(gain) else
-                (-math.inf if gain == math.inf else 0), order.get(v.rule, len(order)))
-    fixes.sort(key=key)
+    fixes.sort(key=lambda v: rank_key(max(v.gain, unlocks.get(v.rule, 1.0)), v.rule))
     present = {v.rule for v in fixes}
     out = [v for v in fixes if not (v.blocked_by and v.blocked_by in present)]
     for v in fixes:                    # a blocked fix after the fix that unblocks it (and the ones it unblocked before)

@@ -394,6 +394,13 @@ def _promise(v: dict) -> float:
     return _expected(v)
 
 
+def _rank_key(v: dict) -> tuple:
+    """`rules.rank_key` of a verdict read from JSON: ranked by what it measured, else what it expects."""
+    from gpulab.diagnose.rules import rank_key
+    gain = v["measured"] if v.get("measured") is not None else _expected(v)
+    return rank_key(gain if gain is not None else math.inf, _rule(v))
+
+
 def read_steps(paths) -> list[dict]:
     """The step rows of zoo JSON files (a run in groups), one per step: where a step is in several files (labelled
     or diagnosed again), the last file's row, in the place of its first."""
@@ -417,11 +424,12 @@ def judge(labels: list[dict], diagnoses: list[dict], only: str | None = None) ->
             continue
         fixes = [v for v in d["verdicts"] if v.get("actionable", True)]
         # the report's first fix: `rules.rank` ranks a demoted fix by what it measured, and the report shows it first
-        # where no other fix promises more (an older version's records list a demoted verdict where it stood before);
-        # a demoted fix is a fix only where what it measured clears the zoo's own bar for one (TUNED_GAIN_MAX)
+        # where no other fix ranks before it by `rules.rank_key` (an older version's records list a demoted verdict
+        # where it stood before); a demoted fix is a fix only where what it measured clears the zoo's own bar for
+        # one (TUNED_GAIN_MAX)
         top = fixes[0] if fixes else None
         if top is not None and top.get("demoted") and (_promise(top) < TUNED_GAIN_MAX or any(
-                _expected(v) > _promise(top) for v in fixes[1:] if not v.get("demoted"))):
+                _rank_key(v) < _rank_key(top) for v in fixes[1:] if not v.get("demoted"))):
             top = next((v for v in fixes if not v.get("demoted")), None)
         best = lab.get("best")
         row = {"name": lab["name"], "label": best or "tuned", "label_gain": lab.get("best_gain", 1.0),
