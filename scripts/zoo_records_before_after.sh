@@ -7,7 +7,10 @@ REV=$1 OUT=$(realpath -m "$2"); ROOT=$(cd "$(dirname "$0")/.." && pwd); PY=${PYT
 mkdir -p "$OUT"; W=$(mktemp -d); git -C "$ROOT" worktree add -f -q "$W/rev" "$REV"
 for R in $(cd "$ROOT" && ls -d results/zoo/*/records*); do
   t=$(echo "$R" | tr '/' '_')
-  (cd /tmp && PYTHONPATH="$W/rev" $PY -m gpulab.diagnose.zoo records "$ROOT/$R" --out "$OUT/before-$t.json") > "$OUT/log-$t.txt" 2>&1
+  # the older rules through scripts/zoo_frozen_records.py: inputs a newer record carries that REV's analyze does not
+  # take are dropped and named in the log
+  (cd /tmp && PYTHONPATH="$W/rev" $PY "$ROOT/scripts/zoo_frozen_records.py" "$ROOT/$R" --out "$OUT/before-$t.json") \
+    > "$OUT/log-$t.txt" 2>&1
   (cd /tmp && PYTHONPATH="$ROOT" $PY -m gpulab.diagnose.zoo records "$ROOT/$R" --out "$OUT/after-$t.json") >> "$OUT/log-$t.txt" 2>&1
 done
 git -C "$ROOT" worktree remove --force "$W/rev"
