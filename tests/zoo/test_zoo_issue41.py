@@ -86,3 +86,20 @@ def test_a_diagnosis_that_names_a_demoted_fix_first_everywhere_names_nothing():
         result = Z.judge(rows, cheat)
         tops = {row["top"] for row in result["rows"] if "top" in row}
         assert tops == ({"launch_bound"} if named else {"none"}), tops
+
+
+def test_a_constant_guess_that_promises_little_and_confirms_itself_is_caught_only_by_the_hit_rate():
+    """A cheat that evades two of the three checks: launch_bound first on every step, expecting 1.05x and reporting
+    its own "measured" 1.05x. It promises under the tuned bar and keeps all of its (self-reported) promise, so only
+    the top-verdict rate catches it: the judge takes a diagnosis's own measurement over the zoo's fix for the same
+    rule (here gc_collect_every_step's graphs fix measured under 1x). Held here so that a change to that rate, or to
+    which measurement the judge believes, is seen."""
+    rows = [r for r in labels() if "skipped" not in r and "error" not in r]
+    cheat = [{"name": r["name"], "verdicts": [{"rule": "launch_bound", "actionable": True, "demoted": False,
+                                               "measured": 1.05, "expected_gain": 1.05, "bound": 1.05,
+                                               "share": 0.05, "expected": 0.05}]} for r in rows]
+    c = {n: (ok, why) for n, ok, why in Z.judge(rows, cheat)["checks"]}
+    assert c["top verdict names the best fix"][0] is False, c
+    assert c["tuned steps: no verdict expects more than 10 %"][0] is True
+    assert c["every measured verdict kept half its expectation, or was demoted"][0] is True
+    assert rows and any(r["name"] == "gc_collect_every_step" and r["fixes"]["launch_bound"]["gain"] < 1 for r in rows)
