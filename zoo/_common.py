@@ -3,6 +3,8 @@ generator and the row order of the noise-floor run. Nothing here is a training h
 in each step's own file, written the way practitioners write them."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -17,16 +19,33 @@ def setup(device=None, scale: str | None = None, seed: int = 0) -> tuple[torch.d
     return device, scale
 
 
-def half_dtype(device: torch.device) -> torch.dtype:
+def half_dtype(device: torch.device, *, lstm: bool = False) -> torch.dtype:
     """bf16 where the GPU runs it natively (and on the CPU), else fp16 (which needs a GradScaler).
     ZOO_FP32=1 makes it fp32 (autocast then disables itself): the zoo's correctness check runs a variant
-    so to see how far its 16-bit rounding alone moves the parameters."""
+    so to see how far its 16-bit rounding alone moves the parameters. `lstm`: the step runs an nn.LSTM under
+    autocast, which some CPUs cannot run in bf16 (then fp32: see `cpu_runs_bf16_lstm`)."""
     import os
     if os.environ.get("ZOO_FP32"):
         return torch.float32
     if device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
         return torch.float16
+    if device.type == "cpu" and lstm and not cpu_runs_bf16_lstm():
+        return torch.float32
     return torch.bfloat16
+
+
+@functools.cache
+def cpu_runs_bf16_lstm() -> bool:
+    """Whether this CPU's oneDNN runs an nn.LSTM under bf16 autocast. On an AVX2 CPU without AVX-512 (an AMD EPYC,
+    2026-12-07, torch 2.13.0+cpu) it raises "could not create a primitive descriptor for the LSTM forward propagation
+    primitive". Tried on a one-unit LSTM, with the torch generator's state put back (the steps are seeded)."""
+    with torch.random.fork_rng(devices=[]):
+        try:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                torch.nn.LSTM(2, 2)(torch.zeros(1, 1, 2))
+        except RuntimeError:
+            return False
+    return True
 
 
 def rng(seed: int, step: int = 0) -> np.random.Generator:

@@ -36,7 +36,7 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     model = LSTMLM(cfg["vocab"], cfg["d"], cfg["layers"]).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3,
                            fused=True if fix == "optimizer_unfused" else None)
-    dtype = half_dtype(device)
+    dtype = half_dtype(device, lstm=True)
 
     B, T = cfg["batch"], cfg["seq"]
     g = torch.Generator(device=device).manual_seed(seed)

@@ -33,7 +33,7 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     cfg = SIZES[scale]
     model = LSTMLM(cfg["vocab"], cfg["d"], cfg["layers"]).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=device.type == "cuda")
-    dtype = half_dtype(device)
+    dtype = half_dtype(device, lstm=True)
     forward = torch.compile(model, backend=compile_backend(device)) if fix == "launch_bound" else model
 
     B, T = cfg["batch"], cfg["seq"]

@@ -48,7 +48,7 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     cfg = SIZES[scale]
     model = RNNModel(cfg["vocab"], cfg["emsize"], cfg["nhid"], cfg["nlayers"]).to(device)
     forward, mark = reduce_overhead(model, device) if fix == "launch_bound" else (model, lambda: None)
-    dtype = half_dtype(device)
+    dtype = half_dtype(device, lstm=True)
     g = torch.Generator().manual_seed(seed)
     corpus = torch.randint(0, cfg["vocab"], (cfg["tokens"],), generator=g)
     nbatch = corpus.size(0) // cfg["batch"]                               # batchify
