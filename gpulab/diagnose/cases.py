@@ -279,7 +279,7 @@ def build_host_sync(scale: str, device: torch.device, reorder: bool = False) -> 
 
 
 # -- 3. pageable_copy: pinned memory and non_blocking (lesson 05) ------------------------------------
-PAGEABLE = {"tiny": {"nbytes": 2**20, "features": 256, "depth": 2},
+PAGEABLE = {"tiny": {"nbytes": 2**18, "features": 256, "depth": 2},
             "full": {"nbytes": None, "features": 1024, "depth": 2}}     # None: lesson 05's largest copy
 
 
