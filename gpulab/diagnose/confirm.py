@@ -573,8 +573,9 @@ def graphs_after_fusing(d, out: list, step: Callable, device: torch.device, step
     (`rules.graphs_blocked_by`) and that variant beats the default compile beyond the two timings' spreads, a
     launch verdict on that measurement (its promise is what it measured), which `rank` puts first. On the H100
     (2026-12-06) the default compile measured 1.26x on timm_train_one_epoch and 1.40x on pageable_uint8_images,
-    where the labels' reduce-overhead compile read 1.78x and 1.71x in another run: designed after those readings,
-    not yet measured on a GPU."""
+    where the labels' reduce-overhead compile read 1.78x and 1.71x in another run: designed after those readings.
+    First run on a GPU (H100, 2026-12-07, results/zoo/2026-12-07-h100-issue41/): it came first on four steps and
+    stayed out, within the spreads, on two."""
     from gpulab.diagnose.rules import graphs_blocked_by
     from gpulab.diagnose.verdicts import verdict
 
