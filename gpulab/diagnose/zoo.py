@@ -313,7 +313,8 @@ def diagnose_step(path: Path, device: torch.device, record_dir: Path | None = No
 def with_confirmations(row: dict, live: dict | None) -> dict:
     """A re-analysed record's verdicts with the measurements its live diagnosis made (`confirm` runs the step,
     which a record cannot): each verdict whose rule the live run confirmed gets the same measured gain and is
-    demoted, or not, against its own (perhaps new) expectation (`rules.demote`), then ranked (`rules.rank`).
+    demoted, or not, against its own (perhaps new) expectation (`rules.demote`), then ranked (`rules.rank`);
+    the live run's launch verdict made from a measurement alone is kept where its conditions hold on the record.
     Needs this gpulab's rules."""
     import dataclasses
 
@@ -333,6 +334,12 @@ def with_confirmations(row: dict, live: dict | None) -> dict:
             how = m.get("confirmation", "").split("; demoted:")[0]
             v = demote(v, m["measured"], f"{how} (in the live run)")
         out.append(v)
+    # the launch verdict the live run made from a measurement alone (`confirm.graphs_after_fusing`: the elementwise
+    # note promoted, no launch verdict fired), which no rule fires on a record: kept where the same holds here
+    g = measured.get("launch_bound")
+    if (g is not None and g.get("actionable") and not any(v.rule == "launch_bound" for v in out)
+            and any(v.rule == "elementwise_unfused" and v.actionable for v in out)):
+        out.append(Verdict(**{k: x for k, x in g.items() if k in names}))
     return {**row, "verdicts": [v.to_dict() for v in rank(out)]}
 
 

@@ -380,6 +380,26 @@ def test_a_reanalysed_record_takes_the_live_runs_promotion_of_a_note():
     (v,) = [w for w in out["verdicts"] if w["rule"] == "elementwise_unfused"]
     assert v["actionable"] and v["measured"] == 2.4 and not v["demoted"], v
 
+
+def test_a_reanalysed_record_keeps_the_live_runs_launch_verdict_made_after_fusing():
+    """`confirm.graphs_after_fusing` adds a launch verdict from a measurement alone (no rule fires it on a record):
+    `records --confirmations` dropped it, so the re-analysis of the H100 run of 2026-12-07 by the same rules read 25
+    of 38 where the live diagnoses read 29. It is kept where the note was promoted and no launch verdict fired."""
+    note = verdict("elementwise_unfused", None, measured=None)
+    note.update(actionable=False, share=0.5, bound=2.0, expected=0.5, bottleneck="e", lesson="12", evidence="e", fix="f")
+    promoted = dict(note, actionable=True, measured=1.5, confirmation="measured 1.5x ...; ranked on that measurement")
+    graphs = dict(verdict("launch_bound", None, measured=2.0), share=0.5, bound=2.0, expected=0.5, bottleneck="l",
+                  lesson="11", evidence="e", fix="f", confirmation='measured 2x with mode="reduce-overhead"')
+    out = Z.with_confirmations({"name": "s", "verdicts": [note]}, {"verdicts": [promoted, graphs]})
+    assert [v["rule"] for v in out["verdicts"]] == ["launch_bound", "elementwise_unfused"], out
+    assert out["verdicts"][0]["measured"] == 2.0 and not out["verdicts"][0]["demoted"]
+    # not where the note stays a note (the live run promoted nothing), nor twice where a launch verdict fired here
+    alone = Z.with_confirmations({"name": "s", "verdicts": [note]}, {"verdicts": [graphs]})
+    assert [v["rule"] for v in alone["verdicts"]] == ["elementwise_unfused"], alone
+    fired = dict(graphs, measured=None, confirmation="")
+    both = Z.with_confirmations({"name": "s", "verdicts": [note, fired]}, {"verdicts": [promoted, graphs]})
+    assert sorted(v["rule"] for v in both["verdicts"]) == ["elementwise_unfused", "launch_bound"], both
+
 def test_a_top_verdict_whose_fix_the_label_never_timed_is_said_so_and_counted_as_a_miss(tmp_path):
     """The H100's diagnoses of 2026-12-06 ranked fixes (layout_transposes on torchvision_reference_classification)
     that the step's FIXES did not hold: its label cannot say the verdict is wrong, nor right."""
