@@ -65,3 +65,15 @@ def test_the_promises_the_notes_name_are_the_judges():
     notes = (RUN / "NOTES.md").read_text()
     assert all(f"{k} {g}" in notes for k, g in failing.items())
     assert checks["tuned steps: no verdict expects more than 10 %"][0] is True
+
+
+def test_the_records_under_one_set_of_rules_name_the_same_tops():
+    """diagnoses-by-9785415.json: all records re-analysed by one commit's rules, with the live gains: the same top
+    verdict as the live diagnoses on every judged step, and nanogpt's input_bound gone from the promises kept under
+    half (NOTES.md, "The same records under one set of rules")."""
+    live = Z.judge(labels(), Z.read_steps(DIAGNOSES["after"]))
+    one = Z.judge(labels(), Z.read_steps([RUN / "diagnoses-by-9785415.json"]))
+    tops = lambda j: {r["name"]: (r.get("top"), r.get("hit")) for r in j["rows"]}      # noqa: E731
+    assert tops(one) == tops(live)
+    why = {n: w for n, _, w in one["checks"]}["every measured verdict kept half its expectation, or was demoted"]
+    assert "nanogpt_shakespeare_char/input_bound" not in why and why.count(" kept ") == 3, why
