@@ -565,6 +565,14 @@ def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) ->
     d.verdicts = rank(out)
 
 
+def after_fusing_wants_graphs(verdicts) -> bool:
+    """Whether `graphs_after_fusing` has a launch verdict to measure among these verdicts: the elementwise note
+    promoted (a ranked fix) and no launch verdict fired. `zoo.with_confirmations` asks the same of a re-analysed
+    record before it keeps the live run's launch verdict made this way."""
+    return (any(v.rule == "elementwise_unfused" and v.actionable for v in verdicts)
+            and not any(v.rule == "launch_bound" for v in verdicts))
+
+
 def graphs_after_fusing(d, out: list, step: Callable, device: torch.device, steps: int, fused_ms: float,
                         fused_spread_ms: float) -> list:
     """Where the elementwise note was promoted (its compiled model measured faster) and no launch verdict fired, the
@@ -579,7 +587,7 @@ def graphs_after_fusing(d, out: list, step: Callable, device: torch.device, step
     from gpulab.diagnose.rules import graphs_blocked_by
     from gpulab.diagnose.verdicts import verdict
 
-    if device.type != "cuda" or any(v.rule == "launch_bound" for v in [*out, *d.verdicts]) or graphs_blocked_by(d.facts):
+    if device.type != "cuda" or not after_fusing_wants_graphs([*out, *d.verdicts]) or graphs_blocked_by(d.facts):
         return []
     probe = verdict("launch_bound", "", "11", 0.0, "", "")
     try:

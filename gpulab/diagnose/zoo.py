@@ -318,6 +318,7 @@ def with_confirmations(row: dict, live: dict | None) -> dict:
     Needs this gpulab's rules."""
     import dataclasses
 
+    from gpulab.diagnose.confirm import after_fusing_wants_graphs
     from gpulab.diagnose.rules import Verdict, demote, rank
 
     if not live or "verdicts" not in row:
@@ -337,8 +338,7 @@ def with_confirmations(row: dict, live: dict | None) -> dict:
     # the launch verdict the live run made from a measurement alone (`confirm.graphs_after_fusing`: the elementwise
     # note promoted, no launch verdict fired), which no rule fires on a record: kept where the same holds here
     g = measured.get("launch_bound")
-    if (g is not None and g.get("actionable") and not any(v.rule == "launch_bound" for v in out)
-            and any(v.rule == "elementwise_unfused" and v.actionable for v in out)):
+    if g is not None and g.get("actionable") and after_fusing_wants_graphs(out):
         out.append(Verdict(**{k: x for k, x in g.items() if k in names}))
     return {**row, "verdicts": [v.to_dict() for v in rank(out)]}
 
