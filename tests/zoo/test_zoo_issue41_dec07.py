@@ -77,3 +77,18 @@ def test_the_records_under_one_set_of_rules_name_the_same_tops():
     assert tops(one) == tops(live)
     why = {n: w for n, _, w in one["checks"]}["every measured verdict kept half its expectation, or was demoted"]
     assert "nanogpt_shakespeare_char/input_bound" not in why and why.count(" kept ") == 3, why
+
+
+def test_a_top_no_label_can_time_is_a_miss_not_a_pass():
+    """A cheat of the judge's own (2026-12-07): name first, on every step, a fix no step's FIXES holds
+    (data_parallel, which no label times on one GPU), promising 1.05x and measuring nothing. The tuned check and the
+    kept-half check have nothing to hold against it, so the judge must count an untimed top as a miss: 0 hits."""
+    rows = [r for r in labels() if "skipped" not in r and "error" not in r]
+    cheat = [{"name": r["name"], "verdicts": [{"rule": "data_parallel", "actionable": True, "demoted": False,
+                                               "measured": None, "expected_gain": 1.05, "bound": 1.05,
+                                               "share": 0.05, "expected": 0.05}]} for r in rows]
+    c = {n: (ok, why) for n, ok, why in Z.judge(rows, cheat)["checks"]}
+    assert c["top verdict names the best fix"][0] is False
+    assert c["top verdict names the best fix"][1].startswith("0 of "), c
+    assert c["tuned steps: no verdict expects more than 10 %"][0] is True
+    assert c["every measured verdict kept half its expectation, or was demoted"][0] is not False
