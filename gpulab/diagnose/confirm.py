@@ -12,7 +12,7 @@ rest of the diagnosis.
 | pageable_copy | a DataLoader's batches pinned as `pin_memory=True` pins them (with workers in a thread of their own, one batch ahead; without, inside `next()`), any other pageable host-to-GPU `Tensor.to` or `Tensor.cuda` pinned in the step (`pin_memory()`), and every copy of what it pinned to the GPU made with `non_blocking=True` | a step that reads no DataLoader and copies to the GPU only in ways it cannot see (`copy_` into a GPU tensor, `torch.tensor(..., device=)`) |
 | input_bound | the DataLoader's first batch handed out again every step, its tensors copied to the GPU once: what the input pipeline costs | the batch is made by the step's own code (no DataLoader): it runs anyway |
 | host_sync, host_code, periodic_stall | the step without the calls the learner marked with `skippable(...)` | nothing marked |
-| launch_bound | the step's model (`step.model`) compiled in place with `mode="reduce-overhead"` (CUDA graphs), `cudagraph_mark_step_begin()` before each step | no `step.model`; the step compiles its model already; the verdict is blocked (a sync in the forward, shapes that change: graphs cannot work yet) |
+| launch_bound | the step's model (`step.model`) compiled in place with `mode="reduce-overhead"` (CUDA graphs), `cudagraph_mark_step_begin()` before each step; a step that compiles its model already: its own compile again with CUDA graphs (`own_compile_graphed`), also where graph breaks block the verdict (one graph per compiled region; kept, it is no longer blocked: `through_block`) | no `step.model`; the verdict is blocked otherwise (a sync in an eager forward, shapes that change: graphs cannot work yet); inductor skipped or recorded no graph |
 | elementwise_unfused (a note) | the step's model compiled in place with `torch.compile` (default mode: the pointwise chains fused, no CUDA graphs); the note becomes a ranked fix, on what it measured, where that is at least COMPILE_PROMOTE_MIN beyond the timings' spread; then, where no launch verdict fired and graphs can work, the model compiled with `mode="reduce-overhead"` too: a launch verdict on that measurement where it beats the default compile beyond the spreads (`graphs_after_fusing`) | no `step.model`; compiling it changed nothing |
 
 Every other verdict says "not measured" and why, and keeps its expected gain. A verdict whose variant
@@ -406,21 +406,76 @@ def cuda_graphs(model: torch.nn.Module, device: torch.device) -> Iterator[str]:
         yield 'the model compiled with mode="reduce-overhead" (CUDA graphs)'
 
 
+@contextlib.contextmanager
+def own_compile_graphed(device: torch.device) -> Iterator[str]:
+    """The step's own torch.compile'd code compiled again with CUDA graphs: inductor's `triton.cudagraphs` (the
+    option mode="reduce-overhead" sets) switched on and torch.compile's caches reset, so that the step's next call
+    recompiles under it; both undone after. A synchronization inside the compiled forward is a graph break:
+    CUDA Graph Trees record one graph per compiled region and run the code between the regions as it is (the
+    PyTorch docs' "CUDAGraph Trees"). A step compiled with another backend than inductor is not changed by it:
+    its time then measures no graphs (a launch verdict on it would be demoted by a measurement of nothing)."""
+    if device.type != "cuda":
+        raise Unavailable("CUDA graphs exist only on a GPU")
+    from torch._inductor import config
+
+    was = config.triton.cudagraphs
+    torch.compiler.reset()
+    config.triton.cudagraphs = True
+    try:
+        yield "the step's own torch.compile again with CUDA graphs (what mode=\"reduce-overhead\" sets)"
+    finally:
+        torch.compiler.reset()            # with the option still on, so that the backends free the graphs' pool
+        config.triton.cudagraphs = was
+        try:
+            from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+            reset_cudagraph_trees()
+        except Exception:       # noqa: BLE001 - inductor internals; torch.compiler.reset() has done it where it can
+            pass
+
+
 def graphs_variant(v: Verdict, facts, step, device: torch.device):
-    """(the CUDA-graph variant's context, the step that marks each step's start) for a launch verdict, or
-    Unavailable(why): where graphs cannot work yet, where the step exposes no model, or compiles it already."""
-    if v.blocked_by:
+    """(the CUDA-graph variant's context, the step that marks each step's start, the check that it took) for a
+    launch verdict, or Unavailable(why): where graphs cannot work yet, or the step exposes no model. A step that
+    compiles its model already is compiled again with CUDA graphs (`own_compile_graphed`), also where its forward's
+    synchronizations break the graph (blocked by compile_graph_breaks): the graphs of each compiled region leave
+    the breaks between them, and what they buy is measured, not assumed (`through_block`)."""
+    if v.blocked_by and not (v.blocked_by == "compile_graph_breaks" and facts.compiled_regions > 0):
         raise Unavailable(f"blocked by {v.blocked_by}: CUDA graphs cannot work until its fix is made")
     model = getattr(step, "model", None)
     if not isinstance(model, torch.nn.Module):
         raise Unavailable("the step exposes no model (step.model = the module it calls) to compile")
-    if facts.compiled_regions > 0:
-        raise Unavailable("the step compiles its model already: the variant would compile it twice")
 
     def marked():
         torch.compiler.cudagraph_mark_step_begin()
         return step()
-    return cuda_graphs(model, device), marked
+    if facts.compiled_regions > 0:
+        return own_compile_graphed(device), marked, took_own_graphs
+    return cuda_graphs(model, device), marked, took_graphs
+
+
+def took_own_graphs(step: Callable) -> None:
+    """Unavailable unless one run of `step` under `own_compile_graphed` compiled again and inductor skipped no
+    CUDA graph: a step whose graphs inductor refused (a CPU input, a mutated input) would be timed as it is."""
+    from gpulab.diagnose.core import compile_counters
+
+    skips = compile_counters().get("cudagraph_skips", 0)
+    took_graphs(step)
+    if compile_counters().get("cudagraph_skips", 0) > skips:
+        raise Unavailable("inductor skipped the CUDA graphs of the step's compiled code (TORCH_LOGS=perf_hints says why)")
+
+
+def through_block(v: Verdict) -> Verdict:
+    """A launch verdict blocked by compile_graph_breaks whose CUDA graphs were measured with the breaks left in
+    (`own_compile_graphed`) and kept its promise: no longer blocked (the graphs worked around the breaks), ranked
+    on that measurement; demoted, it stays blocked. On the H100 (2026-12-07) compile_graph_break's labels read
+    2.23x for that fix against 1.44x for removing its four breaks a step, where the block had ranked the breaks
+    first (results/zoo/2026-12-07-h100-issue41/NOTES.md): written after that reading."""
+    from dataclasses import replace
+
+    if v.rule != "launch_bound" or v.blocked_by != "compile_graph_breaks" or v.measured is None or v.demoted:
+        return v
+    return replace(v, blocked_by="", confirmation=v.confirmation + "; the graphs worked with the graph breaks left "
+                   "in (one graph per compiled region), so it no longer waits for compile_graph_breaks")
 
 
 def took_graphs(step: Callable) -> None:
@@ -530,7 +585,7 @@ def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) ->
         try:
             run, warmup = step, CONFIRM_WARMUP
             if v.rule == "launch_bound":
-                context, run = graphs_variant(v, d.facts, step, device)
+                context, run, took = graphs_variant(v, d.facts, step, device)
                 warmup = CONFIRM_GRAPH_WARMUP
             elif v.rule == "elementwise_unfused":
                 context = compiled_variant(step)
@@ -541,7 +596,9 @@ def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) ->
                 context = _counting(context, hits)
             check = took_16bit if v.rule == "fp32_matmuls" and torch.cuda.is_available() and \
                 device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False) else None
-            if v.rule in ("launch_bound", "elementwise_unfused"):
+            if v.rule == "launch_bound":
+                check = took
+            elif v.rule == "elementwise_unfused":
                 check = took_graphs
             timing = measure(run, steps, device, context, check, warmup)
             ms = timing.median_ms
@@ -559,7 +616,7 @@ def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) ->
         how = f"measured {measured:.3g}x ({d.step_ms:.3g} -> {ms:.3g} ms per step) with {_describe(v)}"
         noise = (d.step_spread_ms or 0.0) + (timing.spread_ms or 0.0)
         out.append(promoted(v, d.step_ms, ms, how, noise) if not v.actionable else
-                   demote(v, measured, how, step_ms=d.step_ms, noise_ms=noise))
+                   through_block(demote(v, measured, how, step_ms=d.step_ms, noise_ms=noise)))
         if v.rule == "elementwise_unfused" and out[-1].actionable:
             out += graphs_after_fusing(d, out, step, device, steps, ms, timing.spread_ms or 0.0)
     d.verdicts = rank(out)
@@ -591,8 +648,8 @@ def graphs_after_fusing(d, out: list, step: Callable, device: torch.device, step
         return []
     probe = verdict("launch_bound", "", "11", 0.0, "", "")
     try:
-        context, run = graphs_variant(probe, d.facts, step, device)
-        timing = measure(run, steps, device, context, took_graphs, CONFIRM_GRAPH_WARMUP)
+        context, run, took = graphs_variant(probe, d.facts, step, device)
+        timing = measure(run, steps, device, context, took, CONFIRM_GRAPH_WARMUP)
     except Exception:       # noqa: BLE001 - no graphs here: the compiled model's verdict stands alone
         return []
     ms = timing.median_ms

@@ -313,12 +313,13 @@ def diagnose_step(path: Path, device: torch.device, record_dir: Path | None = No
 def with_confirmations(row: dict, live: dict | None) -> dict:
     """A re-analysed record's verdicts with the measurements its live diagnosis made (`confirm` runs the step,
     which a record cannot): each verdict whose rule the live run confirmed gets the same measured gain and is
-    demoted, or not, against its own (perhaps new) expectation (`rules.demote`), then ranked (`rules.rank`);
+    demoted, or not, against its own (perhaps new) expectation (`rules.demote`; a launch verdict measured through
+    graph breaks and kept is no longer blocked: `confirm.through_block`), then ranked (`rules.rank`);
     the live run's launch verdict made from a measurement alone is kept where its conditions hold on the record.
     Needs this gpulab's rules."""
     import dataclasses
 
-    from gpulab.diagnose.confirm import after_fusing_wants_graphs
+    from gpulab.diagnose.confirm import after_fusing_wants_graphs, through_block
     from gpulab.diagnose.rules import Verdict, demote, rank
 
     if not live or "verdicts" not in row:
@@ -333,7 +334,7 @@ def with_confirmations(row: dict, live: dict | None) -> dict:
             v = dataclasses.replace(v, actionable=True, expected=m.get("expected", v.expected))
         if m is not None:
             how = m.get("confirmation", "").split("; demoted:")[0]
-            v = demote(v, m["measured"], f"{how} (in the live run)")
+            v = through_block(demote(v, m["measured"], f"{how} (in the live run)"))
         out.append(v)
     # the launch verdict the live run made from a measurement alone (`confirm.graphs_after_fusing`: the elementwise
     # note promoted, no launch verdict fired), which no rule fires on a record: kept where the same holds here

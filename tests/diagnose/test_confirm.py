@@ -152,7 +152,8 @@ def test_confirm_verdicts_measures_the_marked_calls():
 
 def test_the_cuda_graph_variant_needs_the_model_a_free_path_and_a_gpu():
     """launch_bound's variant compiles `step.model` with mode="reduce-overhead": not where the verdict is blocked
-    (graphs cannot work yet), the step exposes no model, or compiles it already; on the CPU there are no graphs."""
+    (graphs cannot work yet), or the step exposes no model; a step that compiles its model already gets its own
+    compile again with CUDA graphs; on the CPU there are no graphs."""
     import torch
 
     model = torch.nn.Linear(4, 4)
@@ -168,9 +169,14 @@ def test_the_cuda_graph_variant_needs_the_model_a_free_path_and_a_gpu():
     with pytest.raises(C.Unavailable, match="exposes no model"):
         C.graphs_variant(launch, d.facts, lambda: None, CPU)
     from dataclasses import replace
-    with pytest.raises(C.Unavailable, match="compiles its model already"):
-        C.graphs_variant(launch, replace(d.facts, compiled_regions=2.0), step, CPU)
-    context, marked = C.graphs_variant(launch, d.facts, step, CPU)
+    # a step that compiles its model already: its own compile again with CUDA graphs (not on the CPU)
+    context, marked, took = C.graphs_variant(launch, replace(d.facts, compiled_regions=2.0), step, CPU)
+    assert took is C.took_own_graphs
+    with pytest.raises(C.Unavailable, match="only on a GPU"):
+        with context:
+            pass
+    context, marked, took = C.graphs_variant(launch, d.facts, step, CPU)
+    assert took is C.took_graphs
     with pytest.raises(C.Unavailable, match="only on a GPU"):
         with context:
             pass
@@ -456,7 +462,7 @@ def test_after_a_promoted_compile_the_reduce_overhead_compile_is_measured_where_
 
     def variant(v, facts, step, device):
         ran.append(v.rule)
-        return contextlib.nullcontext(), step
+        return contextlib.nullcontext(), step, None
 
     def timed(graphs_ms, spread=0.1):
         monkeypatch.setattr(C, "measure", lambda *a, **k: SimpleNamespace(median_ms=graphs_ms, spread_ms=spread))
@@ -509,3 +515,51 @@ def test_the_16_bit_variant_runs_last(monkeypatch):
                   verdict("pageable_copy", "pageable", "05", 0.2, "e", "pin")]
     C.confirm_verdicts(d, lambda: None, CPU, steps=1)
     assert ran == ["pageable_copy", "fp32_matmuls"]
+
+
+def test_graph_breaks_block_the_graphs_until_a_measurement_says_otherwise(monkeypatch):
+    """A launch verdict blocked by compile_graph_breaks (a compiled model whose forward syncs) is measured with the
+    step's own compile again with CUDA graphs (one graph per region, the breaks left in); kept, it is no longer
+    blocked and ranks on its measurement; demoted, unmeasured, or blocked by another cause, it stays blocked.
+    An eager model's sync in the forward (blocked by host_sync) or shapes that change stay unmeasured."""
+    import contextlib
+    from types import SimpleNamespace
+    from dataclasses import replace
+
+    import torch
+
+    from gpulab.diagnose import rules as R
+
+    model = torch.nn.Linear(4, 4)
+
+    def step():
+        model(torch.randn(2, 4)).sum().backward()
+    step.model = model
+    d = diagnosis({"host_code": 0.1}, 20.0)
+    compiled = replace(d.facts, compiled_regions=4.8)
+    blocked = verdict("launch_bound", "launch", "11", 0.66, "e", "graphs", blocked_by="compile_graph_breaks")
+    breaks = verdict("compile_graph_breaks", "breaks", "12", 0.72, "e", "no .item()", expected=0.033)
+    # which blocks the variant can measure through
+    assert C.graphs_variant(blocked, compiled, step, CPU)[2] is C.took_own_graphs
+    for other in ("host_sync", "compile_recompiles", "varying_shapes"):
+        with pytest.raises(C.Unavailable, match=f"blocked by {other}"):
+            C.graphs_variant(replace(blocked, blocked_by=other), compiled, step, CPU)
+    with pytest.raises(C.Unavailable, match="blocked by compile_graph_breaks"):      # no compiled region seen
+        C.graphs_variant(blocked, d.facts, step, CPU)
+    # through_block at its edges
+    kept = replace(blocked, measured=2.23)
+    assert C.through_block(kept).blocked_by == "" and "breaks left in" in C.through_block(kept).confirmation
+    assert C.through_block(replace(kept, demoted=True)).blocked_by == "compile_graph_breaks"
+    assert C.through_block(blocked).blocked_by == "compile_graph_breaks"                      # not measured
+    assert C.through_block(replace(kept, blocked_by="host_sync")).blocked_by == "host_sync"
+    # the whole path: measured 2.23x (20 -> 8.97 ms) against an expected 2.94x: kept, first; 1.1x: demoted, blocked
+    gpu = torch.device("cuda")                     # a device object only: nothing runs on it here
+    monkeypatch.setattr(C, "graphs_variant", lambda v, f, s, dev: (contextlib.nullcontext(), s, None))
+    for after_ms, first, still in ((20 / 2.23, "launch_bound", ""), (20 / 1.1, "compile_graph_breaks",
+                                                                     "compile_graph_breaks")):
+        monkeypatch.setattr(C, "measure", lambda *a, ms=after_ms, **k: SimpleNamespace(median_ms=ms, spread_ms=0.05))
+        d.verdicts = R.rank([breaks, blocked])
+        assert [v.rule for v in d.verdicts] == ["compile_graph_breaks", "launch_bound"]
+        C.confirm_verdicts(d, step, gpu, steps=1)
+        got = {v.rule: v for v in d.verdicts}
+        assert d.verdicts[0].rule == first and got["launch_bound"].blocked_by == still, [(v.rule, v.blocked_by, v.confirmation) for v in d.verdicts]

@@ -214,6 +214,14 @@ def test_a_reanalysed_record_takes_the_live_runs_measurements():
     kept = Z.with_confirmations({"name": "s", "verdicts": [a]}, {"verdicts": [{**a, "measured": 2.4}]})
     assert not kept["verdicts"][0]["demoted"]
     assert Z.with_confirmations({"name": "s", "verdicts": [a]}, None)["verdicts"] == [a]
+    # a launch verdict blocked by graph breaks, measured through them in the live run: unblocked where it kept its
+    # promise on the record too, still blocked where it did not
+    breaks = verdict("compile_graph_breaks", "breaks", "12", 0.7, "e", "f", expected=0.03).to_dict()
+    blocked = verdict("launch_bound", "launch", "11", 0.66, "e", "f", blocked_by="compile_graph_breaks").to_dict()
+    for gain, first in ((2.23, "launch_bound"), (1.1, "compile_graph_breaks")):
+        out = Z.with_confirmations({"name": "s", "verdicts": [breaks, blocked]},
+                                   {"verdicts": [{**blocked, "blocked_by": "", "measured": gain}]})
+        assert out["verdicts"][0]["rule"] == first, out
 
 
 SHAPE_CACHE_STEP = '''
