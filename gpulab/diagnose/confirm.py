@@ -11,6 +11,7 @@ rest of the diagnosis.
 | fp32_matmuls | the step under `torch.autocast(dtype=bfloat16)`, its own outermost `autocast(enabled=False)` switched on; TF32 allowed where the GPU has no bf16 | a GPU with neither (Turing, Volta); a step that sets its precision otherwise |
 | pageable_copy | a DataLoader's batches pinned as `pin_memory=True` pins them (with workers in a thread of their own, one batch ahead; without, inside `next()`), any other pageable host-to-GPU `Tensor.to` or `Tensor.cuda` pinned in the step (`pin_memory()`), and every copy of what it pinned to the GPU made with `non_blocking=True` | a step that reads no DataLoader and copies to the GPU only in ways it cannot see (`copy_` into a GPU tensor, `torch.tensor(..., device=)`) |
 | input_bound | the DataLoader's first batch handed out again every step, its tensors copied to the GPU once: what the input pipeline costs | the batch is made by the step's own code (no DataLoader): it runs anyway |
+| layout_transposes | the step's model (`step.model`) converted to channels_last in place, and the 4-D tensors given to its forward likewise (`channels_last`), undone after | no `step.model`; no 4-D weights in it |
 | host_sync, host_code, periodic_stall | the step without the calls the learner marked with `skippable(...)` | nothing marked |
 | launch_bound | the step's model (`step.model`) compiled in place with `mode="reduce-overhead"` (CUDA graphs), `cudagraph_mark_step_begin()` before each step; a step that compiles its model already: its own compile again with CUDA graphs (`own_compile_graphed`), also where graph breaks block the verdict (one graph per compiled region; kept, it is no longer blocked: `through_block`) | no `step.model`; the verdict is blocked otherwise (a sync in an eager forward, shapes that change: graphs cannot work yet); inductor skipped or recorded no graph |
 | elementwise_unfused (a note) | the step's model compiled in place with `torch.compile` (default mode: the pointwise chains fused, no CUDA graphs); the note becomes a ranked fix, on what it measured, where that is at least COMPILE_PROMOTE_MIN beyond the timings' spread; then, where no launch verdict fired and graphs can work, the model compiled with `mode="reduce-overhead"` too: a launch verdict on that measurement where it beats the default compile beyond the spreads (`graphs_after_fusing`) | no `step.model`; compiling it changed nothing |
@@ -433,6 +434,30 @@ def own_compile_graphed(device: torch.device) -> Iterator[str]:
             pass
 
 
+@contextlib.contextmanager
+def channels_last(model: torch.nn.Module) -> Iterator[str]:
+    """layout_transposes' variant: `model` converted to channels_last in place (`Module.to(memory_format=)` keeps
+    the Parameter objects, so the step's optimizer updates the same ones) and every 4-D tensor handed to its
+    forward converted likewise (a forward pre-hook); both undone after. An optimizer state made before (a momentum
+    buffer) keeps its layout, which the update reads in its slower per-tensor path; a step that calls other
+    modules than `step.model` converts only that one."""
+    def converted(t):
+        return t.contiguous(memory_format=torch.channels_last) if isinstance(t, torch.Tensor) and t.dim() == 4 else t
+
+    def hook(module, args, kwargs):
+        return tuple(converted(a) for a in args), {k: converted(x) for k, x in kwargs.items()}
+
+    if not any(p.dim() == 4 for p in model.parameters()):
+        raise Unavailable("the step's model has no 4-D weights (convolutions) to convert")
+    model.to(memory_format=torch.channels_last)
+    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield "channels_last (the model and the 4-D tensors given to it)"
+    finally:
+        handle.remove()
+        model.to(memory_format=torch.contiguous_format)
+
+
 def graphs_variant(v: Verdict, facts, step, device: torch.device):
     """(the CUDA-graph variant's context, the step that marks each step's start, the check that it took) for a
     launch verdict, or Unavailable(why): where graphs cannot work yet, or the step exposes no model. A step that
@@ -490,8 +515,13 @@ def took_graphs(step: Callable) -> None:
         raise Unavailable("the step does not call its model (step.model) itself: compiling it changed nothing")
 
 
-def _variant(v: Verdict, facts, device: torch.device):
+def _variant(v: Verdict, facts, device: torch.device, step=None):
     """The context manager that makes `v`'s fix, or Unavailable(why)."""
+    if v.rule == "layout_transposes":
+        model = getattr(step, "model", None)
+        if not isinstance(model, torch.nn.Module):
+            raise Unavailable("the step exposes no model (step.model = the module it calls) to convert")
+        return channels_last(model)
     if v.rule == "fp32_matmuls":
         return sixteen_bit(device)
     if v.rule == "pageable_copy":
@@ -590,7 +620,7 @@ def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) ->
             elif v.rule == "elementwise_unfused":
                 context = compiled_variant(step)
             else:
-                context = _variant(v, d.facts, device)
+                context = _variant(v, d.facts, device, step)
             hits: dict = {}
             if v.rule in ("host_sync", "host_code", "periodic_stall"):
                 context = _counting(context, hits)
@@ -702,6 +732,7 @@ def _counting(context, hits: dict):
 
 def _describe(v: Verdict) -> str:
     return {"fp32_matmuls": "16-bit math", "pageable_copy": "pinned staging", "input_bound": "the batch replayed",
+            "layout_transposes": "the model and its inputs in channels_last",
             "launch_bound": 'the model compiled with mode="reduce-overhead"',
             "elementwise_unfused": "the model compiled (torch.compile, default mode)"}.get(v.rule, "the marked calls skipped")
 

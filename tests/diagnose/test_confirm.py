@@ -563,3 +563,42 @@ def test_graph_breaks_block_the_graphs_until_a_measurement_says_otherwise(monkey
         C.confirm_verdicts(d, step, gpu, steps=1)
         got = {v.rule: v for v in d.verdicts}
         assert d.verdicts[0].rule == first and got["launch_bound"].blocked_by == still, [(v.rule, v.blocked_by, v.confirmation) for v in d.verdicts]
+
+
+def test_the_channels_last_variant_converts_the_model_and_its_inputs_and_puts_them_back():
+    """layout_transposes' variant: step.model in channels_last (the same Parameter objects, so the step's optimizer
+    trains them) and the 4-D tensors given to it likewise, undone after; a model without 4-D weights, or a step
+    without step.model, is not measured, and says why."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    seen = []
+    model.register_forward_hook(lambda m, a, out: seen.append((a[0].is_contiguous(memory_format=torch.channels_last),
+                                                               m[0].weight.is_contiguous(memory_format=torch.channels_last))))
+
+    def step():
+        opt.zero_grad()
+        model(torch.randn(2, 3, 8, 8)).sum().backward()
+        opt.step()
+    step.model = model
+    weight = model[0].weight
+    step()                                          # momentum buffers made before the variant, in NCHW
+    with C.channels_last(model):
+        step()
+        assert model[0].weight is weight and weight.is_contiguous(memory_format=torch.channels_last)
+    assert weight.is_contiguous() and model[0].weight is weight
+    step()
+    assert seen == [(False, False), (True, True), (False, False)]
+    assert not model._forward_pre_hooks                                 # the hook is gone
+    with pytest.raises(C.Unavailable, match="no 4-D weights"):
+        with C.channels_last(torch.nn.Linear(4, 4)):
+            pass
+    layout = verdict("layout_transposes", "layout", "07", 0.2, "e", "channels_last")
+    d = diagnosis({"host_code": 0.1}, 5.0)
+    with pytest.raises(C.Unavailable, match="exposes no model"):
+        C._variant(layout, d.facts, CPU, lambda: None)
+    d.verdicts = [layout]
+    C.confirm_verdicts(d, step, CPU, steps=1)
+    (v,) = d.verdicts
+    assert v.measured is not None and "channels_last" in v.confirmation and weight.is_contiguous()
