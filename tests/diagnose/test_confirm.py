@@ -505,7 +505,7 @@ def test_the_16_bit_variant_runs_last(monkeypatch):
     import contextlib
     ran = []
 
-    def variant(v, facts, device):
+    def variant(v, facts, device, step=None):
         ran.append(v.rule)
         return contextlib.nullcontext()
 
