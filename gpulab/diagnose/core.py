@@ -3,7 +3,8 @@
 The learner hands over one training step, a callable with no arguments that fetches its batch and
 trains on it, the way their loop does. `diagnose` then
 
-1. runs `warmup` steps unmeasured (allocator, cuBLAS and cuDNN settle); the last of them runs under
+1. runs `warmup` steps unmeasured (allocator, cuBLAS and cuDNN settle), then more in chunks until the step's time
+   stops falling (`settle`, on a GPU: kernels loaded, shapes compiled), at most SETTLE_MAX_S; the last runs under
    FlopCounterMode (the step's FLOPs) and `torch.cuda.set_sync_debug_mode("warn")` (the implicit
    synchronizations PyTorch warns of: `.item()`, `.cpu()`, blocking copies, `nonzero`, boolean masks,
    with the user's line; not `torch.cuda.synchronize()`, events, the allocator or distributed ops, which
@@ -164,6 +165,44 @@ MAX_CHUNKS = 40
 STALL_FACTOR = 3.0
 # A slow step that comes back every N steps is profiled once if N is at most this (steps run to reach it).
 STALL_PERIOD_MAX = 60
+
+
+# Warm-up until the step's time stops falling: chunks of SETTLE_CHUNK steps on the host clock (benchmark, synchronized
+# around each chunk) until SETTLE_QUIET chunks in a row ran no faster than (1 - SETTLE_FALL) of the fastest chunk
+# before them, at most SETTLE_MAX_S. On the H100 (2026-12-07, results/zoo/2026-12-07-h100-issue41-b/) three zoo steps
+# whose shapes change from step to step ran 70, 87 and 229 ms a step in the diagnosis's window after 3 warm-up steps,
+# where the same steps ran 11.5, 10.3 and 4.9 ms once many shapes had been seen (CUDA's lazily loaded kernels, a
+# compile per shape): the diagnosis judged a one-time cost as the step's. Written after those readings.
+SETTLE_CHUNK = 5
+SETTLE_FALL = 0.10
+SETTLE_QUIET = 2
+SETTLE_MAX_S = 20.0
+
+
+def settle(step: Callable, device: torch.device, limit_s: float = SETTLE_MAX_S) -> dict:
+    """Run `step` in chunks of SETTLE_CHUNK until its time per step stops falling (SETTLE_QUIET chunks in a row no
+    faster than 1 - SETTLE_FALL of the fastest before them), at most `limit_s`: {"chunks_ms": each chunk's ms per
+    step, "steps": run, "settled": whether it stopped falling}."""
+    t0, chunks, quiet = time.perf_counter(), [], 0
+    while True:
+        ms = benchmark(lambda: _run(step, "warm-up steps"), warmup=0, repeat=1, calls=SETTLE_CHUNK, clock="host",
+                       device=device).median_ms
+        quiet = quiet + 1 if chunks and ms >= min(chunks) * (1 - SETTLE_FALL) else 0
+        chunks.append(ms)
+        if quiet >= SETTLE_QUIET or time.perf_counter() - t0 > limit_s:
+            return {"chunks_ms": chunks, "steps": SETTLE_CHUNK * len(chunks), "settled": quiet >= SETTLE_QUIET}
+
+
+def settle_note(s: dict) -> str | None:
+    """What the report says of the warm-up where the step's time fell by more than SETTLE_FALL, or did not stop."""
+    first, last = s["chunks_ms"][0], s["chunks_ms"][-1]
+    if s["settled"] and last >= first * (1 - SETTLE_FALL):
+        return None
+    how = ("and was still falling when the warm-up stopped: what follows may still hold one-time costs"
+           if not s["settled"] else "; what follows is the settled step")
+    return (f"warm-up: the step ran {first:.3g} ms per step in its first {SETTLE_CHUNK} steps and {last:.3g} ms after "
+            f"{s['steps']} {how} (the first steps' extra time is paid once: kernels loaded, graphs compiled per shape, "
+            "the allocator's pool grown)").replace(" ; ", "; ")
 
 
 # NVML's utilization is averaged over its own sample period (1/6 s to 1 s, by product); over less than a
@@ -466,11 +505,13 @@ def _distributed() -> bool:
 def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, device: torch.device | None = None,
              flops_per_step: float | None = None, peak_tflops: float | None = None,
              trace_path: str | None = None, label: str = "", profile: bool = True, window_s: float = WINDOW_S,
-             confirm: bool = True, record_to: str | None = None) -> Diagnosis | None:
+             confirm: bool = True, record_to: str | None = None, settle_s: float = SETTLE_MAX_S) -> Diagnosis | None:
     """Diagnose one training step (a callable with no arguments: fetch a batch, forward, backward,
     optimizer step, zero_grad). See the module docstring for what runs; `Diagnosis.report()` says
     what was found.
 
+    `settle_s`: after the warm-up steps, more run in chunks until the step's time stops falling, for at most this
+    long (`settle`; 0: none; on a GPU only), so that the diagnosis is of the settled step, not of its one-time costs.
     `window_s`: the unprofiled steps run for at least this long (a step that stalls every N steps must
     fall inside). `confirm`: run, for each verdict that has one, a safe variant of the step (TF32 or
     autocast, pinned staging, the same batch replayed) and rank verdicts by the measured gain
@@ -490,6 +531,12 @@ def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, dev
     # the last warm-up step counts the FLOPs and finds the synchronizing calls: no extra training step
     for _ in range(warmup - 1):
         _run(step, "warm-up steps")
+    # on a GPU (lazily loaded kernels; the CPU runs the course's tiny checks), not in a DDP job (each process runs
+    # the same steps as its peers)
+    if warmup > 0 and settle_s > 0 and device.type == "cuda" and not distributed:
+        note = settle_note(settle(step, device, settle_s))
+        if note:
+            notes.append(note)
     if warmup == 0:
         notes.append("no warm-up step: the FLOPs and the synchronizing calls were found in one extra step")
     counted, hidden = scan_step(step, device, flops=flops_per_step is None)
