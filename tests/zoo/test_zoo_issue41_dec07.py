@@ -15,10 +15,13 @@ OLD_LABELS, OLD_RUN, RUN = (RES / n for n in ("2026-12-06-h100-issue41", "2026-1
                                               "2026-12-07-h100-issue41"))
 
 
+def label_files():
+    return (sorted(OLD_LABELS.glob("labels-[1-6]-6.json")) + [OLD_LABELS / "labels-6-6-rest.json",
+            OLD_RUN / "labels-again-4-new-steps.json"] + sorted(RUN.glob("labels-7[a-d].json")))
+
+
 def labels():
-    files = (sorted(OLD_LABELS.glob("labels-[1-6]-6.json")) + [OLD_LABELS / "labels-6-6-rest.json",
-             OLD_RUN / "labels-again-4-new-steps.json"] + sorted(RUN.glob("labels-7[a-d].json")))
-    return Z.read_steps(files)            # a step's last row, as `zoo judge` reads them
+    return Z.read_steps(label_files())            # a step's last row, as `zoo judge` reads them
 
 
 DIAGNOSES = {"after": [OLD_RUN / f for f in ("diagnoses-new-steps.json", "diagnoses-old-steps-a.json",
