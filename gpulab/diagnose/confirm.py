@@ -613,10 +613,12 @@ def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) ->
             out.append(v)
             continue
         try:
-            run, warmup = step, CONFIRM_WARMUP
+            run, warmup, what = step, CONFIRM_WARMUP, _describe(v)
             if v.rule == "launch_bound":
                 context, run, took = graphs_variant(v, d.facts, step, device)
                 warmup = CONFIRM_GRAPH_WARMUP
+                if took is took_own_graphs:
+                    what = "the step's own torch.compile again with CUDA graphs (what mode=\"reduce-overhead\" sets)"
             elif v.rule == "elementwise_unfused":
                 context = compiled_variant(step)
             else:
@@ -643,7 +645,7 @@ def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) ->
                                 "mark the line to measure what removing it buys"))
             continue
         measured = d.step_ms / ms if ms > 0 else float("inf")
-        how = f"measured {measured:.3g}x ({d.step_ms:.3g} -> {ms:.3g} ms per step) with {_describe(v)}"
+        how = f"measured {measured:.3g}x ({d.step_ms:.3g} -> {ms:.3g} ms per step) with {what}"
         noise = (d.step_spread_ms or 0.0) + (timing.spread_ms or 0.0)
         out.append(promoted(v, d.step_ms, ms, how, noise) if not v.actionable else
                    through_block(demote(v, measured, how, step_ms=d.step_ms, noise_ms=noise)))

@@ -554,7 +554,8 @@ def test_graph_breaks_block_the_graphs_until_a_measurement_says_otherwise(monkey
     assert C.through_block(replace(kept, blocked_by="host_sync")).blocked_by == "host_sync"
     # the whole path: measured 2.23x (20 -> 8.97 ms) against an expected 2.94x: kept, first; 1.1x: demoted, blocked
     gpu = torch.device("cuda")                     # a device object only: nothing runs on it here
-    monkeypatch.setattr(C, "graphs_variant", lambda v, f, s, dev: (contextlib.nullcontext(), s, None))
+    monkeypatch.setattr(C, "graphs_variant", lambda v, f, s, dev: (contextlib.nullcontext(), s, C.took_own_graphs))
+    monkeypatch.setattr(C, "took_own_graphs", lambda s: None)
     for after_ms, first, still in ((20 / 2.23, "launch_bound", ""), (20 / 1.1, "compile_graph_breaks",
                                                                      "compile_graph_breaks")):
         monkeypatch.setattr(C, "measure", lambda *a, ms=after_ms, **k: SimpleNamespace(median_ms=ms, spread_ms=0.05))
@@ -562,6 +563,7 @@ def test_graph_breaks_block_the_graphs_until_a_measurement_says_otherwise(monkey
         assert [v.rule for v in d.verdicts] == ["compile_graph_breaks", "launch_bound"]
         C.confirm_verdicts(d, step, gpu, steps=1)
         got = {v.rule: v for v in d.verdicts}
+        assert "own torch.compile again with CUDA graphs" in got["launch_bound"].confirmation
         assert d.verdicts[0].rule == first and got["launch_bound"].blocked_by == still, [(v.rule, v.blocked_by, v.confirmation) for v in d.verdicts]
 
 
