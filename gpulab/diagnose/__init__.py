@@ -12,7 +12,8 @@
 - `rules.py`: the host-side rules and `TABLE` (one row per rule), the ranking, `run_rules`; `kernel_rules.py`:
   the GPU-side rules; `verdicts.py`: `Verdict` and how a measured fix is judged against its promise;
 - `core.py`: `diagnose()` and `Diagnosis` (report, plot, to_dict); `report.py`: its report and timeline;
-  `confirm.py`: the variants that measure a verdict's fix;
+  `confirm.py`: the variants that measure a verdict's fix, and the ranking on what they measured;
+  `model_variants.py`: those made to the step's model (compiled, CUDA graphs, channels_last);
 - `zoo.py`, `zoo_label.py`: the zoo of steps from outside the course, labelled by measurement, and the judge.
 """
 import sys

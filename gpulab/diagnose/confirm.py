@@ -16,6 +16,8 @@ rest of the diagnosis.
 | launch_bound | the step's model (`step.model`) compiled in place with `mode="reduce-overhead"` (CUDA graphs), `cudagraph_mark_step_begin()` before each step; a step that compiles its model already: its own compile again with CUDA graphs (`own_compile_graphed`), also where graph breaks block the verdict (one graph per compiled region; kept, it is no longer blocked: `through_block`) | no `step.model`; the verdict is blocked otherwise (a sync in an eager forward, shapes that change: graphs cannot work yet); inductor skipped or recorded no graph |
 | elementwise_unfused (a note) | the step's model compiled in place with `torch.compile` (default mode: the pointwise chains fused, no CUDA graphs); the note becomes a ranked fix, on what it measured, where that is at least COMPILE_PROMOTE_MIN beyond the timings' spread; then, where no launch verdict fired and graphs can work, the model compiled with `mode="reduce-overhead"` too: a launch verdict on that measurement where it beats the default compile beyond the spreads (`graphs_after_fusing`) | no `step.model`; compiling it changed nothing |
 
+The variants made to the step's model live in `model_variants.py`.
+
 Every other verdict says "not measured" and why, and keeps its expected gain. A verdict whose variant
 saved less than half of what it was expected to, by more than the two timings' spread, is demoted
 (`rules.demote`) and says so.
@@ -35,6 +37,8 @@ import torch
 
 from gpulab.core.timing import benchmark
 from gpulab.diagnose.rules import Verdict, demote, rank
+from gpulab.diagnose.model_variants import (Unavailable, channels_last, compiled_in_place, cuda_graphs,  # noqa: F401
+                                           own_compile_graphed, through_block, took_graphs, took_own_graphs)
 
 # The variant's timed window, and its warm-up steps (a new precision re-selects its kernels, a compiled
 # step recompiles under autocast).
@@ -131,10 +135,6 @@ def sixteen_bit(device: torch.device) -> Iterator[str]:
             yield "the step with TF32 allowed for matmuls and convolutions"
         return
     raise Unavailable("this GPU has neither bf16 nor TF32 Tensor Cores: fp16 needs a GradScaler in the step itself")
-
-
-class Unavailable(Exception):
-    """No variant can be made for this verdict here (the message says why)."""
 
 
 def _patched(cls, name: str, new) -> Callable[[], None]:
@@ -381,83 +381,6 @@ def replayed_batch(device: torch.device) -> Iterator[str]:
         raise Unavailable("the step read no batch from a DataLoader")
 
 
-@contextlib.contextmanager
-def compiled_in_place(model: torch.nn.Module, **compile_kwargs) -> Iterator[None]:
-    """`model.forward` replaced by its torch.compile'd self (so calling the model runs the compiled code, whoever
-    calls it), put back after, and torch.compile's state reset (CUDA graphs' memory pool included). Public API
-    only: the instance attribute `forward` shadows the class's method, and removing it restores it."""
-    own = model.__dict__.get("forward")          # a forward set on the instance before, kept
-    model.forward = torch.compile(model.forward, **compile_kwargs)
-    try:
-        yield
-    finally:
-        if own is None:
-            del model.forward
-        else:
-            model.forward = own
-        torch.compiler.reset()
-
-
-@contextlib.contextmanager
-def cuda_graphs(model: torch.nn.Module, device: torch.device) -> Iterator[str]:
-    """`model` compiled in place with torch.compile(mode="reduce-overhead") (`compiled_in_place`), undone after."""
-    if device.type != "cuda":
-        raise Unavailable("CUDA graphs exist only on a GPU")
-    with compiled_in_place(model, mode="reduce-overhead"):
-        yield 'the model compiled with mode="reduce-overhead" (CUDA graphs)'
-
-
-@contextlib.contextmanager
-def own_compile_graphed(device: torch.device) -> Iterator[str]:
-    """The step's own torch.compile'd code compiled again with CUDA graphs: inductor's `triton.cudagraphs` (the
-    option mode="reduce-overhead" sets) switched on and torch.compile's caches reset, so that the step's next call
-    recompiles under it; both undone after. A synchronization inside the compiled forward is a graph break:
-    CUDA Graph Trees record one graph per compiled region and run the code between the regions as it is (the
-    PyTorch docs' "CUDAGraph Trees"). A step compiled with another backend than inductor is not changed by it:
-    its time then measures no graphs (a launch verdict on it would be demoted by a measurement of nothing)."""
-    if device.type != "cuda":
-        raise Unavailable("CUDA graphs exist only on a GPU")
-    from torch._inductor import config
-
-    was = config.triton.cudagraphs
-    torch.compiler.reset()
-    config.triton.cudagraphs = True
-    try:
-        yield "the step's own torch.compile again with CUDA graphs (what mode=\"reduce-overhead\" sets)"
-    finally:
-        torch.compiler.reset()            # with the option still on, so that the backends free the graphs' pool
-        config.triton.cudagraphs = was
-        try:
-            from torch._inductor.cudagraph_trees import reset_cudagraph_trees
-            reset_cudagraph_trees()
-        except Exception:       # noqa: BLE001 - inductor internals; torch.compiler.reset() has done it where it can
-            pass
-
-
-@contextlib.contextmanager
-def channels_last(model: torch.nn.Module) -> Iterator[str]:
-    """layout_transposes' variant: `model` converted to channels_last in place (`Module.to(memory_format=)` keeps
-    the Parameter objects, so the step's optimizer updates the same ones) and every 4-D tensor handed to its
-    forward converted likewise (a forward pre-hook); both undone after. An optimizer state made before (a momentum
-    buffer) keeps its layout, which the update reads in its slower per-tensor path; a step that calls other
-    modules than `step.model` converts only that one."""
-    def converted(t):
-        return t.contiguous(memory_format=torch.channels_last) if isinstance(t, torch.Tensor) and t.dim() == 4 else t
-
-    def hook(module, args, kwargs):
-        return tuple(converted(a) for a in args), {k: converted(x) for k, x in kwargs.items()}
-
-    if not any(p.dim() == 4 for p in model.parameters()):
-        raise Unavailable("the step's model has no 4-D weights (convolutions) to convert")
-    model.to(memory_format=torch.channels_last)
-    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        yield "channels_last (the model and the 4-D tensors given to it)"
-    finally:
-        handle.remove()
-        model.to(memory_format=torch.contiguous_format)
-
-
 def graphs_variant(v: Verdict, facts, step, device: torch.device):
     """(the CUDA-graph variant's context, the step that marks each step's start, the check that it took) for a
     launch verdict, or Unavailable(why): where graphs cannot work yet, or the step exposes no model. A step that
@@ -476,43 +399,6 @@ def graphs_variant(v: Verdict, facts, step, device: torch.device):
     if facts.compiled_regions > 0:
         return own_compile_graphed(device), marked, took_own_graphs
     return cuda_graphs(model, device), marked, took_graphs
-
-
-def took_own_graphs(step: Callable) -> None:
-    """Unavailable unless one run of `step` under `own_compile_graphed` compiled again and inductor skipped no
-    CUDA graph: a step whose graphs inductor refused (a CPU input, a mutated input) would be timed as it is."""
-    from gpulab.diagnose.core import compile_counters
-
-    skips = compile_counters().get("cudagraph_skips", 0)
-    took_graphs(step)
-    if compile_counters().get("cudagraph_skips", 0) > skips:
-        raise Unavailable("inductor skipped the CUDA graphs of the step's compiled code (TORCH_LOGS=perf_hints says why)")
-
-
-def through_block(v: Verdict) -> Verdict:
-    """A launch verdict blocked by compile_graph_breaks whose CUDA graphs were measured with the breaks left in
-    (`own_compile_graphed`) and kept its promise: no longer blocked (the graphs worked around the breaks), ranked
-    on that measurement; demoted, it stays blocked. On the H100 (2026-12-07) compile_graph_break's labels read
-    2.23x for that fix against 1.44x for removing its four breaks a step, where the block had ranked the breaks
-    first (results/zoo/2026-12-07-h100-issue41/NOTES.md): written after that reading."""
-    from dataclasses import replace
-
-    if v.rule != "launch_bound" or v.blocked_by != "compile_graph_breaks" or v.measured is None or v.demoted:
-        return v
-    return replace(v, blocked_by="", confirmation=v.confirmation + "; the graphs worked with the graph breaks left "
-                   "in (one graph per compiled region), so it no longer waits for compile_graph_breaks")
-
-
-def took_graphs(step: Callable) -> None:
-    """Unavailable unless one run of `step` under the CUDA-graph variant compiled something: a step that does not
-    call `step.model` itself (it calls a part of it, or another module) runs as before, and its time would
-    measure nothing."""
-    from gpulab.diagnose.core import compile_counters
-
-    before = compile_counters().get("graphs", 0)
-    step()
-    if compile_counters().get("graphs", 0) == before:
-        raise Unavailable("the step does not call its model (step.model) itself: compiling it changed nothing")
 
 
 def _variant(v: Verdict, facts, device: torch.device, step=None):

@@ -19,7 +19,7 @@ with the reason, those that need a GPU when there is none) and `rank` orders wha
 (a demoted verdict by what it measured), else expected gain; a fix that pays only once another is made
 ("blocked_by": a synchronizing call such as `.item()` inside the model's forward splits the graphs
 torch.compile captures, so it moves out first) comes right after that one, unless a measurement says otherwise
-(a compiled model's CUDA graphs, made with its graph breaks left in, kept their promise: `confirm.through_block`);
+(a compiled model's CUDA graphs, made with its graph breaks left in, kept their promise: `model_variants.through_block`);
 "compute_bound" and the other notes (what is left, not a fix) last.
 """
 from __future__ import annotations

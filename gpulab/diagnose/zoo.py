@@ -314,12 +314,13 @@ def with_confirmations(row: dict, live: dict | None) -> dict:
     """A re-analysed record's verdicts with the measurements its live diagnosis made (`confirm` runs the step,
     which a record cannot): each verdict whose rule the live run confirmed gets the same measured gain and is
     demoted, or not, against its own (perhaps new) expectation (`rules.demote`; a launch verdict measured through
-    graph breaks and kept is no longer blocked: `confirm.through_block`), then ranked (`rules.rank`);
+    graph breaks and kept is no longer blocked: `model_variants.through_block`), then ranked (`rules.rank`);
     the live run's launch verdict made from a measurement alone is kept where its conditions hold on the record.
     Needs this gpulab's rules."""
     import dataclasses
 
-    from gpulab.diagnose.confirm import after_fusing_wants_graphs, through_block
+    from gpulab.diagnose.confirm import after_fusing_wants_graphs
+    from gpulab.diagnose.model_variants import through_block
     from gpulab.diagnose.rules import Verdict, demote, rank
 
     if not live or "verdicts" not in row:

@@ -4,7 +4,7 @@ written timed again after its fixes, and when two fixes' gains are a tie.
 - `GENERIC`, `WithGeneric`, `with_generic`: the fixes a diagnosis makes from outside (`confirm.py`), so that a label
   can name the fix of every verdict the rules could give a step (item 5) without editing the frozen step files.
   `elementwise_unfused`: the step's model (`step.model`) compiled in place with torch.compile's default mode (the
-  pointwise chains fused, no CUDA graphs; `confirm.compiled_in_place`), on a step whose own code compiles nothing
+  pointwise chains fused, no CUDA graphs; `model_variants.compiled_in_place`), on a step whose own code compiles nothing
   and whose file has no fix of its own for that rule, with the zoo's backend (`zoo/_common.compile_backend`).
 - `retime`, `warmed_by_the_fixes`: every variant starts from the same batches, so a cache of the process that the
   first timing filled (each new shape's first run) makes later variants read faster; timed again where it did.
@@ -38,7 +38,7 @@ class WithGeneric:
     def make_step(self, fix=None, **kwargs):
         if fix not in self._generic:
             return self._module.make_step(fix, **kwargs)
-        from gpulab.diagnose.confirm import compiled_in_place
+        from gpulab.diagnose.model_variants import compiled_in_place
 
         step = self._module.make_step(None, **kwargs)
         model = getattr(step, "model", None)

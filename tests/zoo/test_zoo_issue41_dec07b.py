@@ -78,7 +78,7 @@ def test_the_records_under_one_set_of_rules_name_the_same_tops():
 
 def test_the_graph_break_step_is_measured_through_its_breaks_and_first():
     """compile_graph_break's launch verdict, blocked by its graph breaks before, was measured with them left in
-    (confirm.own_compile_graphed), kept its promise, and is no longer blocked: first, and the label's best."""
+    (model_variants.own_compile_graphed), kept its promise, and is no longer blocked: first, and the label's best."""
     (row,) = [r for r in Z.read_steps([RUN / "diagnoses-b1.json"]) if r["name"] == "compile_graph_break"]
     top = row["verdicts"][0]
     assert top["rule"] == "launch_bound" and top["blocked_by"] == "" and not top["demoted"]
