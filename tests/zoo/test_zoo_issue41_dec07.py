@@ -30,30 +30,39 @@ DIAGNOSES = {"after": [OLD_RUN / f for f in ("diagnoses-new-steps.json", "diagno
              "before": [RUN / "diagnoses-by-822f1d6.json"]}
 
 
+def matrices_match(run: Path, label_rows: list, diagnoses: list, when: str) -> None:
+    """`run`/matrix-WHEN.txt and matrix-WHEN-new-steps.txt are the judge's of these labels and diagnoses."""
+    d = Z.read_steps(diagnoses)
+    assert Z.matrix_text(Z.judge(label_rows, d)) == (run / f"matrix-{when}.txt").read_text().rstrip("\n")
+    new = Z.judge([r for r in label_rows if r["name"] in NEW], d)
+    assert Z.matrix_text(new) == (run / f"matrix-{when}-new-steps.txt").read_text().rstrip("\n")
+
+
 @pytest.mark.parametrize("when", ["after", "before"])
 def test_the_matrices_come_from_the_committed_files(when):
-    d = Z.read_steps(DIAGNOSES[when])
-    assert Z.matrix_text(Z.judge(labels(), d)) == (RUN / f"matrix-{when}.txt").read_text().rstrip("\n")
-    new = Z.judge([r for r in labels() if r["name"] in NEW], d)
-    assert Z.matrix_text(new) == (RUN / f"matrix-{when}-new-steps.txt").read_text().rstrip("\n")
+    matrices_match(RUN, labels(), DIAGNOSES[when], when)
 
 
-def _score(when, new=False):
-    d = Z.read_steps(DIAGNOSES[when])
-    why = dict((n, w) for n, _, w in Z.judge([r for r in labels() if not new or r["name"] in NEW], d)["checks"])
-    return re.match(r"(\d+) of (\d+)", why["top verdict names the best fix"]).groups()
-
-
-def test_the_notes_and_the_readme_quote_those_scores():
-    notes = (RUN / "NOTES.md").read_text()
+def scores_quoted(run: Path, commit: str, label_rows: list, diagnoses: dict) -> None:
+    """`run`/NOTES.md's table rows and zoo/README.md's sentence quote the judge's scores: the whole zoo and the new
+    steps, after (the live diagnoses, `commit`) and before (`diagnoses["before"]`, the frozen rules)."""
+    def score(when, new=False):
+        rows = [r for r in label_rows if not new or r["name"] in NEW]
+        why = dict((n, w) for n, _, w in Z.judge(rows, Z.read_steps(diagnoses[when]))["checks"])
+        return re.match(r"(\d+) of (\d+)", why["top verdict names the best fix"]).groups()
+    notes = (run / "NOTES.md").read_text()
     readme = " ".join((Path(__file__).resolve().parents[2] / "zoo" / "README.md").read_text().split())
-    a, b, an, bn = _score("after"), _score("before"), _score("after", True), _score("before", True)
+    a, b, an, bn = score("after"), score("before"), score("after", True), score("before", True)
     row = lambda s: f"{s[0]} of {s[1]} ({100 * int(s[0]) / int(s[1]):.0f} %)"      # noqa: E731
     assert f"before (822f1d6)     {row(b)}  {row(bn)}" in notes
-    assert f"after  (624d563)     {row(a)}  {row(an)}" in notes
+    assert f"after  ({commit})     {row(a)}  {row(an)}" in notes
     assert (f"the top verdict names the labelled best fix on {a[0]} of {a[1]} (before, the rules frozen at 822f1d6 "
             f"on the same records: {b[0]} of {b[1]}); on the new steps {an[0]} of {an[1]} (before {bn[0]} of "
             f"{bn[1]})") in readme
+
+
+def test_the_notes_and_the_readme_quote_those_scores():
+    scores_quoted(RUN, "624d563", labels(), DIAGNOSES)
 
 
 def test_the_promises_the_notes_name_are_the_judges():

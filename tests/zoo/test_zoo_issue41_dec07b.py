@@ -9,7 +9,7 @@ import pytest
 from gpulab.diagnose import zoo as Z
 
 from test_zoo_issue41 import NEW
-from test_zoo_issue41_dec07 import DIAGNOSES as BEFORE_THIS, RUN as PREVIOUS, label_files as previous_label_files
+from test_zoo_issue41_dec07 import DIAGNOSES as BEFORE_THIS, RUN as PREVIOUS, label_files as previous_label_files, matrices_match, scores_quoted
 
 RUN = Path(__file__).resolve().parents[2] / "results" / "zoo" / "2026-12-07-h100-issue41-b"
 
@@ -24,10 +24,7 @@ DIAGNOSES = {"after": BEFORE_THIS["after"] + [RUN / "diagnoses-b1.json", RUN / "
 
 @pytest.mark.parametrize("when", ["after", "before"])
 def test_the_matrices_come_from_the_committed_files(when):
-    d = Z.read_steps(DIAGNOSES[when])
-    assert Z.matrix_text(Z.judge(labels(), d)) == (RUN / f"matrix-{when}.txt").read_text().rstrip("\n")
-    new = Z.judge([r for r in labels() if r["name"] in NEW], d)
-    assert Z.matrix_text(new) == (RUN / f"matrix-{when}-new-steps.txt").read_text().rstrip("\n")
+    matrices_match(RUN, labels(), DIAGNOSES[when], when)
 
 
 def _checks(when, new=False):
@@ -35,20 +32,8 @@ def _checks(when, new=False):
                                                 Z.read_steps(DIAGNOSES[when]))["checks"]}
 
 
-def _score(when, new=False):
-    return re.match(r"(\d+) of (\d+)", _checks(when, new)["top verdict names the best fix"][1]).groups()
-
-
 def test_the_notes_and_the_readme_quote_those_scores():
-    notes = (RUN / "NOTES.md").read_text()
-    readme = " ".join((Path(__file__).resolve().parents[2] / "zoo" / "README.md").read_text().split())
-    a, b, an, bn = _score("after"), _score("before"), _score("after", True), _score("before", True)
-    row = lambda s: f"{s[0]} of {s[1]} ({100 * int(s[0]) / int(s[1]):.0f} %)"      # noqa: E731
-    assert f"before (822f1d6)     {row(b)}  {row(bn)}" in notes
-    assert f"after  (b514005)     {row(a)}  {row(an)}" in notes
-    assert (f"the top verdict names the labelled best fix on {a[0]} of {a[1]} (before, the rules frozen at 822f1d6 "
-            f"on the same records: {b[0]} of {b[1]}); on the new steps {an[0]} of {an[1]} (before {bn[0]} of "
-            f"{bn[1]})") in readme
+    scores_quoted(RUN, "b514005", labels(), DIAGNOSES)
 
 
 def test_the_failing_checks_are_the_ones_the_notes_name():
