@@ -82,8 +82,9 @@ def channels_last(model: torch.nn.Module) -> Iterator[str]:
     def hook(module, args, kwargs):
         return tuple(converted(a) for a in args), {k: converted(x) for k, x in kwargs.items()}
 
-    if not any(p.dim() == 4 for p in model.parameters()):
-        raise Unavailable("the step's model has no 4-D weights (convolutions) to convert")
+    if not any(isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) for m in model.modules()):
+        raise Unavailable("the step's model has no 2-D convolution (nn.Conv2d, nn.ConvTranspose2d) whose layout "
+                          "channels_last would change")
     model.to(memory_format=torch.channels_last)
     handle = model.register_forward_pre_hook(hook, with_kwargs=True)
     try:

@@ -569,7 +569,7 @@ def test_graph_breaks_block_the_graphs_until_a_measurement_says_otherwise(monkey
 
 def test_the_channels_last_variant_converts_the_model_and_its_inputs_and_puts_them_back():
     """layout_transposes' variant: step.model in channels_last (the same Parameter objects, so the step's optimizer
-    trains them) and the 4-D tensors given to it likewise, undone after; a model without 4-D weights, or a step
+    trains them) and the 4-D tensors given to it likewise, undone after; a model without a 2-D convolution, or a step
     without step.model, is not measured, and says why."""
     import torch
 
@@ -593,7 +593,7 @@ def test_the_channels_last_variant_converts_the_model_and_its_inputs_and_puts_th
     step()
     assert seen == [(False, False), (True, True), (False, False)]
     assert not model._forward_pre_hooks                                 # the hook is gone
-    with pytest.raises(C.Unavailable, match="no 4-D weights"):
+    with pytest.raises(C.Unavailable, match="no 2-D convolution"):
         with C.channels_last(torch.nn.Linear(4, 4)):
             pass
     layout = verdict("layout_transposes", "layout", "07", 0.2, "e", "channels_last")
@@ -604,3 +604,21 @@ def test_the_channels_last_variant_converts_the_model_and_its_inputs_and_puts_th
     C.confirm_verdicts(d, step, CPU, steps=1)
     (v,) = d.verdicts
     assert v.measured is not None and "channels_last" in v.confirmation and weight.is_contiguous()
+
+
+def test_a_model_with_4d_weights_but_no_convolution_is_not_measured_in_channels_last():
+    """A cheat of my own on the channels_last variant: a model whose only 4-D parameter is no convolution's weight
+    (a learned positional table, say) would be converted, run as before, and its layout verdict demoted by a
+    measurement of nothing. The variant needs a 2-D convolution module."""
+    import torch
+
+    class Table(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos = torch.nn.Parameter(torch.zeros(1, 4, 8, 8))
+
+        def forward(self, x):
+            return x + self.pos
+    with pytest.raises(C.Unavailable, match="no 2-D convolution"):
+        with C.channels_last(Table()):
+            pass
