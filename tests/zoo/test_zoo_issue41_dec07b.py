@@ -69,3 +69,14 @@ def test_the_graph_break_step_is_measured_through_its_breaks_and_first():
     assert top["rule"] == "launch_bound" and top["blocked_by"] == "" and not top["demoted"]
     assert top["measured"] == pytest.approx(1.82, abs=0.01) and "graph breaks left in" in top["confirmation"]
     assert PREVIOUS.exists()
+
+
+def test_the_halves_the_notes_quote_are_the_judges():
+    notes = " ".join((RUN / "NOTES.md").read_text().split())
+    for when, (held, dev) in {"after": ((13, 16), (17, 20)), "before": ((9, 16), (14, 20))}.items():
+        rows = [r for r in Z.judge(labels(), Z.read_steps(DIAGNOSES[when]))["rows"] if "hit" in r]
+        for half, (hits, of) in ((True, held), (False, dev)):
+            got = [r["hit"] for r in rows if r["held_out"] == half]
+            assert (sum(got), len(got)) == (hits, of), (when, half)
+    assert ("On the held-out half the top names the best fix on 13 of 16 labelled steps after and 9 of 16 before; on "
+            "the development half 17 of 20 after and 14 of 20 before") in notes
