@@ -21,31 +21,34 @@ def sleeper(times_ms):
     return step
 
 
-def test_a_steady_step_settles_in_three_chunks():
-    step = sleeper([2.0])
+# Sleeps of 10 ms and more: the host's sleep overshoots by a fraction of a millisecond, which at 2 ms a step read
+# as a 12 % fall on a loaded 2-core CI machine; counts get one chunk of slack for that.
+def test_a_steady_step_settles_in_three_chunks_or_four():
+    step = sleeper([10.0])
     s = C.settle(step, CPU, limit_s=5.0)
-    assert s["settled"] and len(s["chunks_ms"]) == C.SETTLE_QUIET + 1 and s["steps"] == step.calls["n"] == 15
+    assert s["settled"] and C.SETTLE_QUIET + 1 <= len(s["chunks_ms"]) <= C.SETTLE_QUIET + 2, s
+    assert s["steps"] == step.calls["n"] == C.SETTLE_CHUNK * len(s["chunks_ms"])
     assert C.settle_note(s) is None
 
 
 def test_a_falling_step_runs_until_it_stops_falling_and_the_report_says_so():
-    # 20 ms for 10 steps, then 2 ms: the first two chunks are slow, then three fast ones (the first fast one falls)
-    step = sleeper([20.0] * 10 + [2.0])
+    # 60 ms for 10 steps, then 10 ms: two slow chunks, then fast ones until two in a row fall no further
+    step = sleeper([60.0] * 10 + [10.0])
     s = C.settle(step, CPU, limit_s=10.0)
-    assert s["settled"] and len(s["chunks_ms"]) == 2 + 1 + C.SETTLE_QUIET, s
-    assert s["chunks_ms"][0] > 5 * s["chunks_ms"][-1]
+    assert s["settled"] and 2 + 1 + C.SETTLE_QUIET <= len(s["chunks_ms"]) <= 2 + 2 + C.SETTLE_QUIET, s
+    assert s["chunks_ms"][0] > 4 * s["chunks_ms"][-1]
     note = C.settle_note(s)
     assert "in its first 5 steps" in note and f"after {s['steps']}; what follows is the settled step" in note
 
 
 def test_a_step_still_falling_at_the_limit_is_said_to_be():
-    step = sleeper([float(40 - i) for i in range(40)])      # every chunk about 5 ms faster than the one before
-    s = C.settle(step, CPU, limit_s=0.3)
-    assert not s["settled"] and "still falling" in C.settle_note(s)
+    step = sleeper([float(80 - 2 * i) for i in range(40)])     # each chunk about 10 ms (12 %+) faster than the last
+    s = C.settle(step, CPU, limit_s=0.5)
+    assert not s["settled"] and "still falling" in C.settle_note(s), s
 
 
 def test_a_chunk_within_the_fall_margin_counts_as_settled():
-    # 10 ms, then 9.5 ms (a 5 % fall, under SETTLE_FALL): no longer falling
-    step = sleeper([10.0] * 5 + [9.5])
+    # 20 ms, then 19 ms (a 5 % fall, under SETTLE_FALL): no longer falling
+    step = sleeper([20.0] * 5 + [19.0])
     s = C.settle(step, CPU, limit_s=5.0)
-    assert s["settled"] and len(s["chunks_ms"]) == C.SETTLE_QUIET + 1
+    assert s["settled"] and len(s["chunks_ms"]) <= C.SETTLE_QUIET + 2, s
