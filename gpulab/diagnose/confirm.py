@@ -37,7 +37,7 @@ import torch
 
 from gpulab.core.timing import benchmark
 from gpulab.diagnose.rules import Verdict, demote, rank
-from gpulab.diagnose.model_variants import (Unavailable, channels_last, compiled_in_place, cuda_graphs,  # noqa: F401
+from gpulab.diagnose.model_variants import (OWN_GRAPHS, Unavailable, channels_last, compiled_in_place, cuda_graphs,  # noqa: F401
                                            own_compile_graphed, through_block, took_graphs, took_own_graphs)
 
 # The variant's timed window, and its warm-up steps (a new precision re-selects its kernels, a compiled
@@ -504,7 +504,7 @@ def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) ->
                 context, run, took = graphs_variant(v, d.facts, step, device)
                 warmup = CONFIRM_GRAPH_WARMUP
                 if took is took_own_graphs:
-                    what = "the step's own torch.compile again with CUDA graphs (what mode=\"reduce-overhead\" sets)"
+                    what = OWN_GRAPHS
             elif v.rule == "elementwise_unfused":
                 context = compiled_variant(step)
             else:
