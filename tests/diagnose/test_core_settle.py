@@ -52,3 +52,13 @@ def test_a_chunk_within_the_fall_margin_counts_as_settled():
     step = sleeper([20.0] * 5 + [19.0])
     s = C.settle(step, CPU, limit_s=5.0)
     assert s["settled"] and len(s["chunks_ms"]) <= C.SETTLE_QUIET + 2, s
+
+
+def test_notebook_15_quotes_the_settle_as_the_code_runs_it():
+    """Notebook 15's prose names the warm-up's chunk and limit: the constants core.settle uses."""
+    import json
+    from pathlib import Path
+
+    nb = Path(__file__).resolve().parents[2] / "notebooks" / "15_your_training_step.ipynb"
+    text = " ".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "markdown")
+    assert f"chunks of {C.SETTLE_CHUNK} steps, at most {C.SETTLE_MAX_S:g} s" in " ".join(text.split())
