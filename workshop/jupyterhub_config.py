@@ -18,6 +18,10 @@ c.JupyterHub.cookie_secret_file = os.environ.get("GPULAB_HUB_SECRET", "jupyterhu
 c.JupyterHub.cleanup_servers = True            # stopping the hub stops every learner's server
 c.Spawner.default_url = "/lab"
 c.Spawner.start_timeout = 120
+# After a server's process has started, how long the hub waits for it to answer HTTP before it gives the spawn up
+# (JupyterHub's default is 30 s). A room's servers start at once: in tests/workshop/test_hub_load.py eight on two
+# busy cores came close to 30 s, and one past it failed a CI run (2026-12-07).
+c.Spawner.http_timeout = 120
 
 if os.environ.get("GPULAB_HUB_ACCOUNTS") == "1":
     # learners log in with their accounts on this server; each server runs as its learner (the hub as root)

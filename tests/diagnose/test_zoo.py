@@ -235,8 +235,11 @@ def make_step(fix=None, *, scale=None, device=None, seed=0, reorder=False):
     state = {{"k": 0}}
 
     def step():
-        shape = state["k"] % 40                 # 40 shapes, as a collator padding to the longest makes
-        time.sleep(0.02 if SLOW and shape not in SEEN else 0.001)
+        shape = state["k"] % 30                 # 30 shapes, as a collator padding to the longest makes (15 go by
+                                                # in the 3 warm-up calls of 5 steps)
+        # sleeps of 5 ms, not 1: on the 2-core CI clone under load a 1 ms sleep overshot by a tenth or more, which
+        # read as a 1.1x 'warming' of a step that has no cache (CI of 2026-12-07)
+        time.sleep(0.03 if SLOW and shape not in SEEN else 0.005)
         SEEN.add(shape)
         state["k"] += 1
     return step

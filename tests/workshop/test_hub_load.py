@@ -30,7 +30,9 @@ LEARNERS = 8
 NOTEBOOK = REPO / "notebooks" / "01_measuring_time.ipynb"
 START_S = 90          # the hub up
 SPAWN_S = 240         # every learner's server ready, all spawned at once on two cores (the hub's own limit is
-                      # its start_timeout, set below to this: a spawn it gives up on fails the test at once)
+                      # start_timeout and http_timeout, set below to this: a spawn it gives up on fails the test at
+                      # once. With JupyterHub's default http_timeout of 30 s, one server of eight that took longer
+                      # to answer failed the CI run of 2026-12-07)
 RUN_S = 300           # notebook 01 in every learner's kernel, all at once, on two cores
 
 
@@ -191,6 +193,7 @@ c.SimpleRoomSpawner.room_env = {{"GPULAB_SCALE": "tiny", "GPULAB_DEVICE": "cpu",
                                  "OMP_NUM_THREADS": "1"}}
 c.JupyterHub.concurrent_spawn_limit = {LEARNERS}
 c.Spawner.start_timeout = {SPAWN_S}
+c.Spawner.http_timeout = {SPAWN_S}     # its answering HTTP too (JupyterHub waits 30 s by default)
 c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}   # POST .../server returns at once: spawns overlap
 ''')
     env = {**os.environ, "GPULAB_ROOM": str(room), "GPULAB_HUB_HOMES": str(homes),
