@@ -16,20 +16,39 @@ class Unavailable(Exception):
     """No variant can be made for this verdict here (the message says why)."""
 
 
+def called_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules a step calls through `step.model`: the model itself where it has a forward; where it is a
+    container with none (an nn.ModuleList or nn.ModuleDict of the models a step trains: two networks that teach
+    each other, a generator and its critic), its members, each once (a member that is such a container: its own)."""
+    if type(model).forward is not torch.nn.Module.forward:
+        return [model]
+    found: dict = {}
+    for child in model.children():
+        for m in called_modules(child):
+            found.setdefault(id(m), m)
+    return list(found.values())
+
+
 @contextlib.contextmanager
 def compiled_in_place(model: torch.nn.Module, **compile_kwargs) -> Iterator[None]:
     """`model.forward` replaced by its torch.compile'd self (so calling the model runs the compiled code, whoever
-    calls it), put back after, and torch.compile's state reset (CUDA graphs' memory pool included). Public API
-    only: the instance attribute `forward` shadows the class's method, and removing it restores it."""
-    own = model.__dict__.get("forward")          # a forward set on the instance before, kept
-    model.forward = torch.compile(model.forward, **compile_kwargs)
+    calls it), put back after, and torch.compile's state reset (CUDA graphs' memory pool included); a container of
+    models, each of its `called_modules` likewise. Public API only: the instance attribute `forward` shadows the
+    class's method, and removing it restores it."""
+    members = called_modules(model)
+    if not members:
+        raise Unavailable("the step's model (step.model) holds no module with a forward to compile")
+    owns = [m.__dict__.get("forward") for m in members]          # a forward set on the instance before, kept
+    for m in members:
+        m.forward = torch.compile(m.forward, **compile_kwargs)
     try:
         yield
     finally:
-        if own is None:
-            del model.forward
-        else:
-            model.forward = own
+        for m, own in zip(members, owns):
+            if own is None:
+                del m.forward
+            else:
+                m.forward = own
         torch.compiler.reset()
 
 
@@ -77,9 +96,9 @@ def own_compile_graphed(device: torch.device) -> Iterator[str]:
 def channels_last(model: torch.nn.Module) -> Iterator[str]:
     """layout_transposes' variant: `model` converted to channels_last in place (`Module.to(memory_format=)` keeps
     the Parameter objects, so the step's optimizer updates the same ones) and every 4-D tensor handed to its
-    forward converted likewise (a forward pre-hook); both undone after. An optimizer state made before (a momentum
-    buffer) keeps its layout, which the update reads in its slower per-tensor path; a step that calls other
-    modules than `step.model` converts only that one."""
+    forward (each of its `called_modules`) converted likewise (a forward pre-hook); both undone after. An optimizer
+    state made before (a momentum buffer) keeps its layout, which the update reads in its slower per-tensor path; a
+    step that calls other modules than `step.model` converts only that one."""
     def converted(t):
         return t.contiguous(memory_format=torch.channels_last) if isinstance(t, torch.Tensor) and t.dim() == 4 else t
 
@@ -90,11 +109,12 @@ def channels_last(model: torch.nn.Module) -> Iterator[str]:
         raise Unavailable("the step's model has no 2-D convolution (nn.Conv2d, nn.ConvTranspose2d) whose layout "
                           "channels_last would change")
     model.to(memory_format=torch.channels_last)
-    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in called_modules(model)]
     try:
         yield "channels_last (the model and the 4-D tensors given to it)"
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
         model.to(memory_format=torch.contiguous_format)
 
 

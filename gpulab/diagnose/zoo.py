@@ -338,7 +338,7 @@ def with_confirmations(row: dict, live: dict | None) -> dict:
             v = through_block(demote(v, m["measured"], f"{how} (in the live run)"))
         out.append(v)
     # the launch verdict the live run made from a measurement alone (`confirm.graphs_after_fusing`: the elementwise
-    # note promoted, no launch verdict fired), which no rule fires on a record: kept where the same holds here
+    # note measured, no launch verdict fired), which no rule fires on a record: kept where the same holds here
     g = measured.get("launch_bound")
     if g is not None and g.get("actionable") and after_fusing_wants_graphs(out):
         out.append(Verdict(**{k: x for k, x in g.items() if k in names}))

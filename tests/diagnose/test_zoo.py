@@ -395,7 +395,8 @@ def test_a_reanalysed_record_takes_the_live_runs_promotion_of_a_note():
 def test_a_reanalysed_record_keeps_the_live_runs_launch_verdict_made_after_fusing():
     """`confirm.graphs_after_fusing` adds a launch verdict from a measurement alone (no rule fires it on a record):
     `records --confirmations` dropped it, so the re-analysis of the H100 run of 2026-12-07 by the same rules read 25
-    of 38 where the live diagnoses read 29. It is kept where the note was promoted and no launch verdict fired."""
+    of 38 where the live diagnoses read 29. It is kept where the record has the note and no launch verdict fired
+    (since torchvision's reading of 2026-12-07 the live run measures the graphs after a note that stayed a note too)."""
     note = verdict("elementwise_unfused", None, measured=None)
     note.update(actionable=False, share=0.5, bound=2.0, expected=0.5, bottleneck="e", lesson="12", evidence="e", fix="f")
     promoted = dict(note, actionable=True, measured=1.5, confirmation="measured 1.5x ...; ranked on that measurement")
@@ -404,9 +405,14 @@ def test_a_reanalysed_record_keeps_the_live_runs_launch_verdict_made_after_fusin
     out = Z.with_confirmations({"name": "s", "verdicts": [note]}, {"verdicts": [promoted, graphs]})
     assert [v["rule"] for v in out["verdicts"]] == ["launch_bound", "elementwise_unfused"], out
     assert out["verdicts"][0]["measured"] == 2.0 and not out["verdicts"][0]["demoted"]
-    # not where the note stays a note (the live run promoted nothing), nor twice where a launch verdict fired here
+    # also where the note stays a note (the compile alone did not pay; the graphs did)
     alone = Z.with_confirmations({"name": "s", "verdicts": [note]}, {"verdicts": [graphs]})
-    assert [v["rule"] for v in alone["verdicts"]] == ["elementwise_unfused"], alone
+    assert [v["rule"] for v in alone["verdicts"]] == ["launch_bound", "elementwise_unfused"], alone
+    # not where the record has no note (no rule of this gpulab would have measured the graphs), nor twice where a
+    # launch verdict fired here
+    other = dict(note, rule="host_code")
+    none = Z.with_confirmations({"name": "s", "verdicts": [other]}, {"verdicts": [graphs]})
+    assert [v["rule"] for v in none["verdicts"]] == ["host_code"], none
     fired = dict(graphs, measured=None, confirmation="")
     both = Z.with_confirmations({"name": "s", "verdicts": [note, fired]}, {"verdicts": [promoted, graphs]})
     assert sorted(v["rule"] for v in both["verdicts"]) == ["elementwise_unfused", "launch_bound"], both
