@@ -216,3 +216,14 @@ def test_every_notebook_cell_has_a_unique_id():
             assert not missing, f"{path.name}: cells {missing} have no id"
             ids = [c["id"] for c in nb["cells"]]
             assert len(ids) == len(set(ids)), f"{path.name}: two cells share an id"
+
+
+# Issue 42's bound on a room of the package: a newcomer reads a module whole
+MAX_MODULE_LINES = 700
+
+
+def test_no_module_of_the_package_is_over_the_bound():
+    long = {p.relative_to(ROOT).as_posix(): n for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert not long, (f"over {MAX_MODULE_LINES} lines (split the module by its jobs, as lessons/capstone/ is): "
+                      + ", ".join(f"{p} {n}" for p, n in long.items()))
