@@ -39,14 +39,14 @@ def compiled_in_place(model: torch.nn.Module, **compile_kwargs) -> Iterator[None
     if not members:
         raise Unavailable("the step's model (step.model) holds no module with a forward to compile")
     owns = [m.__dict__.get("forward") for m in members]          # a forward set on the instance before, kept
-    for m in members:
-        m.forward = torch.compile(m.forward, **compile_kwargs)
     try:
+        for m in members:
+            m.forward = torch.compile(m.forward, **compile_kwargs)
         yield
-    finally:
+    finally:                                    # also where a member's compile raised before the others were made
         for m, own in zip(members, owns):
             if own is None:
-                del m.forward
+                m.__dict__.pop("forward", None)
             else:
                 m.forward = own
         torch.compiler.reset()

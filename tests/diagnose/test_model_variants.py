@@ -139,3 +139,20 @@ def test_confirm_runs_the_graphs_after_a_note_that_stayed_a_note(monkeypatch):
     d.verdicts = [verdict("elementwise_unfused", "unfused", "12", 0.5, "e", "torch.compile", actionable=False)]
     C.confirm_verdicts(d, step, CPU, steps=1)
     assert len(asked) == 2 and not d.verdicts[0].actionable
+
+
+def test_a_compile_that_raises_on_the_second_member_leaves_the_first_as_it_was(monkeypatch):
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    real = torch.compile
+    made = []
+
+    def compile_once(fn, **kwargs):
+        if made:
+            raise RuntimeError("no compiler for this one")
+        made.append(fn)
+        return real(fn, **kwargs)
+    monkeypatch.setattr(torch, "compile", compile_once)
+    with pytest.raises(RuntimeError, match="no compiler"):
+        with M.compiled_in_place(torch.nn.ModuleList([a, b]), backend="eager"):
+            pass
+    assert made and "forward" not in a.__dict__ and "forward" not in b.__dict__
