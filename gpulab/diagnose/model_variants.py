@@ -20,7 +20,7 @@ def called_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules a step calls through `step.model`: the model itself where it has a forward; where it is a
     container with none (an nn.ModuleList or nn.ModuleDict of the models a step trains: two networks that teach
     each other, a generator and its critic), its members, each once (a member that is such a container: its own)."""
-    if type(model).forward is not torch.nn.Module.forward:
+    if type(model).forward is not torch.nn.Module.forward or "forward" in model.__dict__:     # its class's, or its own
         return [model]
     found: dict = {}
     for child in model.children():

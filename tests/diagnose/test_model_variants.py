@@ -41,6 +41,9 @@ def test_called_modules_are_the_model_or_the_members_of_a_container_without_a_fo
     nested = torch.nn.ModuleDict({"gen": torch.nn.ModuleList([a, b]), "critic": c, "again": a})
     assert M.called_modules(nested) == [a, b, c]          # each once, a container's members in order
     assert M.called_modules(torch.nn.ModuleList()) == []
+    wrapper = torch.nn.ModuleList([a])                      # a forward set on the instance: the step calls it
+    wrapper.forward = lambda x: a(x)
+    assert M.called_modules(wrapper) == [wrapper]
 
 
 def test_a_container_of_models_has_each_member_compiled_in_place_and_put_back():
