@@ -39,8 +39,9 @@ import torch
 
 from gpulab.core.timing import benchmark
 from gpulab.diagnose.rules import Verdict, demote, rank
-from gpulab.diagnose.model_variants import (OWN_GRAPHS, Unavailable, channels_last, compiled_in_place, cuda_graphs,  # noqa: F401
-                                           own_compile_graphed, through_block, took_graphs, took_own_graphs)
+from gpulab.diagnose.model_variants import (OWN_GRAPHS, Unavailable, called_modules, channels_last,  # noqa: F401
+                                           compiled_in_place, cuda_graphs, own_compile_graphed, through_block,
+                                           took_graphs, took_own_graphs)
 
 # The variant's timed window, and its warm-up steps (a new precision re-selects its kernels, a compiled
 # step recompiles under autocast).
@@ -581,16 +582,18 @@ def graphs_after_fusing(d, out: list, step: Callable, device: torch.device, step
     if ms <= 0 or ms + noise >= fused_ms:
         return []
     if (d.step_ms - (d.step_spread_ms or 0.0) - (timing.spread_ms or 0.0)) / ms < COMPILE_PROMOTE_MIN:
-        return []                   # the compile alone was slower than the step: graphs must beat the step too
+        return []           # the gate where the compile alone was not promoted: graphs must beat the step as written
     gain = d.step_ms / ms
-    how = (f'measured {gain:.3g}x ({d.step_ms:.3g} -> {ms:.3g} ms per step) with the model compiled with '
+    members = len(called_modules(step.model)) if isinstance(getattr(step, "model", None), torch.nn.Module) else 1
+    which = "model" if members <= 1 else f"each of the {members} models in step.model"
+    how = (f'measured {gain:.3g}x ({d.step_ms:.3g} -> {ms:.3g} ms per step) with the {which} compiled with '
            f'mode="reduce-overhead", against {d.step_ms / fused_ms:.3g}x ({fused_ms:.3g} ms) compiled alone; '
            "ranked on that measurement")
     v = verdict("launch_bound", "kernel launch overhead once the model is compiled (the fused step waits on its "
                 "launches)", "11", 1 - 1 / gain, f"the compiled step ran {fused_ms:.3g} ms and {ms:.3g} ms with CUDA "
                 "graphs: what the graphs removed is host time the fused GPU work no longer hides",
-                "torch.compile(model, mode='reduce-overhead') (torch.compiler.cudagraph_mark_step_begin() before "
-                "each step)")
+                f"torch.compile(model, mode='reduce-overhead'){'' if members <= 1 else f' for {which}'} "
+                "(torch.compiler.cudagraph_mark_step_begin() before each step)")
     from dataclasses import replace
     return [replace(v, measured=gain, confirmation=how)]
 

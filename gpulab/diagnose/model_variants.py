@@ -17,9 +17,11 @@ class Unavailable(Exception):
 
 
 def called_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules a step calls through `step.model`: the model itself where it has a forward; where it is a
-    container with none (an nn.ModuleList or nn.ModuleDict of the models a step trains: two networks that teach
-    each other, a generator and its critic), its members, each once (a member that is such a container: its own)."""
+    """The modules a step calls through `step.model`: the model itself where it has a forward (its class's or its
+    own); where it has none, as an nn.ModuleList or nn.ModuleDict of the models a step trains (two networks that
+    teach each other, a generator and its critic), its members, each once (a member without a forward: its own).
+    A module without a forward that the step calls otherwise (its `encode` and `decode`) has its members compiled:
+    part of what compiling it would make."""
     if type(model).forward is not torch.nn.Module.forward or "forward" in model.__dict__:     # its class's, or its own
         return [model]
     found: dict = {}

@@ -340,7 +340,8 @@ def with_confirmations(row: dict, live: dict | None) -> dict:
     # the launch verdict the live run made from a measurement alone (`confirm.graphs_after_fusing`: the elementwise
     # note measured, no launch verdict fired), which no rule fires on a record: kept where the same holds here
     g = measured.get("launch_bound")
-    if g is not None and g.get("actionable") and after_fusing_wants_graphs(out):
+    made_after_fusing = g is not None and "compiled alone" in g.get("confirmation", "")    # graphs_after_fusing's
+    if made_after_fusing and g.get("actionable") and after_fusing_wants_graphs(out):
         out.append(Verdict(**{k: x for k, x in g.items() if k in names}))
     return {**row, "verdicts": [v.to_dict() for v in rank(out)]}
 

@@ -115,8 +115,11 @@ def test_the_reduce_overhead_compile_is_measured_after_a_default_compile_that_di
     edge = (13.9 - 0.03 - 0.05) / C.COMPILE_PROMOTE_MIN
     assert graphs(edge + 0.01) == []
     assert len(graphs(edge - 0.01)) == 1
-    # within the spreads of the compiled step: nothing
-    assert graphs(14.15) == []
+    # within the spreads of the compiled step: nothing (a promoted compile, so the step-as-written gate passes)
+    monkeypatch.setattr(C, "measure", lambda *a, **k: SimpleNamespace(median_ms=9.95, spread_ms=0.05))
+    assert C.graphs_after_fusing(d, [note], lambda: None, gpu, 5, fused_ms=10.0, fused_spread_ms=0.05) == []
+    monkeypatch.setattr(C, "measure", lambda *a, **k: SimpleNamespace(median_ms=9.85, spread_ms=0.05))
+    assert len(C.graphs_after_fusing(d, [note], lambda: None, gpu, 5, fused_ms=10.0, fused_spread_ms=0.05)) == 1
     # a launch verdict fired already: its own variant measures it
     launch = verdict("launch_bound", "launch", "11", 0.2, "e", "graphs")
     assert not C.after_fusing_wants_graphs([note, launch])
@@ -159,3 +162,21 @@ def test_a_compile_that_raises_on_the_second_member_leaves_the_first_as_it_was(m
         with M.compiled_in_place(torch.nn.ModuleList([a, b]), backend="eager"):
             pass
     assert made and "forward" not in a.__dict__ and "forward" not in b.__dict__
+
+
+def test_a_step_that_trains_a_modulelist_of_two_models_has_its_compile_measured(monkeypatch):
+    """Through confirm_verdicts, as coteaching_numpy_argsort's diagnosis runs it: its compile variant said "not
+    measured: the step does not call its model (step.model) itself" before; now both members are compiled."""
+    monkeypatch.setattr(C, "COMPILE_KWARGS", {"backend": "eager"})
+    a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+
+    def step():
+        (a(x).sum() + b(x).sum()).backward()
+    step.model = torch.nn.ModuleList([a, b])
+    d = diagnosis(0.1, 5.0)
+    d.verdicts = [verdict("elementwise_unfused", "unfused", "12", 0.5, "e", "torch.compile", actionable=False)]
+    C.confirm_verdicts(d, step, CPU, steps=1)
+    (v,) = d.verdicts
+    assert "with the model compiled (torch.compile, default mode)" in v.confirmation, v.confirmation
+    assert "forward" not in a.__dict__ and "forward" not in b.__dict__

@@ -401,7 +401,8 @@ def test_a_reanalysed_record_keeps_the_live_runs_launch_verdict_made_after_fusin
     note.update(actionable=False, share=0.5, bound=2.0, expected=0.5, bottleneck="e", lesson="12", evidence="e", fix="f")
     promoted = dict(note, actionable=True, measured=1.5, confirmation="measured 1.5x ...; ranked on that measurement")
     graphs = dict(verdict("launch_bound", None, measured=2.0), share=0.5, bound=2.0, expected=0.5, bottleneck="l",
-                  lesson="11", evidence="e", fix="f", confirmation='measured 2x with mode="reduce-overhead"')
+                  lesson="11", evidence="e", fix="f",
+                  confirmation='measured 2x with mode="reduce-overhead", against 1.2x (10 ms) compiled alone')
     out = Z.with_confirmations({"name": "s", "verdicts": [note]}, {"verdicts": [promoted, graphs]})
     assert [v["rule"] for v in out["verdicts"]] == ["launch_bound", "elementwise_unfused"], out
     assert out["verdicts"][0]["measured"] == 2.0 and not out["verdicts"][0]["demoted"]
@@ -413,6 +414,11 @@ def test_a_reanalysed_record_keeps_the_live_runs_launch_verdict_made_after_fusin
     other = dict(note, rule="host_code")
     none = Z.with_confirmations({"name": "s", "verdicts": [other]}, {"verdicts": [graphs]})
     assert [v["rule"] for v in none["verdicts"]] == ["host_code"], none
+    # nor a live launch verdict a rule fired (its measurement says nothing of a compile alone): older rules that
+    # did not fire it on the record do not get it from the live run
+    fired_live = dict(graphs, confirmation='measured 2x with the model compiled with mode="reduce-overhead"')
+    older = Z.with_confirmations({"name": "s", "verdicts": [note]}, {"verdicts": [promoted, fired_live]})
+    assert [v["rule"] for v in older["verdicts"]] == ["elementwise_unfused"], older
     fired = dict(graphs, measured=None, confirmation="")
     both = Z.with_confirmations({"name": "s", "verdicts": [note, fired]}, {"verdicts": [promoted, graphs]})
     assert sorted(v["rule"] for v in both["verdicts"]) == ["elementwise_unfused", "launch_bound"], both
