@@ -112,8 +112,13 @@ def run_notebook(hub: Hub, host: str, user: str, cells: list[str], deadline: flo
 
     status, kernel = hub.call("POST", f"/user/{user}/api/kernels", {"name": "python3"})
     assert status == 201, f"{user}: kernel not started ({status})"
+    # the server holds a websocket's handshake until the kernel answers kernel_info, 60 s at most, then goes on:
+    # eight kernels importing torch at once on two busy cores took that long, and a client that gave up at 60 s
+    # lost its learner (CI, 2026-12-07). The client waits until the deadline (a kernel's state stays "starting"
+    # until a client asks it something, so there is nothing to poll first).
     ws = websocket.create_connection(f"ws://{host}/user/{user}/api/kernels/{kernel['id']}/channels",
-                                     header=[f"Authorization: token {hub.token}"], timeout=60)
+                                     header=[f"Authorization: token {hub.token}"],
+                                     timeout=max(60.0, deadline - time.monotonic()))
     errors = []
     try:
         for i, code in enumerate(cells):
@@ -226,9 +231,13 @@ c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}   # POST .../server 
         # every learner submits notebook 01's graded exercise as the notebook has it; learner1 then a cheat too
         cheat = ('ex.check("import time\\ntime.perf_counter = lambda: 0.0\\n"\n'
                  '         "def make_step(model, optimizer):\\n    return lambda x, y, host: None\\n")')
-        threads = [threading.Thread(target=lambda u=user: errors.__setitem__(
-            u, run_notebook(hub, f"127.0.0.1:{port}", u, cells + ([cheat] if u == users[0] else []), deadline)))
-            for user in users]
+        def learner(u):
+            try:
+                errors[u] = run_notebook(hub, f"127.0.0.1:{port}", u, cells + ([cheat] if u == users[0] else []),
+                                         deadline)
+            except Exception as err:    # noqa: BLE001 - said in the failure, not lost with the thread
+                errors[u] = [f"{u}: {type(err).__name__}: {err}"]
+        threads = [threading.Thread(target=learner, args=(user,)) for user in users]
         for t in threads:
             t.start()
         for t in threads:
