@@ -39,7 +39,7 @@ import torch
 
 from gpulab.core.timing import benchmark
 from gpulab.diagnose.rules import Verdict, demote, rank
-from gpulab.diagnose.model_variants import (OWN_GRAPHS, Unavailable, called_modules, channels_last,  # noqa: F401
+from gpulab.diagnose.model_variants import (OWN_GRAPHS, Unavailable, channels_last, models_named,  # noqa: F401
                                            compiled_in_place, cuda_graphs, own_compile_graphed, through_block,
                                            took_graphs, took_own_graphs)
 
@@ -502,7 +502,7 @@ def confirm_verdicts(d, step: Callable, device: torch.device, steps: int = 5) ->
             out.append(v)
             continue
         try:
-            run, warmup, what = step, CONFIRM_WARMUP, _describe(v)
+            run, warmup, what = step, CONFIRM_WARMUP, _describe(v, getattr(step, "model", None))
             if v.rule == "launch_bound":
                 context, run, took = graphs_variant(v, d.facts, step, device)
                 warmup = CONFIRM_GRAPH_WARMUP
@@ -584,15 +584,14 @@ def graphs_after_fusing(d, out: list, step: Callable, device: torch.device, step
     if (d.step_ms - (d.step_spread_ms or 0.0) - (timing.spread_ms or 0.0)) / ms < COMPILE_PROMOTE_MIN:
         return []           # the gate where the compile alone was not promoted: graphs must beat the step as written
     gain = d.step_ms / ms
-    members = len(called_modules(step.model)) if isinstance(getattr(step, "model", None), torch.nn.Module) else 1
-    which = "model" if members <= 1 else f"each of the {members} models in step.model"
-    how = (f'measured {gain:.3g}x ({d.step_ms:.3g} -> {ms:.3g} ms per step) with the {which} compiled with '
+    which = models_named(getattr(step, "model", None))
+    how = (f'measured {gain:.3g}x ({d.step_ms:.3g} -> {ms:.3g} ms per step) with {which} compiled with '
            f'mode="reduce-overhead", against {d.step_ms / fused_ms:.3g}x ({fused_ms:.3g} ms) compiled alone; '
            "ranked on that measurement")
     v = verdict("launch_bound", "kernel launch overhead once the model is compiled (the fused step waits on its "
                 "launches)", "11", 1 - 1 / gain, f"the compiled step ran {fused_ms:.3g} ms and {ms:.3g} ms with CUDA "
                 "graphs: what the graphs removed is host time the fused GPU work no longer hides",
-                f"torch.compile(model, mode='reduce-overhead'){'' if members <= 1 else f' for {which}'} "
+                f"torch.compile(model, mode='reduce-overhead'){'' if which == 'the model' else f' for {which}'} "
                 "(torch.compiler.cudagraph_mark_step_begin() before each step)")
     from dataclasses import replace
     return [replace(v, measured=gain, confirmation=how)]
@@ -629,7 +628,12 @@ def _counting(context, hits: dict):
     hits.update(seen)
 
 
-def _describe(v: Verdict) -> str:
+def _describe(v: Verdict, model=None) -> str:
+    """What `v`'s variant made, in its measurement's words (the model named by `models_named`)."""
+    return _variant_words(v).replace("the model", models_named(model), 1)
+
+
+def _variant_words(v: Verdict) -> str:
     return {"fp32_matmuls": "16-bit math", "pageable_copy": "pinned staging", "input_bound": "the batch replayed",
             "layout_transposes": "the model and its inputs in channels_last",
             "launch_bound": 'the model compiled with mode="reduce-overhead"',

@@ -31,6 +31,13 @@ def called_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(found.values())
 
 
+def models_named(model) -> str:
+    """How a measurement names what a variant made to `step.model`: "the model", or, for a container of several
+    (`called_modules`), "each of the N models in step.model"."""
+    n = len(called_modules(model)) if isinstance(model, torch.nn.Module) else 1
+    return "the model" if n <= 1 else f"each of the {n} models in step.model"
+
+
 @contextlib.contextmanager
 def compiled_in_place(model: torch.nn.Module, **compile_kwargs) -> Iterator[None]:
     """`model.forward` replaced by its torch.compile'd self (so calling the model runs the compiled code, whoever

@@ -178,5 +178,6 @@ def test_a_step_that_trains_a_modulelist_of_two_models_has_its_compile_measured(
     d.verdicts = [verdict("elementwise_unfused", "unfused", "12", 0.5, "e", "torch.compile", actionable=False)]
     C.confirm_verdicts(d, step, CPU, steps=1)
     (v,) = d.verdicts
-    assert "with the model compiled (torch.compile, default mode)" in v.confirmation, v.confirmation
+    assert "with each of the 2 models in step.model compiled (torch.compile, default mode)" in v.confirmation, \
+        v.confirmation                                       # measured, and said of both models
     assert "forward" not in a.__dict__ and "forward" not in b.__dict__
