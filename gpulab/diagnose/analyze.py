@@ -47,7 +47,7 @@ from gpulab.diagnose.events import (
 from gpulab.diagnose.facts import (  # noqa: F401 - the contract, re-exported: analyze.Facts is what rules read
     CAUSES, CLASSES, Facts, GemmFact, MemoryFacts, StallFacts, changes)
 from gpulab.diagnose.gaps import (SYNC_GRACE_US, OpsByThread, after_sync, data_dependent, is_compile, queue_full,
-                                  shape_changes, sync_kind)
+                                  new_shape_facts, runs_span, settled_windows, shape_changes, sync_kind)
 from gpulab.diagnose.kernels import (ALLOC_CALLS, BLOCKING_CALLS, CONV_OPS, INPUT_RANGES, SCALAR_READS,  # noqa: F401
                                      conv_flops, dtype_of, gemm_flops, kernel_class, kernel_math, misaligned, mnk)
 
@@ -387,13 +387,20 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
             light_step_ms: float | None = None) -> Facts:
     """Facts from the events of the profiled steps (each inside a `step_name` host range)."""
     events = list(events)
-    windows = step_windows(events, step_name)
-    if not windows:
+    profiled = step_windows(events, step_name)
+    if not profiled:
         raise ValueError(f"no {step_name!r} ranges among the events: profile each step inside "
                          f"torch.profiler.record_function({step_name!r}) (diagnose() does)")
-    steps = len(windows)
-    # One span from the first step's start to the last one's end: the steps run back to back.
-    span = [(windows[0][0], max(hi for _, hi in windows))]
+    mains = {e.stream for e in events if e.kind == OP and e.name == step_name}
+    main_ops = [e for e in events if is_op(e) and e.stream in mains]
+    changes = shape_changes(main_ops, profiled)
+    windows, first = settled_windows(profiled, changes)          # a new shape's first runs set apart (gaps.py)
+    steps, span = len(windows), runs_span(profiled, windows)      # a span per run of steps: they run back to back
+    new_shapes = None
+    if first:       # the settled step: the timed steps without first runs; the rules read no stalls, no light profile
+        new_shapes = new_shape_facts(stalls.step_ms if stalls else (), len(profiled), len(first))
+        step_ms, stalls, light_busy_ms, light_step_ms = new_shapes["settled_ms"], None, None, None
+        main_ops = [e for e in main_ops if any(lo <= e.start_us <= hi for lo, hi in span)]
     host = [e for e in events if e.kind in (OP, RUNTIME)]
     threads = _working_threads(host, step_name)
     host = [e for e in host if e.stream in threads]
@@ -407,8 +414,6 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
     host_span = intersect(merge_intervals(step_ranges(events, step_name)), span)
     timeline = host_causes(events, windows, host_span, gpu, step_name, on_gpu, busy=busy,
                            idle=idle if on_gpu else None)
-    mains = {e.stream for e in events if e.kind == OP and e.name == step_name}
-    main_ops = [e for e in events if is_op(e) and e.stream in mains]
     idle_by = {c: length_us(intersect(idle, timeline.by_cause[c])) for c in CAUSES}
     idle_by["other"] += max(length_us(idle) - sum(idle_by.values()), 0.0)
     pieces = sorted((a, b, c) for c, iv in timeline.by_cause.items() for a, b in iv)
@@ -448,7 +453,7 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
                     sorted(timeline.syncs.items(), key=lambda kv: -kv[1][0])),
         hidden_syncs=tuple(hidden_syncs),
         sync_kinds=tuple((*k, kind, timeline.syncs[k][1] / steps) for k, kind in timeline.sync_kinds.items()),
-        data_dependent=data_dependent(main_ops, steps), shape_changes=shape_changes(main_ops, windows),
+        data_dependent=data_dependent(main_ops, steps), shape_changes=changes, new_shapes=new_shapes,
         pageable_copies=tuple((site, us / per_step, nbytes / steps) for site, (us, nbytes) in
                               sorted(timeline.pageable.items(), key=lambda kv: -kv[1][0])),
         precopy_ms=timeline.precopy_us / per_step,

@@ -267,6 +267,17 @@ class Profiled:
 
 def _profile(step: Callable, steps: int, device: torch.device, trace_path: str | None, record: bool = True,
              cuda: bool = True) -> Profiled | None:
+    """`_profile_once`, again once where reading the profile raised UnicodeDecodeError: the profiler's Python tracer
+    can keep a pointer to a frame's name that is freed before the results are read (pytorch/pytorch#64345, #121219;
+    here 1 of 7 runs of tests/diagnose/test_core_settle.py's new-shapes test on the CPU, torch 2.13, 2026-12-07)."""
+    try:
+        return _profile_once(step, steps, device, trace_path, record, cuda)
+    except UnicodeDecodeError:
+        return _profile_once(step, steps, device, trace_path, record, cuda)
+
+
+def _profile_once(step: Callable, steps: int, device: torch.device, trace_path: str | None, record: bool = True,
+                  cuda: bool = True) -> Profiled | None:
     """`steps` profiled steps (CPU and, on a GPU, CUDA activity, shapes, FLOPs and Python stacks), and the
     caching allocator's statistics around them. With `record` False the same steps run without the
     profiler, and None comes back."""
@@ -603,7 +614,10 @@ def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, dev
     facts = analyze(profiled.events, memory=profiled.memory, stalls=stalls, **inputs)
     d = Diagnosis.from_facts(facts, device=str(device), step_spread_ms=timing.spread_ms, nvml_util_pct=nvml,
                              trace_path=trace_path, label=label, notes=notes)
-    if confirm and profile and not distributed:
+    if confirm and profile and not distributed and facts.new_shapes:
+        d.notes.append("no variant was timed: the step met new shapes while it was timed (the new shapes line), so a "
+                       "variant's timing would weigh first runs against the settled step")
+    elif confirm and profile and not distributed:
         from gpulab.diagnose.confirm import confirm_verdicts
         confirm_verdicts(d, step, device, steps=steps)
     return d

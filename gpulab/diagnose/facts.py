@@ -125,6 +125,8 @@ class Facts:
     data_dependent: tuple = ()      # (user's line, op, calls per step) of ops whose output size the GPU's values decide
     shape_changes: tuple = ()       # (user's line, op, distinct input shapes seen, steps): ops whose shapes differ
                                     # from one profiled step to the next
+    new_shapes: dict | None = None  # where profiled steps that met a new shape were set apart (gaps.settled_windows):
+                                    # how many, of the profiled and the timed steps, and the settled step's time
     pageable_copies: tuple = ()     # (user's line, ms of host time per step, bytes per step)
     pinnable_sites: tuple = ()      # the user's lines of every host-to-device copy from pageable memory, any size
     precopy_ms: float = 0.0         # host time before the batch's copy to the GPU (made in the main thread)

@@ -156,3 +156,48 @@ def data_dependent(ops: Iterable[Event], steps: int) -> tuple:
     """(user's line, op, calls per step) of the ops whose output size the GPU's values decide."""
     n = Counter((fmt_site(e.site), e.name) for e in ops if e.name in DATA_DEPENDENT_OPS)
     return tuple((site, name, calls / steps) for (site, name), calls in n.most_common())
+
+
+# A step whose shapes change (a batch padded to its own longest sequence, batches built to a token budget) pays a
+# one-time cost the first time each shape runs: a compile per shape, and in eager PyTorch something else per new
+# shape that ends once the shape has run (not measured apart). Its steps split into settled ones and ones many times
+# slower: on one H100 (2026-12-07, results/zoo/2026-12-07-h100-issue41-c/) 8.7x to 258x, in three steps whose fast
+# steps ran at the speed their labels measured once every shape had run. Where the shapes change between the profiled
+# steps and some profiled steps take at least this many times the shortest one, the analysis reads the others.
+NEW_SHAPE_FACTOR = 3.0
+
+
+def settled_windows(windows: Sequence[tuple[float, float]], changes: tuple) -> tuple[list, list]:
+    """(the profiled steps to analyse, the ones set apart as a new shape's first run): every step and none unless
+    the shapes change between steps (`shape_changes`) and some steps, not all, take NEW_SHAPE_FACTOR x the shortest."""
+    if not changes or not windows:
+        return list(windows), []
+    shortest = min(hi - lo for lo, hi in windows)
+    first = [w for w in windows if w[1] - w[0] >= NEW_SHAPE_FACTOR * shortest]
+    return ([w for w in windows if w not in first], first) if first else (list(windows), [])
+
+
+def runs_span(windows: Sequence[tuple[float, float]], kept: Sequence[tuple[float, float]]) -> list:
+    """The time the analysis reads: for each run of consecutive kept steps, its first step's start to the last one's
+    end (steps run back to back; the gaps between their host ranges are theirs). All kept: one span."""
+    span, run = [], []
+    for w in list(windows) + [None]:
+        if w is not None and w in kept:
+            run.append(w)
+        elif run:
+            span.append((run[0][0], max(hi for _, hi in run)))
+            run = []
+    return span
+
+
+def new_shape_facts(timed_ms: Sequence[float], profiled: int, first: int) -> dict:
+    """What the first runs of new shapes cost, from the timed steps (host clock, back to back): the settled step is
+    the median of those under NEW_SHAPE_FACTOR x the fastest (None where none was timed)."""
+    out = {"profiled": profiled, "profiled_first": first, "timed": len(timed_ms), "timed_first": 0,
+           "settled_ms": None, "first_ms": None}
+    if timed_ms:
+        cut = NEW_SHAPE_FACTOR * min(timed_ms)
+        fast, slow = sorted(t for t in timed_ms if t < cut), sorted(t for t in timed_ms if t >= cut)
+        out.update(timed_first=len(slow), settled_ms=fast[len(fast) // 2] if len(fast) % 2 else
+                   (fast[len(fast) // 2 - 1] + fast[len(fast) // 2]) / 2, first_ms=(slow[0], slow[-1]) if slow else None)
+    return out

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from gpulab.core.memory import fmt_bytes
 from gpulab.diagnose.core import STALL_FACTOR
 from gpulab.diagnose.facts import CAUSES, CLASSES
+from gpulab.diagnose.gaps import NEW_SHAPE_FACTOR
 
 if TYPE_CHECKING:
     from gpulab.diagnose.core import Diagnosis
@@ -25,6 +26,15 @@ def report_text(d: "Diagnosis") -> str:
                      + (f", every {s.period} steps" if s.period else "")
                      + f"; mean step {s.mean_ms:.3g} ms" + (f"; the slow step's extra time: {s.site} ({s.site_ms:.3g} ms)"
                                                            if s.site else ""))
+    if f.new_shapes:
+        n = f.new_shapes
+        lines.append(f"new shapes: {n['profiled_first']} of {n['profiled']} profiled steps"
+                     + (f" and {n['timed_first']} of {n['timed']} timed ones ({n['first_ms'][0]:.3g} to "
+                        f"{n['first_ms'][1]:.3g} ms)" if n["first_ms"] else "")
+                     + f" took at least {NEW_SHAPE_FACTOR:g}x the shortest while the shapes changed: a shape's first run "
+                     "(a compile per shape, and more), paid once per shape. What follows reads the other steps, the "
+                     "settled step" + (f" ({n['settled_ms']:.3g} ms, their median)" if n["settled_ms"] else "")
+                     + "; padding or bucketing to a few shapes makes the first runs fewer, not the settled step shorter")
     share = (lambda ms: 100 * ms / d.profiled_step_ms) if d.profiled_step_ms else (lambda ms: 0.0)
     if d.on_gpu:
         lines.append(f"GPU busy {d.busy_ms:.3g} ms ({share(d.busy_ms):.0f} % of the profiled step, all streams merged), "

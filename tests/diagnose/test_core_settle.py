@@ -62,3 +62,24 @@ def test_notebook_15_quotes_the_settle_as_the_code_runs_it():
     nb = Path(__file__).resolve().parents[2] / "notebooks" / "15_your_training_step.ipynb"
     text = " ".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "markdown")
     assert f"chunks of {C.SETTLE_CHUNK} steps, at most {C.SETTLE_MAX_S:g} s" in " ".join(text.split())
+
+
+def test_a_step_that_meets_new_shapes_is_diagnosed_on_its_settled_steps_and_times_no_variant():
+    """Every step draws a length; a length's first run sleeps 40 ms more (a compile per shape, say). The diagnosis
+    reads the steps that did not, says how many did, and times no variant: their steps would mix the two."""
+    seen, lengths = set(), iter(range(8, 10_000))
+    cycle = {"n": 0}
+
+    def step():
+        cycle["n"] += 1
+        n = next(lengths) if cycle["n"] % 3 == 0 else 8 + cycle["n"] % 2     # every third step a new length
+        x = torch.randn(4, n)
+        if n not in seen:
+            seen.add(n)
+            time.sleep(0.04)
+        (x @ x.T).sum()
+    d = C.diagnose(step, device=CPU, warmup=2, steps=6, window_s=0.5)
+    f = d.facts
+    assert f.new_shapes and f.new_shapes["profiled_first"] >= 1 and f.steps == 6 - f.new_shapes["profiled_first"]
+    assert f.new_shapes["settled_ms"] < 20 and d.step_ms < 20, f.new_shapes
+    assert "new shapes:" in d.report() and any("no variant was timed" in n for n in d.notes)

@@ -129,3 +129,50 @@ def test_analyze_reads_shape_changes_data_dependent_ops_and_the_optimizers_ops()
     assert f.shape_changes == (("train.py:12 (step)", "aten::embedding", ((4, 40), (4, 56)), 2),)
     assert f.data_dependent == (("m.py:9 (forward)", "aten::nonzero", 1.0),)
     assert f.optimizer_ops == ("aten::_foreach_mul_",) and f.optimizer_name == "SGD"
+
+
+# -- a new shape's first run, set apart ----------------------------------------------------------------------------
+CHANGES = (("train.py:12 (step)", "aten::embedding", ((4, 40), (4, 56)), 2),)
+
+
+def test_steps_at_the_new_shape_factor_are_set_apart_only_where_the_shapes_change():
+    w = [(0, 100), (100, 100 + 100 * G.NEW_SHAPE_FACTOR), (400, 500)]
+    assert G.settled_windows(w, CHANGES) == ([w[0], w[2]], [w[1]])           # 3x the shortest: a first run
+    below = [(0, 100), (100, 100 + 100 * G.NEW_SHAPE_FACTOR - 1), (400, 500)]
+    assert G.settled_windows(below, CHANGES) == (below, [])                   # just under: every step read
+    assert G.settled_windows(w, ()) == (w, [])                               # same shapes: a slow step is a stall
+    assert G.settled_windows([(0, 300), (300, 600)], CHANGES) == ([(0, 300), (300, 600)], [])     # none faster
+
+
+def test_the_span_is_one_per_run_of_kept_steps():
+    w = [(0, 100), (100, 450), (450, 560), (560, 660), (670, 1000)]
+    assert G.runs_span(w, w) == [(0, 1000)]                                   # all kept: first start to last end
+    assert G.runs_span(w, [w[0], w[2], w[3]]) == [(0, 100), (450, 660)]        # the gap 660-670 inside a run is its
+
+
+def test_what_the_first_runs_cost_is_read_from_the_timed_steps():
+    n = G.new_shape_facts([10.0, 95.0, 11.0, 12.0, 29.9, 30.0], profiled=5, first=2)
+    assert n == {"profiled": 5, "profiled_first": 2, "timed": 6, "timed_first": 2, "settled_ms": 11.5,
+                 "first_ms": (30.0, 95.0)}                                     # 29.9 ms is under 3x 10 ms: settled
+    assert G.new_shape_facts([], profiled=5, first=2)["settled_ms"] is None    # not timed: the profiled step stands
+
+
+def test_analyze_reads_the_settled_steps_and_says_what_the_first_runs_cost():
+    """Three steps of which the second met a new shape (its launch took 9x longer): the facts are the other two's,
+    the step time is the timed steps' settled median, and no stall or light profile is read."""
+    from gpulab.diagnose.facts import StallFacts
+    events, starts = [], (0, 1000, 10000)
+    for i, (a, length) in enumerate(zip(starts, (40, 56, 40))):
+        end = a + (8900 if i == 1 else 900)
+        events += [step(a, end), op("aten::embedding", a + 10, a + 20, site=USER, shapes=((100, 8), (4, length))),
+                   *launched("aten::mm", a + 30, end - 100, 50 + i, kernel_at=end - 90, kernel_us=50.0)]
+    stalls = StallFacts(step_ms=(1.0, 1.2, 9.0, 1.1), slow=(2,), median_ms=1.1, mean_ms=3.1, period=None)
+    f = analyze(events, step_ms=3.1, stalls=stalls, light_busy_ms=0.1, light_step_ms=3.0)
+    assert f.steps == 2 and f.new_shapes["profiled_first"] == 1 and f.new_shapes["timed_first"] == 1
+    assert f.step_ms == pytest.approx(1.1) and f.stalls is None and f.light_step_ms is None
+    assert f.window_ms == pytest.approx(0.9)                                   # the two 900 us steps, not 9.9 ms
+    assert f.shape_changes[0][1] == "aten::embedding"                          # the evidence keeps every step
+    same = [e if e.name != "aten::embedding" else Event(e.kind, e.name, e.start_us, e.end_us, stream=e.stream,
+                                                          site=USER, shapes=((100, 8), (4, 40))) for e in events]
+    g = analyze(same, step_ms=3.1, stalls=stalls)                              # the same shapes: a slow step is read
+    assert g.new_shapes is None and g.steps == 3 and g.stalls is stalls and g.step_ms == 3.1
