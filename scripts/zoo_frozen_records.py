@@ -28,6 +28,24 @@ def tolerant(fn, dropped: set, prefix: str = ""):
     return call
 
 
+def gzipped(argv: list[str]) -> list[str]:
+    """argv with its records folder (the first argument) as gzipped JSON, the only kind an older gpulab reads: where
+    it holds xz records (`core.open_record`), a temporary folder of gzipped copies of every record in it."""
+    import gzip
+    import lzma
+    import shutil
+    import tempfile
+
+    folder = Path(argv[0])
+    if not any(folder.glob("*.json.xz")):
+        return argv
+    tmp = Path(tempfile.mkdtemp(prefix="records-gz-"))
+    for p in sorted(folder.glob("*.json.*z")):
+        with (lzma if p.suffix == ".xz" else gzip).open(p, "rb") as src, gzip.open(tmp / (p.name.rsplit(".", 1)[0] + ".gz"), "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    return [str(tmp), *argv[1:]]
+
+
 def main(argv: list[str]) -> int:
     core = importlib.import_module("gpulab.diagnose.core")
     here = Path(__file__).resolve().parents[1]
@@ -39,7 +57,7 @@ def main(argv: list[str]) -> int:
     core.analyze = tolerant(core.analyze, dropped)                        # what from_record calls, by these names
     core.StallFacts = tolerant(core.StallFacts, dropped, "stalls.")
     zoo = importlib.import_module("gpulab.diagnose.zoo")
-    rc = zoo.main(["records", *argv])
+    rc = zoo.main(["records", *gzipped(argv)])
     print(f"inputs the older analyze does not take, dropped: {', '.join(sorted(dropped)) or 'none'}")
     return rc or 0
 

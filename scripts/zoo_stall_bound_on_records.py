@@ -12,17 +12,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gpulab.diagnose.core import diagnose, from_record, stall_facts
+from gpulab.diagnose.core import diagnose, from_record, open_record, stall_facts
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = inspect.signature(diagnose).parameters["steps"].default
 
 
 def main() -> int:
-    paths = sorted({p.resolve() for p in (ROOT / "results" / "zoo").rglob("*.json.gz")})
+    paths = sorted({p.resolve() for p in (ROOT / "results" / "zoo").rglob("*.json.[gx]z")})
     seen = changed = 0
     for p in paths:
-        data = json.loads(gzip.open(p, "rt").read())
+        with open_record(p) as f:
+            data = json.load(f)
         if not data.get("stalls"):
             continue
         seen += 1

@@ -646,14 +646,24 @@ def _stall_site(step: Callable, stalls: StallFacts, device: torch.device, warmup
     return replace(stalls, site=site, site_ms=ms)
 
 
+def open_record(path, mode: str = "rt"):
+    """A record file: xz-compressed JSON where its name ends in .xz (the committed ones, half gzip's size), else
+    gzipped JSON."""
+    if str(path).endswith(".xz"):
+        import lzma
+        return lzma.open(path, mode, encoding="utf-8")
+    return gzip.open(path, mode, encoding="utf-8", **({"compresslevel": 6} if "w" in mode else {}))
+
+
 def save_record(path: str, profiled: Profiled, inputs: dict, stalls, meta: dict) -> None:
-    """What a diagnosis recorded, as gzipped JSON: the profile's records, the allocator, the timings."""
+    """What a diagnosis recorded, as gzipped JSON (xz where `path` ends in .xz): the profile's records, the
+    allocator, the timings."""
     names = [f.name for f in fields(Record)]
     data = {"fields": names, "rows": [[getattr(r, n) for n in names] for r in profiled.records],
             "trace_start_ns": profiled.trace_start_ns,
             "memory": asdict(profiled.memory) if profiled.memory else None, "inputs": inputs,
             "stalls": asdict(stalls) if stalls else None, "meta": meta, "torch": torch.__version__}
-    with gzip.open(path, "wt", encoding="utf-8", compresslevel=6) as f:
+    with open_record(path, "wt") as f:
         json.dump(_plain(data), f, separators=(",", ":"))
 
 
@@ -662,7 +672,7 @@ def from_record(path: str, **overrides) -> Diagnosis:
     they are now, on what the GPU recorded then. No confirmation is run (that needs the step)."""
     from gpulab.diagnose.events import parse
 
-    with gzip.open(path, "rt", encoding="utf-8") as f:
+    with open_record(path) as f:
         data = json.load(f)
     rows = [dict(zip(data["fields"], row)) for row in data["rows"]]
     records = [Record(**{**r, "shapes": tuple(tuple(s) for s in r["shapes"]), "dtypes": tuple(r["dtypes"]),

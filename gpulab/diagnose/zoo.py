@@ -362,7 +362,8 @@ def diagnose_record(path: Path) -> dict:
         return {"name": path.name.split(".")[0], "verdicts": [v.to_dict() for v in d.verdicts], "step_ms": d.step_ms,
                 "report": d.report()}
 
-    with gzip.open(path, "rt", encoding="utf-8") as f:
+    opener = importlib.import_module("lzma") if str(path).endswith(".xz") else gzip      # core.open_record's choice
+    with opener.open(path, "rt", encoding="utf-8") as f:
         data = json.load(f)
     known = {f.name for f in dataclasses.fields(E.Record)}
     records = []
@@ -662,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "records":
         rows = []
         live = {r["name"]: r for r in read_steps(a.confirmations.split(","))} if a.confirmations else {}
-        for path in sorted(Path(a.folder).glob("*.json.gz")):
+        for path in sorted([*Path(a.folder).glob("*.json.gz"), *Path(a.folder).glob("*.json.xz")]):
             try:
                 rows.append(with_confirmations(diagnose_record(path), live.get(path.name.split(".")[0])))
             except Exception as err:       # noqa: BLE001

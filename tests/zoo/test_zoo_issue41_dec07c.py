@@ -2,7 +2,6 @@
 newest last) and diagnoses (the live ones before it, then its five; before: all 43 records under the rules of
 822f1d6), and its NOTES.md and zoo/README.md quote those scores, the promises kept under half, the halves, and the
 split of the shape-changing steps' timed steps into fast and slow ones."""
-import gzip
 import json
 import re
 import statistics
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpulab.diagnose import zoo as Z
+from gpulab.diagnose.core import open_record
 
 from test_zoo_issue41_dec07b import DIAGNOSES as BEFORE_THIS, labels
 from test_zoo_issue41_dec07 import matrices_match, scores_quoted
@@ -84,7 +84,7 @@ def test_the_two_widened_variants_came_first_on_the_steps_they_were_written_for(
 def test_the_fast_and_slow_steps_the_notes_quote_are_the_records(name, timed, fast, median, slow, lo, hi):
     """NOTES.md's table: a timed step is fast under 3x the fastest one, and the fast ones' median is near the label's
     settled step."""
-    steps = json.loads(gzip.open(RUN / "records" / f"{name}.json.gz").read())["stalls"]["step_ms"]
+    steps = json.load(open_record(RUN / "records" / f"{name}.json.xz"))["stalls"]["step_ms"]
     quick = [t for t in steps if t < 3 * min(steps)]
     late = [t for t in steps if t >= 3 * min(steps)]
     assert (len(steps), len(quick), len(late)) == (timed, fast, slow)
@@ -97,7 +97,7 @@ def test_the_readme_quotes_how_much_slower_the_slow_steps_ran():
     """zoo/README.md: the slow steps ran 8.7x to 259x their step's fast median, over the three steps."""
     ratios = []
     for name in ("bert_variable_lengths_compile", "fairseq_token_batches", "hf_trainer_dynamic_padding"):
-        steps = json.loads(gzip.open(RUN / "records" / f"{name}.json.gz").read())["stalls"]["step_ms"]
+        steps = json.load(open_record(RUN / "records" / f"{name}.json.xz"))["stalls"]["step_ms"]
         median = statistics.median(t for t in steps if t < 3 * min(steps))
         ratios += [t / median for t in steps if t >= 3 * min(steps)]
     quoted = f"{min(ratios):.2g}x to {max(ratios):.3g}x slower"
