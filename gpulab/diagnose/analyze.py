@@ -394,7 +394,7 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
     mains = {e.stream for e in events if e.kind == OP and e.name == step_name}
     main_ops = [e for e in events if is_op(e) and e.stream in mains]
     changes = shape_changes(main_ops, profiled)
-    windows, first = settled_windows(profiled, changes)          # a new shape's first runs set apart (gaps.py)
+    windows, first = settled_windows(profiled, () if stalls and stalls.period else changes)   # periodic: a stall
     steps, span = len(windows), runs_span(profiled, windows)      # a span per run of steps: they run back to back
     new_shapes = None
     if first:       # the settled step: the timed steps without first runs; the rules read no stalls, no light profile

@@ -163,7 +163,8 @@ def data_dependent(ops: Iterable[Event], steps: int) -> tuple:
 # shape that ends once the shape has run (not measured apart). Its steps split into settled ones and ones many times
 # slower: on one H100 (2026-12-07, results/zoo/2026-12-07-h100-issue41-c/) 8.7x to 258x, in three steps whose fast
 # steps ran at the speed their labels measured once every shape had run. Where the shapes change between the profiled
-# steps and some profiled steps take at least this many times the shortest one, the analysis reads the others.
+# steps and some profiled steps take at least this many times the shortest one, the analysis reads the others; not
+# where the timed steps' slow ones repeat evenly (`StallFacts.period`): that is a stall with a line of its own.
 NEW_SHAPE_FACTOR = 3.0
 
 

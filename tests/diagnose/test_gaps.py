@@ -176,3 +176,6 @@ def test_analyze_reads_the_settled_steps_and_says_what_the_first_runs_cost():
                                                           site=USER, shapes=((100, 8), (4, 40))) for e in events]
     g = analyze(same, step_ms=3.1, stalls=stalls)                              # the same shapes: a slow step is read
     assert g.new_shapes is None and g.steps == 3 and g.stalls is stalls and g.step_ms == 3.1
+    every = StallFacts(step_ms=(1.0, 1.2, 9.0, 1.1, 1.0, 9.1), slow=(2, 5), median_ms=1.1, mean_ms=3.9, period=3)
+    h = analyze(events, step_ms=3.9, stalls=every)                             # slow every 3 steps: a periodic stall
+    assert h.new_shapes is None and h.steps == 3 and h.stalls is every        # (a checkpoint), not a shape's first run
