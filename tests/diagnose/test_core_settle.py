@@ -62,6 +62,8 @@ def test_notebook_15_quotes_the_settle_as_the_code_runs_it():
     nb = Path(__file__).resolve().parents[2] / "notebooks" / "15_your_training_step.ipynb"
     text = " ".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "markdown")
     assert f"chunks of {C.SETTLE_CHUNK} steps, at most {C.SETTLE_MAX_S:g} s" in " ".join(text.split())
+    from gpulab.diagnose.gaps import NEW_SHAPE_FACTOR
+    assert f"{NEW_SHAPE_FACTOR:g}×<!-- not measured: gaps.NEW_SHAPE_FACTOR --> the shortest" in " ".join(text.split())
 
 
 def test_a_step_that_meets_new_shapes_is_diagnosed_on_its_settled_steps_and_times_no_variant():
