@@ -36,10 +36,9 @@ def gzipped(argv: list[str]) -> list[str]:
     import shutil
     import tempfile
 
-    folder = Path(argv[0])
-    if not any(folder.glob("*.json.xz")):
+    if not argv or not any(Path(argv[0]).glob("*.json.xz")):
         return argv
-    tmp = Path(tempfile.mkdtemp(prefix="records-gz-"))
+    folder, tmp = Path(argv[0]), Path(tempfile.mkdtemp(prefix="records-gz-"))      # left for the caller to read
     for p in sorted(folder.glob("*.json.*z")):
         with (lzma if p.suffix == ".xz" else gzip).open(p, "rb") as src, gzip.open(tmp / (p.name.rsplit(".", 1)[0] + ".gz"), "wb") as dst:
             shutil.copyfileobj(src, dst)

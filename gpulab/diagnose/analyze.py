@@ -47,7 +47,7 @@ from gpulab.diagnose.events import (
 from gpulab.diagnose.facts import (  # noqa: F401 - the contract, re-exported: analyze.Facts is what rules read
     CAUSES, CLASSES, Facts, GemmFact, MemoryFacts, StallFacts, changes)
 from gpulab.diagnose.gaps import (SYNC_GRACE_US, OpsByThread, after_sync, data_dependent, is_compile, queue_full,
-                                  new_shape_facts, runs_span, settled_windows, shape_changes, sync_kind)
+                                  runs_span, set_apart, shape_changes, sync_kind)
 from gpulab.diagnose.kernels import (ALLOC_CALLS, BLOCKING_CALLS, CONV_OPS, INPUT_RANGES, SCALAR_READS,  # noqa: F401
                                      conv_flops, dtype_of, gemm_flops, kernel_class, kernel_math, misaligned, mnk)
 
@@ -394,11 +394,9 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
     mains = {e.stream for e in events if e.kind == OP and e.name == step_name}
     main_ops = [e for e in events if is_op(e) and e.stream in mains]
     changes = shape_changes(main_ops, profiled)
-    windows, first = settled_windows(profiled, () if stalls and stalls.period else changes)   # periodic: a stall
+    windows, first, new_shapes = set_apart(events, main_ops, profiled, changes, stalls)      # first runs (gaps.py)
     steps, span = len(windows), runs_span(profiled, windows)      # a span per run of steps: they run back to back
-    new_shapes = None
     if first:       # the settled step: the timed steps without first runs; the rules read no stalls, no light profile
-        new_shapes = new_shape_facts(stalls.step_ms if stalls else (), len(profiled), len(first))
         step_ms, stalls, light_busy_ms, light_step_ms = new_shapes["settled_ms"], None, None, None
         main_ops = [e for e in main_ops if any(lo <= e.start_us <= hi for lo, hi in span)]
     host = [e for e in events if e.kind in (OP, RUNTIME)]
@@ -496,7 +494,8 @@ def _patterns(events, gpu, classes, ops, calls, windows, span, step_name) -> dic
     """GPU time (us in total) and counts of the later lessons' patterns; `analyze` divides by the steps."""
     steps = len(windows)
     mains = {e.stream for e in events if e.kind == OP and e.name == step_name}
-    annotations = [e for e in events if e.kind == OP and e.stream in mains and "::" not in e.name]
+    inside = lambda e: any(lo <= e.start_us <= hi for lo, hi in span)    # noqa: E731 - not the unmarked first step's
+    annotations = [e for e in events if e.kind == OP and e.stream in mains and "::" not in e.name and inside(e)]
     out = {}
     out["transpose_ms"] = length_us(_union([e for e in gpu if any(t in e.name.lower() for t in TRANSPOSE_NAMES)], span))
     # attention by hand: the score shapes its softmax sees; the kernels of ops on tensors of those shapes
@@ -527,7 +526,7 @@ def _patterns(events, gpu, classes, ops, calls, windows, span, step_name) -> dic
     out["optimizer_ops"] = tuple(sorted({ops[g.op_id].name for g in queued if g.op_id in ops}))
     # GradScaler's unscale and inf checks (ops called from torch/amp/grad_scaler.py): a fused optimizer takes
     # the scale and the inf flag into its own kernel, so this work and its .item() go with the fix
-    scaler_ops = _outermost([op for op in ops.values() if op.stream in mains and "::" in op.name
+    scaler_ops = _outermost([op for op in ops.values() if op.stream in mains and "::" in op.name and inside(op)
                              and "grad_scaler" in (op.via[0] if op.via else "")])
     scaler_spans = _spans(scaler_ops)
     out["scaler_host_ms"] = length_us(scaler_spans)

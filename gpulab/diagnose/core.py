@@ -266,13 +266,15 @@ class Profiled:
 
 
 def _profile(step: Callable, steps: int, device: torch.device, trace_path: str | None, record: bool = True,
-             cuda: bool = True) -> Profiled | None:
+             cuda: bool = True, retry: bool = True) -> Profiled | None:
     """`_profile_once`, again once where reading the profile raised UnicodeDecodeError: the profiler's Python tracer
     can keep a pointer to a frame's name that is freed before the results are read (pytorch/pytorch#64345, #121219;
     here 1 of 7 runs of tests/diagnose/test_core_settle.py's new-shapes test on the CPU, torch 2.13, 2026-12-07)."""
     try:
         return _profile_once(step, steps, device, trace_path, record, cuda)
     except UnicodeDecodeError:
+        if not retry:       # several processes: the others run no second profile, and its collectives would hang
+            raise
         return _profile_once(step, steps, device, trace_path, record, cuda)
 
 
@@ -576,7 +578,7 @@ def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, dev
                      "by product) during which one or more kernels ran, so over a shorter time it reads the idle "
                      "before and after")
     light = kernel_busy(step, steps, device) if profile and not distributed else None
-    profiled = _profile(step, steps, device, trace_path, record=profile)
+    profiled = _profile(step, steps, device, trace_path, record=profile, retry=not distributed)
     stalls = stall_facts(per_step, chunks)
     if stalls is not None and stalls.period and not distributed and profile:
         try:
@@ -614,9 +616,10 @@ def diagnose(step: Callable[[], object], *, warmup: int = 3, steps: int = 5, dev
     facts = analyze(profiled.events, memory=profiled.memory, stalls=stalls, **inputs)
     d = Diagnosis.from_facts(facts, device=str(device), step_spread_ms=timing.spread_ms, nvml_util_pct=nvml,
                              trace_path=trace_path, label=label, notes=notes)
-    if confirm and profile and not distributed and facts.new_shapes:
-        d.notes.append("no variant was timed: the step met new shapes while it was timed (the new shapes line), so a "
-                       "variant's timing would weigh first runs against the settled step")
+    if confirm and profile and not distributed and facts.new_shapes and facts.new_shapes["timed_first"]:
+        d.notes.append(f"no variant was timed: {facts.new_shapes['timed_first']} of {facts.new_shapes['timed']} timed "
+                       "steps met a shape the step had not run (the new shapes line), so a variant's timing would weigh "
+                       "such first runs against the settled step")
     elif confirm and profile and not distributed:
         from gpulab.diagnose.confirm import confirm_verdicts
         confirm_verdicts(d, step, device, steps=steps)

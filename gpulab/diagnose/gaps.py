@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from gpulab.core.timing import intersect, merge_intervals, subtract
-from gpulab.diagnose.events import OP, Event, fmt_site
+from gpulab.diagnose.events import GPU, OP, Event, fmt_site
 
 # A launch call that takes this long while the GPU is busy is waiting for room in the launch queue: an
 # unblocked launch returns in a few microseconds (lesson 11 measures them), even under the profiler, and the
@@ -168,37 +168,75 @@ def data_dependent(ops: Iterable[Event], steps: int) -> tuple:
 NEW_SHAPE_FACTOR = 3.0
 
 
-def settled_windows(windows: Sequence[tuple[float, float]], changes: tuple) -> tuple[list, list]:
+def window_keys(ops: Iterable[Event], windows: Sequence[tuple[float, float]]) -> list[set]:
+    """For each profiled step, the (line, op, input shapes) its ops ran with."""
+    keys: list[set] = [set() for _ in windows]
+    starts = [lo for lo, _ in windows]
+    for e in ops:
+        i = bisect.bisect_right(starts, e.start_us) - 1
+        if e.shapes and "::" in e.name and i >= 0 and e.start_us <= windows[i][1]:
+            keys[i].add((e.site, e.name, tuple(tuple(x) for x in e.shapes)))
+    return keys
+
+
+def settled_windows(windows: Sequence[tuple[float, float]], changes: tuple, busy: Sequence[float] = (),
+                    keys: Sequence[set] = ()) -> tuple[list, list]:
     """(the profiled steps to analyse, the ones set apart as a new shape's first run): every step and none unless
-    the shapes change between steps (`shape_changes`) and some steps, not all, take NEW_SHAPE_FACTOR x the shortest."""
+    the shapes change between steps (`shape_changes`) and some steps, not all, take NEW_SHAPE_FACTOR x the shortest
+    with their extra time mostly the GPU idling (`busy`: each step's GPU busy time; a bigger batch's extra time is
+    the GPU's own) and an op with shapes that no other step ran (`keys`, `window_keys`)."""
     if not changes or not windows:
         return list(windows), []
-    shortest = min(hi - lo for lo, hi in windows)
-    first = [w for w in windows if w[1] - w[0] >= NEW_SHAPE_FACTOR * shortest]
-    return ([w for w in windows if w not in first], first) if first else (list(windows), [])
+    busy = list(busy) or [0.0] * len(windows)
+    short = min(range(len(windows)), key=lambda i: windows[i][1] - windows[i][0])
+    length = lambda i: windows[i][1] - windows[i][0]                                       # noqa: E731
+    slow = [i for i in range(len(windows)) if length(i) >= NEW_SHAPE_FACTOR * length(short)
+            and (length(i) - busy[i]) - (length(short) - busy[short]) > busy[i] - busy[short]]
+    if keys:
+        seen = lambda i: set().union(*(keys[j] for j in range(len(windows)) if j != i and j not in slow))  # noqa: E731
+        slow = [i for i in slow if keys[i] - seen(i)]
+    if not slow or len(slow) == len(windows):
+        return list(windows), []
+    return [w for i, w in enumerate(windows) if i not in slow], [windows[i] for i in slow]
 
 
 def runs_span(windows: Sequence[tuple[float, float]], kept: Sequence[tuple[float, float]]) -> list:
     """The time the analysis reads: for each run of consecutive kept steps, its first step's start to the last one's
-    end (steps run back to back; the gaps between their host ranges are theirs). All kept: one span."""
+    end (steps run back to back; the gaps between their host ranges are theirs), cut where a step set apart starts
+    (the kept step's GPU work still running then is the next step's time too). All kept: one span."""
     span, run = [], []
-    for w in list(windows) + [None]:
+    for i, w in enumerate(list(windows) + [None]):
         if w is not None and w in kept:
             run.append(w)
         elif run:
-            span.append((run[0][0], max(hi for _, hi in run)))
+            end = max(hi for _, hi in run)
+            span.append((run[0][0], min(end, w[0]) if w is not None else end))
             run = []
     return span
 
 
-def new_shape_facts(timed_ms: Sequence[float], profiled: int, first: int) -> dict:
+def new_shape_facts(timed_ms: Sequence[float], profiled: int, first: int, busy_ms: float = 0.0) -> dict:
     """What the first runs of new shapes cost, from the timed steps (host clock, back to back): the settled step is
-    the median of those under NEW_SHAPE_FACTOR x the fastest (None where none was timed)."""
-    out = {"profiled": profiled, "profiled_first": first, "timed": len(timed_ms), "timed_first": 0,
-           "settled_ms": None, "first_ms": None}
-    if timed_ms:
-        cut = NEW_SHAPE_FACTOR * min(timed_ms)
-        fast, slow = sorted(t for t in timed_ms if t < cut), sorted(t for t in timed_ms if t >= cut)
-        out.update(timed_first=len(slow), settled_ms=fast[len(fast) // 2] if len(fast) % 2 else
-                   (fast[len(fast) // 2 - 1] + fast[len(fast) // 2]) / 2, first_ms=(slow[0], slow[-1]) if slow else None)
-    return out
+    the median of those under NEW_SHAPE_FACTOR x the fastest, and no shorter than the GPU's work per step (`busy_ms`,
+    the kept profiled steps': inside a chunk a step's host time can be only its launches)."""
+    cut = NEW_SHAPE_FACTOR * min(timed_ms)
+    fast, slow = sorted(t for t in timed_ms if t < cut), sorted(t for t in timed_ms if t >= cut)
+    median = fast[len(fast) // 2] if len(fast) % 2 else (fast[len(fast) // 2 - 1] + fast[len(fast) // 2]) / 2
+    return {"profiled": profiled, "profiled_first": first, "timed": len(timed_ms), "timed_first": len(slow),
+            "settled_ms": max(median, busy_ms), "first_ms": (slow[0], slow[-1]) if slow else None}
+
+
+def set_apart(events: Sequence[Event], ops: Sequence[Event], windows: Sequence[tuple[float, float]], changes: tuple,
+              stalls) -> tuple[list, list, dict | None]:
+    """`analyze`'s split of the profiled steps: (kept, set apart, `new_shape_facts` or None). Only where the step
+    was timed (`stalls`, its host steps) and its slow steps do not repeat evenly (`StallFacts.period`: that is a
+    stall with a line of its own, a checkpoint say)."""
+    if stalls is None or stalls.period or not stalls.step_ms:
+        return list(windows), [], None
+    gpu = merge_intervals((e.start_us, e.end_us) for e in events if e.kind == GPU and e.end_us > e.start_us)
+    busy = [sum(b - a for a, b in intersect(gpu, [w])) for w in windows]
+    kept, first = settled_windows(windows, changes, busy, window_keys(ops, windows))
+    if not first:
+        return kept, [], None
+    kept_busy_ms = sum(b for w, b in zip(windows, busy) if w in kept) / len(kept) / 1e3
+    return kept, first, new_shape_facts(stalls.step_ms, len(windows), len(first), kept_busy_ms)

@@ -68,13 +68,14 @@ def test_notebook_15_quotes_the_settle_as_the_code_runs_it():
 
 def test_a_step_that_meets_new_shapes_is_diagnosed_on_its_settled_steps_and_times_no_variant():
     """Every step draws a length; a length's first run sleeps 40 ms more (a compile per shape, say). The diagnosis
-    reads the steps that did not, says how many did, and times no variant: their steps would mix the two."""
-    seen, lengths = set(), iter(range(8, 10_000))
+    reads the steps that did not, says how many did, and times no variant: their steps would mix the two. New
+    lengths come 2 and 3 steps apart in turn: evenly spaced slow steps would read as a periodic stall."""
+    seen, lengths = set(), iter(range(10, 10_000))
     cycle = {"n": 0}
 
     def step():
         cycle["n"] += 1
-        n = next(lengths) if cycle["n"] % 3 == 0 else 8 + cycle["n"] % 2     # every third step a new length
+        n = next(lengths) if cycle["n"] % 5 in (0, 2) else 8 + cycle["n"] % 2
         x = torch.randn(4, n)
         if n not in seen:
             seen.add(n)

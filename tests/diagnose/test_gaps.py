@@ -144,17 +144,31 @@ def test_steps_at_the_new_shape_factor_are_set_apart_only_where_the_shapes_chang
     assert G.settled_windows([(0, 300), (300, 600)], CHANGES) == ([(0, 300), (300, 600)], [])     # none faster
 
 
-def test_the_span_is_one_per_run_of_kept_steps():
+def test_a_step_slow_with_its_own_gpu_work_or_with_shapes_run_elsewhere_is_kept():
+    """A batch 4x longer is 4x the GPU's work: its extra time is busy time, not a first run. Its extra time half
+    idle and half busy, plus a microsecond of idle: a first run. Its shapes all ran in a kept step: a stall."""
+    w = [(0, 100), (100, 500), (500, 600)]
+    assert G.settled_windows(w, CHANGES, busy=[80, 380, 80]) == (w, [])                   # extra 300 busy, 100 idle
+    assert G.settled_windows(w, CHANGES, busy=[80, 230, 80]) == (w, [])                   # 150 busy, 150 idle: kept
+    assert G.settled_windows(w, CHANGES, busy=[80, 229, 80]) == ([w[0], w[2]], [w[1]])    # 149 busy, 151 idle
+    a, b = {("t.py", "aten::mm", ((4, 8),))}, {("t.py", "aten::mm", ((4, 9),))}
+    assert G.settled_windows(w, CHANGES, keys=[a, b, a]) == ([w[0], w[2]], [w[1]])       # (4, 9) ran nowhere else
+    assert G.settled_windows(w, CHANGES, keys=[a | b, b, a]) == (w, [])                  # (4, 9) ran in step 0
+
+
+def test_the_span_is_one_per_run_of_kept_steps_cut_where_a_set_apart_step_starts():
     w = [(0, 100), (100, 450), (450, 560), (560, 660), (670, 1000)]
     assert G.runs_span(w, w) == [(0, 1000)]                                   # all kept: first start to last end
     assert G.runs_span(w, [w[0], w[2], w[3]]) == [(0, 100), (450, 660)]        # the gap 660-670 inside a run is its
+    tail = [(0, 130), (100, 450), (450, 560)]                                 # step 0's GPU work runs to 130
+    assert G.runs_span(tail, [tail[0], tail[2]]) == [(0, 100), (450, 560)]     # cut where step 1 starts
 
 
 def test_what_the_first_runs_cost_is_read_from_the_timed_steps():
     n = G.new_shape_facts([10.0, 95.0, 11.0, 12.0, 29.9, 30.0], profiled=5, first=2)
     assert n == {"profiled": 5, "profiled_first": 2, "timed": 6, "timed_first": 2, "settled_ms": 11.5,
                  "first_ms": (30.0, 95.0)}                                     # 29.9 ms is under 3x 10 ms: settled
-    assert G.new_shape_facts([], profiled=5, first=2)["settled_ms"] is None    # not timed: the profiled step stands
+    assert G.new_shape_facts([10.0, 95.0, 11.0], 5, 2, busy_ms=20.0)["settled_ms"] == 20.0   # not under its GPU work
 
 
 def test_analyze_reads_the_settled_steps_and_says_what_the_first_runs_cost():

@@ -51,8 +51,8 @@ def test_run_n_under_8ec9b2d_against_labels_r_and_d():
 
 def test_the_fixed_steps_replay_cost():
     rec = _file("records-h200-2026-12-02-r")
-    before = from_record(str(rec / "zoo-reduce_overhead_skipped-as-written.json.gz")).facts
-    after = from_record(str(rec / "zoo-reduce_overhead_skipped-fixed.json.gz")).facts
+    before = from_record(str(rec / "zoo-reduce_overhead_skipped-as-written.json.xz")).facts
+    after = from_record(str(rec / "zoo-reduce_overhead_skipped-fixed.json.xz")).facts
     inside, launching = before.compiled_host_ms * before.host_scale, before.compiled_launch_ms * before.host_scale
     replayed = after.compiled_host_ms * after.host_scale
     assert (f"spent {inside:.3g} ms per step inside compiled code (the profiled time times `host_scale`), "
