@@ -40,7 +40,8 @@ def gzipped(argv: list[str]) -> list[str]:
         return argv
     folder, tmp = Path(argv[0]), Path(tempfile.mkdtemp(prefix="records-gz-"))      # left for the caller to read
     for p in sorted(folder.glob("*.json.*z")):
-        with (lzma if p.suffix == ".xz" else gzip).open(p, "rb") as src, gzip.open(tmp / (p.name.rsplit(".", 1)[0] + ".gz"), "wb") as dst:
+        gz = tmp / (p.name.rsplit(".", 1)[0] + ".gz")
+        with (lzma if p.suffix == ".xz" else gzip).open(p, "rb") as src, gzip.open(gz, "wb") as dst:
             shutil.copyfileobj(src, dst)
     return [str(tmp), *argv[1:]]
 
