@@ -222,6 +222,15 @@ def test_every_notebook_cell_has_a_unique_id():
 MAX_MODULE_LINES = 700
 
 
+def test_no_test_file_is_over_the_bound_either():
+    """The tests are read as often as the package: the same bound (test_l13_capstone, test_rules and test_analyze
+    were split by section on 2026-12-07)."""
+    long = {p.relative_to(ROOT).as_posix(): n for p in sorted((ROOT / "tests").rglob("*.py"))
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"over {MAX_MODULE_LINES} lines (split the file by its sections): " + ", ".join(
+        f"{p} {n}" for p, n in long.items())
+
+
 def test_no_module_of_the_package_is_over_the_bound():
     long = {p.relative_to(ROOT).as_posix(): n for p in sorted(PACKAGE.rglob("*.py"))
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
