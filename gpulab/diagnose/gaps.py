@@ -17,6 +17,7 @@ teaches lives, so the diagnosis splits it further, by what the host was doing wh
 from __future__ import annotations
 
 import bisect
+import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -129,15 +130,9 @@ def shape_changes(ops: Iterable[Event], windows: Sequence[tuple[float, float]], 
     input that changes (at most 4), the steps it ran in). A line whose shapes vary within a step but repeat every
     step (a loop over layers of different widths) does not count; nor one that runs in one step only."""
     per: dict = {}
-    starts = [lo for lo, _ in windows]
-    for e in ops:
-        if not e.shapes or "::" not in e.name:
-            continue
-        i = bisect.bisect_right(starts, e.start_us) - 1
-        if i < 0 or e.start_us > windows[i][1]:
-            continue
-        key = (fmt_site(e.site), e.name)
-        per.setdefault(key, {}).setdefault(i, set()).add(tuple(tuple(s) for s in e.shapes))
+    for i, keys in enumerate(window_keys(ops, windows)):
+        for site, name, shapes in keys:
+            per.setdefault((fmt_site(site), name), {}).setdefault(i, set()).add(shapes)
     out = []
     for (site, name), steps in per.items():
         sets = [frozenset(v) for v in steps.values()]
@@ -220,10 +215,10 @@ def new_shape_facts(timed_ms: Sequence[float], profiled: int, first: int, busy_m
     the median of those under NEW_SHAPE_FACTOR x the fastest, and no shorter than the GPU's work per step (`busy_ms`,
     the kept profiled steps': inside a chunk a step's host time can be only its launches)."""
     cut = NEW_SHAPE_FACTOR * min(timed_ms)
-    fast, slow = sorted(t for t in timed_ms if t < cut), sorted(t for t in timed_ms if t >= cut)
-    median = fast[len(fast) // 2] if len(fast) % 2 else (fast[len(fast) // 2 - 1] + fast[len(fast) // 2]) / 2
+    slow = sorted(t for t in timed_ms if t >= cut)
     return {"profiled": profiled, "profiled_first": first, "timed": len(timed_ms), "timed_first": len(slow),
-            "settled_ms": max(median, busy_ms), "first_ms": (slow[0], slow[-1]) if slow else None}
+            "settled_ms": max(statistics.median(t for t in timed_ms if t < cut), busy_ms),
+            "first_ms": (slow[0], slow[-1]) if slow else None}
 
 
 def set_apart(events: Sequence[Event], ops: Sequence[Event], windows: Sequence[tuple[float, float]], changes: tuple,
