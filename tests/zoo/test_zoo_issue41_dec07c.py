@@ -3,7 +3,6 @@ newest last) and diagnoses (the live ones before it, then its five; before: all 
 822f1d6), and its NOTES.md and zoo/README.md quote those scores, the promises kept under half, the halves, and the
 split of the shape-changing steps' timed steps into fast and slow ones."""
 import json
-import re
 import statistics
 from pathlib import Path
 
@@ -12,8 +11,8 @@ import pytest
 from gpulab.diagnose import zoo as Z
 from gpulab.diagnose.core import open_record
 
-from test_zoo_issue41_dec07b import DIAGNOSES as BEFORE_THIS, labels
-from test_zoo_issue41_dec07 import matrices_match, scores_quoted
+from test_zoo_issue41_dec07b import DIAGNOSES as BEFORE_THIS, UNDER_HALF, labels
+from test_zoo_issue41_dec07 import failing_checks, matrices_match, scores_quoted
 
 RUN = Path(__file__).resolve().parents[2] / "results" / "zoo" / "2026-12-07-h100-issue41-c"
 DIAGNOSES = {"after": BEFORE_THIS["after"] + [RUN / f"diagnoses-c{i}.json" for i in range(1, 6)],
@@ -39,18 +38,8 @@ def test_the_misses_and_the_failing_checks_are_the_ones_the_notes_name():
     ties = {r["name"] for r in judged["rows"] if r.get("tie")}
     assert misses == {"vit_manual_attention", "cifar10_tutorial_per_class"}, misses
     assert ties == {"pageable_uint8_images", "transformer_under_cap"}, ties
-    checks = {n: (ok, w) for n, ok, w in judged["checks"]}
-    ok, why = checks["tuned steps: no verdict expects more than 10 %"]
-    assert not ok and why == "over: bert_variable_lengths_compile, fairseq_token_batches"
-    ok, why = checks["every measured verdict kept half its expectation, or was demoted"]
-    failing = dict(re.findall(r"(\w+/\w+): ([\d.]+x)", why.split("failing:")[1]))
-    assert not ok and failing == {"vit_manual_attention/misaligned_gemm": "0.995x",
-                                  "cifar10_tutorial_per_class/launch_bound": "0.944x",
-                                  "timm_train_one_epoch/optimizer_unfused": "1.05x",
-                                  "bert_variable_lengths_compile/compile_recompiles": "0.97x",
-                                  "fairseq_token_batches/varying_shapes": "0.745x",
-                                  "hf_trainer_dynamic_padding/varying_shapes": "1.58x"}, why
-    assert all(f"{k} {g}" in notes() for k, g in failing.items())
+    assert failing_checks(RUN, labels(), DIAGNOSES["after"]) == (
+        "over: bert_variable_lengths_compile, fairseq_token_batches", UNDER_HALF)
 
 
 def test_the_records_under_one_set_of_rules_name_the_same_tops():

@@ -10,7 +10,7 @@ from gpulab.diagnose import zoo as Z
 
 from test_zoo_issue41_dec07b import labels
 from test_zoo_issue41_dec07c import DIAGNOSES as BEFORE_THIS
-from test_zoo_issue41_dec07 import matrices_match, scores_quoted
+from test_zoo_issue41_dec07 import failing_checks, matrices_match, scores_quoted
 
 RUN = Path(__file__).resolve().parents[2] / "results" / "zoo" / "2026-12-07-h100-issue41-d"
 DIAGNOSES = {"after": BEFORE_THIS["after"] + [RUN / "diagnoses-d1.json"],
@@ -24,13 +24,9 @@ def notes(run: Path = RUN) -> str:
 def promises_and_tuned(run: Path, diagnoses: dict) -> dict:
     """The tuned check fails on bert and fairseq; five promises kept under half, hf's not among them, each named in
     `run`/NOTES.md with its gain. Returns the failing ones."""
-    checks = {n: (ok, w) for n, ok, w in Z.judge(labels(), Z.read_steps(diagnoses["after"]))["checks"]}
-    ok, why = checks["tuned steps: no verdict expects more than 10 %"]
-    assert not ok and why == "over: bert_variable_lengths_compile, fairseq_token_batches"
-    ok, why = checks["every measured verdict kept half its expectation, or was demoted"]
-    failing = dict(re.findall(r"(\w+/\w+): ([\d.]+x)", why.split("failing:")[1]))
-    assert not ok and len(failing) == 5 and "hf_trainer_dynamic_padding/varying_shapes" not in failing, why
-    assert all(f"{k} {g}" in notes(run) for k, g in failing.items())
+    tuned, failing = failing_checks(run, labels(), diagnoses["after"])
+    assert tuned == "over: bert_variable_lengths_compile, fairseq_token_batches"
+    assert len(failing) == 5 and "hf_trainer_dynamic_padding/varying_shapes" not in failing, failing
     return failing
 
 
