@@ -48,8 +48,9 @@ from gpulab.diagnose.facts import (  # noqa: F401 - the contract, re-exported: a
     CAUSES, CLASSES, Facts, GemmFact, MemoryFacts, StallFacts, changes)
 from gpulab.diagnose.gaps import (SYNC_GRACE_US, OpsByThread, after_sync, data_dependent, is_compile, queue_full,
                                   runs_span, set_apart, shape_changes, sync_kind)
-from gpulab.diagnose.kernels import (ALLOC_CALLS, BLOCKING_CALLS, CONV_OPS, INPUT_RANGES, SCALAR_READS,  # noqa: F401
-                                     conv_flops, dtype_of, gemm_flops, kernel_class, kernel_math, misaligned, mnk)
+from gpulab.diagnose.kernels import (ALLOC_CALLS, ATTENTION_MIN_T, BLOCKING_CALLS, CONV_OPS, INPUT_RANGES,  # noqa: F401
+                                     SCALAR_READS, SOFTMAX_OPS, attention_by_hand, conv_flops, dtype_of, gemm_flops,
+                                     kernel_class, kernel_math, misaligned, mnk)
 
 
 
@@ -467,11 +468,6 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
 # cuDNN's layout conversions around a convolution whose tensors are NCHW while its fast kernels want NHWC
 # (Tensor Core convolutions in 16-bit): kernel names, lower case.
 TRANSPOSE_NAMES = ("nchwtonhwc", "nhwctonchw", "nchw2nhwc", "nhwc2nchw")
-# Attention computed by hand: a softmax over a (..., T, T) score matrix, T at least this. Below it the
-# scores are small and the fused kernels buy little (FlashAttention's tiles are 64 or 128 rows).
-ATTENTION_MIN_T = 128
-SOFTMAX_OPS = ("aten::_softmax", "aten::softmax", "aten::_softmax_backward_data", "aten::_masked_softmax",
-               "aten::_safe_softmax")
 OPTIMIZER_RANGE = "Optimizer.step#"
 DDP_FORWARD = "DistributedDataParallel.forward"
 COMPILED_REGION = "Torch-Compiled Region"
@@ -483,13 +479,6 @@ RNN_OPS = ("aten::_cudnn_rnn", "aten::_cudnn_rnn_backward", "aten::lstm", "aten:
 OVERLAP_COPY_MIN_BYTES = 2**20
 
 
-def _score_shape(shapes: Sequence[tuple]) -> tuple | None:
-    for s in shapes:
-        if len(s) >= 3 and s[-1] == s[-2] and s[-1] >= ATTENTION_MIN_T:
-            return tuple(s)
-    return None
-
-
 def _patterns(events, gpu, classes, ops, calls, windows, span, step_name) -> dict:
     """GPU time (us in total) and counts of the later lessons' patterns; `analyze` divides by the steps."""
     steps = len(windows)
@@ -498,18 +487,8 @@ def _patterns(events, gpu, classes, ops, calls, windows, span, step_name) -> dic
     annotations = [e for e in events if e.kind == OP and e.stream in mains and "::" not in e.name and inside(e)]
     out = {}
     out["transpose_ms"] = length_us(_union([e for e in gpu if any(t in e.name.lower() for t in TRANSPOSE_NAMES)], span))
-    # attention by hand: the score shapes its softmax sees; the kernels of ops on tensors of those shapes
-    scores = {_score_shape(op.shapes) for op in ops.values() if op.name in SOFTMAX_OPS} - {None}
-    tails = {s[-2:] for s in scores}
-
-    def on_scores(op: Event | None) -> bool:
-        if op is None or op.name.startswith("aten::_scaled_dot_product"):
-            return False
-        if (op.name in SOFTMAX_OPS and _score_shape(op.shapes) is not None) or any(tuple(s) in scores for s in op.shapes):
-            return True
-        dims = mnk(op.name, op.shapes)       # the score and context products: (T x D) @ (D x T), (T x T) @ (T x D)
-        return dims is not None and ((dims[1], dims[2]) in tails or (dims[1], dims[3]) in tails)
-    attention = [e for e in gpu if on_scores(ops.get(e.op_id))]
+    # attention by hand (kernels.attention_by_hand): the work on its score matrix and the operands' copies
+    attention, tails = attention_by_hand(gpu, ops)
     out["attention_math_ms"] = length_us(_union(attention, span))
     counted = {e.op_id for e in attention if classes[e].startswith("gemm")}
     out["attention_math_flops"] = sum(gemm_flops(ops[i].name, ops[i].shapes) for i in counted if i in ops) / steps

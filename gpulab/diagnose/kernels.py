@@ -1,7 +1,8 @@
 """Kernel classes and GEMM shapes: which kernels are matrix products, which run on the Tensor Cores (by the
 kernel's name in cuBLAS / cuBLASLt / CUTLASS / cuDNN naming, the launching op's dtypes and the TF32 switches), the
-names of the profiler's ops and runtime calls that `analyze` sorts the host's time by, and a product's M, N, K, its
-FLOPs and whether it suits the Tensor Cores' tiles. Read alone: nothing here reads a whole trace."""
+names of the profiler's ops and runtime calls that `analyze` sorts the host's time by, a product's M, N, K, its FLOPs
+and whether it suits the Tensor Cores' tiles, and which kernels are attention written by hand. Read alone: nothing
+here reads a whole trace."""
 from __future__ import annotations
 
 import math
@@ -149,6 +150,50 @@ def misaligned(op: str, shapes: Sequence[tuple], dtype: str) -> bool:
     """A 16-bit matrix product with M, N or K not a multiple of ALIGN_ELEMENTS."""
     dims = mnk(op, shapes)
     return dtype in ("bf16", "fp16") and dims is not None and any(d % ALIGN_ELEMENTS for d in dims[1:])
+
+
+# Attention computed by hand: a softmax over a (..., T, T) score matrix, T at least this. Below it the
+# scores are small and the fused kernels buy little (FlashAttention's tiles are 64 or 128 rows).
+ATTENTION_MIN_T = 128
+SOFTMAX_OPS = ("aten::_softmax", "aten::softmax", "aten::_softmax_backward_data", "aten::_masked_softmax",
+               "aten::_safe_softmax")
+# The copies a matmul makes of a strided operand: q @ k.transpose(-2, -1) on heads split by a view and a transpose
+# (B, H, T, D) copies q and k (and the backward their gradients) into contiguous batches before its bmm; the fused
+# kernels read the strided heads where they lie (their one demand is a last dimension of stride 1).
+OPERAND_COPIES = ("aten::copy_", "aten::clone", "aten::contiguous")
+
+
+def score_shape(shapes: Sequence[tuple]) -> tuple | None:
+    """The (..., T, T) score shape among an op's input shapes (T at least ATTENTION_MIN_T), or None."""
+    for s in shapes:
+        if len(s) >= 3 and s[-1] == s[-2] and s[-1] >= ATTENTION_MIN_T:
+            return tuple(s)
+    return None
+
+
+def attention_by_hand(gpu: Sequence, ops: dict) -> tuple[list, set]:
+    """(the kernels of attention written by hand, the (T, T) tails of its scores): the kernels of ops on the
+    score shapes its softmax sees (the scale, the mask, the softmax and their backward), of the products that make
+    and use the scores ((T x D) @ (D x T), (T x T) @ (T x D)), and of the copies of the heads those products make
+    (a copy on a (B, H, T, D) or (B, H, D, T) tensor where the scores are (B, H, T, T)). The fused kernel
+    (F.scaled_dot_product_attention) does all of it in one pass and copies nothing."""
+    scores = {score_shape(op.shapes) for op in ops.values() if op.name in SOFTMAX_OPS} - {None}
+    tails = {s[-2:] for s in scores}
+    heads = {s[:2] + (s[-1],) for s in scores if len(s) == 4}          # (B, H, T)
+
+    def head_split(shape: tuple) -> bool:
+        return len(shape) == 4 and ((shape[0], shape[1], shape[2]) in heads) != ((shape[0], shape[1], shape[3]) in heads)
+
+    def on_scores(op) -> bool:
+        if op is None or op.name.startswith("aten::_scaled_dot_product"):
+            return False
+        if (op.name in SOFTMAX_OPS and score_shape(op.shapes) is not None) or any(tuple(s) in scores for s in op.shapes):
+            return True
+        if op.name in OPERAND_COPIES and any(head_split(tuple(s)) for s in op.shapes):
+            return True
+        dims = mnk(op.name, op.shapes)       # the score and context products: (T x D) @ (D x T), (T x T) @ (T x D)
+        return dims is not None and ((dims[1], dims[2]) in tails or (dims[1], dims[3]) in tails)
+    return [e for e in gpu if on_scores(ops.get(e.op_id))], tails
 
 
 def conv_flops(ops: dict) -> dict:

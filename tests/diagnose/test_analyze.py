@@ -382,6 +382,26 @@ def test_attention_by_hand_is_the_work_on_the_score_matrix():
     assert small.attention_math_flops == 0 and small.attention_shape == ()     # the products on T < 128 are not
 
 
+def test_attention_by_hand_counts_the_copies_of_its_heads():
+    """q @ k.transpose(-2, -1) on heads split by a view and a transpose copies q and k into contiguous batches: the
+    fused kernel reads them in place, so those copies are the attention's; a copy of the (B, T, C) activations is
+    not, nor a copy of a (B, H, T, D) tensor where no (B, H, T, T) scores were seen."""
+    t, heads = ATTENTION_MIN_T, (8, 12)
+    scores = (*heads, t, t)
+
+    def events(copied):
+        return [step(0, 1000),
+                op("aten::copy_", 0, 5, corr=1, shapes=(copied, copied), dtypes=BF16), kernel("copy_q", 5, 45, op_id=1),
+                op("aten::bmm", 50, 55, corr=2, shapes=((96, t, 64), (96, 64, t)), dtypes=BF16),
+                kernel("nvjet_qk", 55, 155, op_id=2),
+                op("aten::_softmax", 160, 165, corr=3, shapes=(scores, ()), dtypes=BF16),
+                kernel("softmax_warp_forward", 165, 215, op_id=3)]
+    assert analyze(events((*heads, t, 64))).attention_math_ms == pytest.approx(0.19)        # q's copy, scores, softmax
+    assert analyze(events((*heads, 64, t))).attention_math_ms == pytest.approx(0.19)        # k transposed
+    assert analyze(events((8, t, 768, 1))).attention_math_ms == pytest.approx(0.15)         # not a head: not counted
+    assert analyze(events((8, 6, t, 64))).attention_math_ms == pytest.approx(0.15)          # other heads than the scores'
+
+
 def test_a_softmax_that_is_not_over_attention_scores_is_not_attention():
     small = analyze(attention(ATTENTION_MIN_T - 1))                 # scores under ATTENTION_MIN_T: no pattern
     assert small.attention_math_ms == 0
