@@ -432,6 +432,7 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
                      sorted(rows.items(), key=lambda kv: -kv[1])[:n] if us > 0)
 
     patterns = _patterns(events, gpu, classes, ops, calls, windows, span, step_name)
+    attention_ops = patterns.pop("attention_ops")
     return Facts(
         on_gpu=on_gpu, steps=steps, window_ms=length_us(span) / per_step,
         busy_ms=length_us(busy) / per_step, idle_ms=length_us(idle) / per_step,
@@ -443,7 +444,7 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
         median_kernel_us=statistics.median(kernels) if kernels else None,
         pageable_copy_ms=length_us(_union([e for e in gpu if is_pageable(e)], span)) / per_step,
         comm_ms=length_us(comm) / per_step, comm_exposed_ms=length_us(intersect(subtract(comm, rest), waiting)) / per_step,
-        gemms=tuple(_gemm_facts(gpu, classes, ops, steps, tf32_matmul, tf32_cudnn)), tf32_matmul=tf32_matmul, tf32_cudnn=tf32_cudnn,
+        gemms=tuple(_gemm_facts(gpu, classes, ops, steps, tf32_matmul, tf32_cudnn, attention_ops)), tf32_matmul=tf32_matmul, tf32_cudnn=tf32_cudnn,
         tf32_supported=tf32_supported, memory=memory, step_ms=step_ms, light_busy_ms=light_busy_ms, light_step_ms=light_step_ms, flops_per_step=flops_per_step, peak_tflops=peak_tflops,
         peak_source=peak_source, kernel_ceiling_tflops=kernel_ceiling_tflops,
         host_by_cause={c: length_us(iv) / per_step for c, iv in timeline.by_cause.items()},
@@ -490,7 +491,7 @@ def _patterns(events, gpu, classes, ops, calls, windows, span, step_name) -> dic
     # attention by hand (kernels.attention_by_hand): the work on its score matrix and the operands' copies
     attention, tails = attention_by_hand(gpu, ops)
     out["attention_math_ms"] = length_us(_union(attention, span))
-    counted = {e.op_id for e in attention if classes[e].startswith("gemm")}
+    counted = out["attention_ops"] = {e.op_id for e in attention if classes[e].startswith("gemm")}
     out["attention_math_flops"] = sum(gemm_flops(ops[i].name, ops[i].shapes) for i in counted if i in ops) / steps
     out["attention_shape"] = max(tails, default=())
     # the optimizer: its range on the host and the kernels queued inside it
@@ -634,8 +635,9 @@ def _class_of(e: Event, ops: dict, tf32_matmul: bool, tf32_cudnn: bool) -> str:
 
 
 def _gemm_facts(gpu: Sequence[Event], classes: dict, ops: dict, steps: int, tf32_matmul: bool = False,
-                tf32_cudnn: bool = False) -> list[GemmFact]:
-    """GEMM kernels grouped by their launching op instance, then by (op, dtype, shapes, math)."""
+                tf32_cudnn: bool = False, attention: set = frozenset()) -> list[GemmFact]:
+    """GEMM kernels grouped by their launching op instance, then by (op, dtype, shapes, math, whether they are the
+    products of attention by hand: `attention`, their ops)."""
     per_op: dict = {}
     for e in gpu:
         if classes[e].startswith("gemm"):
@@ -653,13 +655,13 @@ def _gemm_facts(gpu: Sequence[Event], classes: dict, ops: dict, steps: int, tf32
         tf32 = _tf32_for(op, name, tf32_matmul, tf32_cudnn)
         maths = {kernel_math(k.name, dtype, tf32) for k in kernels}
         math_ = maths.pop() if len(maths) == 1 else ""
-        g = groups.setdefault((name, dtype, shapes, tc, math_), [0, 0.0, 0.0])
+        g = groups.setdefault((name, dtype, shapes, tc, math_, key in attention), [0, 0.0, 0.0])
         g[0] += 1
         g[1] += length_us(merge_intervals((k.start_us, k.end_us) for k in kernels))
         g[2] += flops
     return [GemmFact(op=name, dtype=dtype, shapes=shapes, calls=n / steps, gpu_ms=t / 1e3 / steps,
-                     flops=f / steps, tensor_cores=tc, misaligned=misaligned(name, shapes, dtype), math=m)
-            for (name, dtype, shapes, tc, m), (n, t, f) in sorted(groups.items(), key=lambda kv: -kv[1][1])]
+                     flops=f / steps, tensor_cores=tc, misaligned=misaligned(name, shapes, dtype), math=m, attention=at)
+            for (name, dtype, shapes, tc, m, at), (n, t, f) in sorted(groups.items(), key=lambda kv: -kv[1][1])]
 
 
 def stall_site(typical: Sequence[Event], slow: Sequence[Event]) -> tuple[str, float]:

@@ -77,6 +77,7 @@ class GemmFact:
     tensor_cores: bool
     misaligned: bool                # 16-bit with M, N or K not a multiple of ALIGN_ELEMENTS
     math: str = ""                  # how it ran: "fp32" (CUDA cores), "tf32", "bf16", "fp16", "fp8", "" unknown
+    attention: bool = False         # a product of attention by hand (its scores or its context)
 
 
 @dataclass(frozen=True)

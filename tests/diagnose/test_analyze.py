@@ -378,8 +378,10 @@ def test_attention_by_hand_is_the_work_on_the_score_matrix():
     f = analyze(attention(ATTENTION_MIN_T))
     assert f.attention_math_ms == pytest.approx(0.25) and f.attention_shape == (ATTENTION_MIN_T, ATTENTION_MIN_T)
     assert f.attention_math_flops == 2 * (2 * 8 * ATTENTION_MIN_T * ATTENTION_MIN_T * 64)
+    assert [g.attention for g in f.gemms] == [True, True]       # its products, marked (misaligned_gemm leaves them)
     small = analyze(attention(ATTENTION_MIN_T - 1))
     assert small.attention_math_flops == 0 and small.attention_shape == ()     # the products on T < 128 are not
+    assert not any(g.attention for g in small.gemms)
 
 
 def test_attention_by_hand_counts_the_copies_of_its_heads():
