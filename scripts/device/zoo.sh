@@ -12,7 +12,7 @@ set -u
 LIMIT=$1; shift
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-C=results/zoo/2026-12-01-cpu-fix-checks/checks-cpu.json,results/zoo/2026-12-06-cpu-generic-fix-checks/checks-cpu.json,results/zoo/2026-12-07-cpu-fix-checks/checks-cpu.json,results/zoo/2026-12-07-cpu-fix-checks-b/checks-cpu.json
+C=results/zoo/2026-12-01-cpu-fix-checks/checks-cpu.json,results/zoo/2026-12-06-cpu-generic-fix-checks/checks-cpu.json,results/zoo/2026-12-07-cpu-fix-checks/checks-cpu.json,results/zoo/2026-12-07-cpu-fix-checks-b/checks-cpu.json,results/zoo/2026-12-07-cpu-fix-checks-c/checks-cpu.json
 W=/tmp/zoo; rm -rf $W; mkdir -p $W/records
 { echo "=== call $(date -u)"; nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv;
   python3 -c 'import torch; print(torch.__version__)'; git log -1 --format='commit %h' 2>/dev/null; } >> $W/env.txt
