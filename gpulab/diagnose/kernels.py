@@ -158,8 +158,9 @@ ATTENTION_MIN_T = 128
 SOFTMAX_OPS = ("aten::_softmax", "aten::softmax", "aten::_softmax_backward_data", "aten::_masked_softmax",
                "aten::_safe_softmax")
 # The copies a matmul makes of a strided operand: q @ k.transpose(-2, -1) on heads split by a view and a transpose
-# (B, H, T, D) copies q and k (and the backward their gradients) into contiguous batches before its bmm; the fused
-# kernels read the strided heads where they lie (their one demand is a last dimension of stride 1).
+# (B, H, T, D) copies q, k and v into contiguous batches before its bmm (and the backward the context's gradient);
+# the fused kernels read the strided heads where they lie (their one demand is a last dimension of stride 1). A copy
+# that changes the dtype is a cast, which the fused kernel under autocast makes too: not counted.
 OPERAND_COPIES = ("aten::copy_", "aten::clone", "aten::contiguous")
 
 
@@ -174,9 +175,9 @@ def score_shape(shapes: Sequence[tuple]) -> tuple | None:
 def attention_by_hand(gpu: Sequence, ops: dict) -> tuple[list, set]:
     """(the kernels of attention written by hand, the (T, T) tails of its scores): the kernels of ops on the
     score shapes its softmax sees (the scale, the mask, the softmax and their backward), of the products that make
-    and use the scores ((T x D) @ (D x T), (T x T) @ (T x D)), and of the copies of the heads those products make
-    (a copy on a (B, H, T, D) or (B, H, D, T) tensor where the scores are (B, H, T, T)). The fused kernel
-    (F.scaled_dot_product_attention) does all of it in one pass and copies nothing."""
+    and use the scores and of their gradients ((T x D) @ (D x T), (T x T) @ (T x D), (D x T) @ (T x T)), and of the
+    copies of the heads those products make (a copy, not a cast, on a (B, H, T, D) or (B, H, D, T) tensor where the
+    scores are (B, H, T, T)). The fused kernel (F.scaled_dot_product_attention) does all of it in one pass."""
     scores = {score_shape(op.shapes) for op in ops.values() if op.name in SOFTMAX_OPS} - {None}
     tails = {s[-2:] for s in scores}
     heads = {s[:2] + (s[-1],) for s in scores if len(s) == 4}          # (B, H, T)
@@ -189,10 +190,14 @@ def attention_by_hand(gpu: Sequence, ops: dict) -> tuple[list, set]:
             return False
         if (op.name in SOFTMAX_OPS and score_shape(op.shapes) is not None) or any(tuple(s) in scores for s in op.shapes):
             return True
-        if op.name in OPERAND_COPIES and any(head_split(tuple(s)) for s in op.shapes):
+        if (op.name in OPERAND_COPIES and any(head_split(tuple(s)) for s in op.shapes)
+                and len({d for shape, d in zip(op.shapes, op.dtypes) if shape and d}) <= 1):      # tensors' dtypes
             return True
-        dims = mnk(op.name, op.shapes)       # the score and context products: (T x D) @ (D x T), (T x T) @ (T x D)
-        return dims is not None and ((dims[1], dims[2]) in tails or (dims[1], dims[3]) in tails)
+        # the score and context products and their gradients: (T x D) @ (D x T), (T x T) @ (T x D), and (D x T) @
+        # (T x T) batched over the heads (a square T x T weight of a linear layer is no head's)
+        dims = mnk(op.name, op.shapes)
+        return dims is not None and ((dims[1], dims[2]) in tails or (dims[1], dims[3]) in tails
+                                     or (dims[0] > 1 and (dims[2], dims[3]) in tails))
     return [e for e in gpu if on_scores(ops.get(e.op_id))], tails
 
 

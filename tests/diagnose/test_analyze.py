@@ -402,6 +402,25 @@ def test_attention_by_hand_counts_the_copies_of_its_heads():
     assert analyze(events((*heads, 64, t))).attention_math_ms == pytest.approx(0.19)        # k transposed
     assert analyze(events((8, t, 768, 1))).attention_math_ms == pytest.approx(0.15)         # not a head: not counted
     assert analyze(events((8, 6, t, 64))).attention_math_ms == pytest.approx(0.15)          # other heads than the scores'
+    flagged = events((*heads, t, 64))                                         # copy_(dst, src, non_blocking)
+    flagged[1] = op("aten::copy_", 0, 5, corr=1, shapes=((*heads, t, 64),) * 2 + ((),), dtypes=BF16 + ("Scalar",))
+    assert analyze(flagged).attention_math_ms == pytest.approx(0.19)
+    cast = events((*heads, t, 64))
+    cast[1] = op("aten::copy_", 0, 5, corr=1, shapes=((*heads, t, 64),) * 2, dtypes=("float", "c10::BFloat16"))
+    assert analyze(cast).attention_math_ms == pytest.approx(0.15)          # a cast: SDPA under autocast casts too
+
+
+def test_attention_by_hand_counts_the_gradient_of_k_and_not_a_square_weight():
+    """The backward's (D x T) @ (T x T) product, batched over the heads, is attention's; a linear layer's T x T
+    weight, (M x T) @ (T x T) unbatched, is not."""
+    t = ATTENTION_MIN_T
+    base = attention(t)
+    grad_k = base + [op("aten::bmm", 300, 310, corr=5, shapes=((8, 64, t), (8, t, t)), dtypes=BF16),
+                     kernel("nvjet_dk", 310, 360, op_id=5)]
+    assert analyze(grad_k).attention_math_ms == pytest.approx(0.30)
+    linear = base + [op("aten::mm", 300, 310, corr=5, shapes=((4096, t), (t, t)), dtypes=BF16),
+                     kernel("nvjet_linear", 310, 360, op_id=5)]
+    assert analyze(linear).attention_math_ms == pytest.approx(0.25)
 
 
 def test_a_softmax_that_is_not_over_attention_scores_is_not_attention():
