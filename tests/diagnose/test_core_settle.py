@@ -36,7 +36,9 @@ def test_a_falling_step_runs_until_it_stops_falling_and_the_report_says_so():
     step = sleeper([60.0] * 10 + [10.0])
     s = C.settle(step, CPU, limit_s=10.0)
     assert s["settled"] and 2 + 1 + C.SETTLE_QUIET <= len(s["chunks_ms"]) <= 2 + 2 + C.SETTLE_QUIET, s
-    assert s["chunks_ms"][0] > 4 * s["chunks_ms"][-1]
+    # 6x apart when the host sleeps on time; a loaded 2-core CI machine stretched a 10 ms sleep to 41 ms (2026-12-07):
+    # what must hold is a fall beyond the margin that counts as falling
+    assert s["chunks_ms"][0] > (1 + C.SETTLE_FALL) * s["chunks_ms"][-1], s
     note = C.settle_note(s)
     assert "in its first 5 steps" in note and f"after {s['steps']}; what follows is the settled step" in note
 
