@@ -2,7 +2,6 @@
 labelled on one H100. Its matrices come from the committed labels and diagnoses, and its NOTES.md quotes the judge's
 scores, the failing checks, each step's label and diagnosis, and what padding fairseq's batches to few shapes costs."""
 import importlib
-import re
 import sys
 from pathlib import Path
 
@@ -12,7 +11,8 @@ import pytest
 from gpulab.diagnose import zoo as Z
 
 from test_zoo_issue41_dec07b import RUN as RUN_B, previous_label_files
-from test_zoo_issue41_dec07 import NEW, failing_checks, matrices_match, scores_quoted
+from test_zoo_issue41_dec07 import failing_checks, matrices_match, scores_quoted
+from test_zoo_issue41_dec07f import notes as notes_of, scores_and_halves_quoted
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = REPO / "results" / "zoo" / "2026-12-07-h100-issue41-g"
@@ -26,7 +26,7 @@ def labels() -> list:
 
 
 def notes() -> str:
-    return " ".join((RUN / "NOTES.md").read_text().split())
+    return notes_of(RUN)
 
 
 @pytest.mark.parametrize("when", ["after", "before"])
@@ -34,21 +34,8 @@ def test_the_matrices_come_from_the_committed_files(when):
     matrices_match(RUN, labels(), DIAGNOSES[when], when)
 
 
-def score(when, names=None, half=None):
-    rows = [r for r in labels() if names is None or r["name"] in names]
-    why = dict((n, w) for n, _, w in Z.judge(rows, Z.read_steps(DIAGNOSES[when]), only=half)["checks"])
-    return tuple(int(x) for x in re.match(r"(\d+) of (\d+)", why["top verdict names the best fix"]).groups())
-
-
 def test_the_notes_quote_the_scores_and_the_halves():
-    row = lambda s: f"{s[0]} of {s[1]} ({100 * s[0] / s[1]:.0f} %)"      # noqa: E731
-    text = (RUN / "NOTES.md").read_text()
-    assert f"before (822f1d6)     {row(score('before'))}  {row(score('before', NEW))}" in text
-    assert f"after  (a521a62)     {row(score('after'))}  {row(score('after', NEW))}" in text
-    held, held_before = score("after", half="held_out"), score("before", half="held_out")
-    dev, dev_before = score("after", half="dev"), score("before", half="dev")
-    assert (f"The held-out half reads {held[0]} of {held[1]} (before {held_before[0]} of {held_before[1]}), the "
-            f"development half {dev[0]} of {dev[1]} (before {dev_before[0]} of {dev_before[1]})") in notes()
+    scores_and_halves_quoted(RUN, "a521a62", labels(), DIAGNOSES)
 
 
 def test_the_zoo_readme_quotes_those_scores():
