@@ -24,7 +24,9 @@ def sleeper(times_ms):
 # Sleeps of 10 ms and more: the host's sleep overshoots by a fraction of a millisecond, which at 2 ms a step read
 # as a 12 % fall on a loaded 2-core CI machine; counts get one chunk of slack for that.
 def test_a_steady_step_settles_in_three_chunks_or_four():
-    step = sleeper([10.0])
+    # 30 ms: a loaded CI machine's first chunk of 10 ms sleeps ran 11.5 ms a step against 10.3 later (2026-12-07), a 12 %
+    # fall that the report rightly calls a warm-up; the same overshoot is 4 % of 30 ms
+    step = sleeper([30.0])
     s = C.settle(step, CPU, limit_s=5.0)
     assert s["settled"] and C.SETTLE_QUIET + 1 <= len(s["chunks_ms"]) <= C.SETTLE_QUIET + 2, s
     assert s["steps"] == step.calls["n"] == C.SETTLE_CHUNK * len(s["chunks_ms"])
