@@ -106,10 +106,17 @@ def _launch(scale: str) -> dict:
     return out
 
 
+# How flat eager's time per op must read from 100 to 400 ops: within 1.5x on a GPU; on the CPU, within 2x: a 2-core CI
+# machine under two test processes read 0.616x once (2026-12-07) with the counts timed in turns. Counting a chain's
+# time, not its time per op, reads 4x, and fails both.
+FLAT = {"cuda": (0.67, 1.5), "cpu": (0.5, 2.0)}
+
+
 def _launch_claim(f: dict) -> str | None:
     counts = config(f["scale"])["counts"]
     flat = f[f"{counts[-1]} ops: eager us/op"] / f["100 ops: eager us/op"]
-    if not 0.67 <= flat <= 1.5:
+    lo, hi = FLAT.get(f["device"], FLAT["cuda"])
+    if not lo <= flat <= hi:
         return f"eager's time per op changed {flat:.3g}x from 100 to {counts[-1]} ops: it should be a flat launch cost"
     sizes = ELEMENTS[f["scale"]]
     if (f["device"] == "cpu" or _gpu_full(f)) and not (
