@@ -115,7 +115,7 @@ def misaligned_gemm(f: Facts) -> Verdict | None:
     one GEMM's time is not promised twice. On one H100 (2026-12-07, results/zoo/2026-12-07-h100-issue41/, labels-7d)
     the zoo's vit_manual_attention, whose misaligned products were its attention's (T = 197), ran 0.995x with its
     tokens padded to 200."""
-    replaced = f.busy_share(f.attention_math_ms) >= ATTENTION_SHARE_MIN
+    replaced = _attention_fires(f)
     chosen = lambda g: g.misaligned and not (replaced and g.attention)        # noqa: E731
     ms, flops = f.gemm_ms(chosen)
     if f.busy_share(ms) < MISALIGNED_SHARE_MIN:
@@ -143,12 +143,17 @@ def layout_transposes(f: Facts) -> Verdict | None:
                    "model.to(memory_format=torch.channels_last) and the inputs likewise")
 
 
+def _attention_fires(f: Facts) -> bool:
+    """Whether attention by hand is a share worth its one-line fix: where `attention_math` fires."""
+    return f.busy_share(f.attention_math_ms) >= ATTENTION_SHARE_MIN
+
+
 def attention_math(f: Facts) -> Verdict | None:
     """Attention written as matmul, softmax, matmul over a (T, T) score matrix: the scores go to memory and
     back several times. Share: those kernels' time minus their FLOPs at the 16-bit ceiling (a fused kernel
     keeps the scores on chip)."""
     ms = f.attention_math_ms
-    if f.busy_share(ms) < ATTENTION_SHARE_MIN:
+    if not _attention_fires(f):
         return None
     ceiling, peak = _ceilings(f)
     t = "x".join(str(x) for x in f.attention_shape)
