@@ -323,3 +323,22 @@ def test_a_sentence_beside_the_figure_reads_without_its_dropped_code_span():
     shown = F.plain(F.mark_tags(md)[0])
     assert ", ," not in shown and ",," not in shown
     assert "2026-12-03, timed on the host" in shown
+
+
+def test_run_picks_one_named_run_among_several_of_one_gpu():
+    """Notebook 15's prose quotes one chain, of one run; two runs of the same GPU model that day differ (2026-12-07:
+    round 5's promise 1.07x in the morning, 1.25x in the afternoon). `run=FOLDER` keeps only the records of the
+    folder the sentence names; it filters the references, never the learner's own record."""
+    from types import SimpleNamespace as R
+    refs = [Rec("15", "fix_expected", 1.07, gpu="NVIDIA H100 80GB HBM3", extra={"round": 5},
+                source="results/course/2026-12-07-h100-00-15/h100.json"),
+            Rec("15", "fix_expected", 1.25, gpu="NVIDIA H100 80GB HBM3", extra={"round": 5},
+                source="results/course/2026-12-07-h100-00-15-b/h100.json")]
+    md = "promised 1.07×<!-- fig 15 fix_expected round=5 run=2026-12-07-h100-00-15-b gpu=H100 -->."
+    assert check_markdown(md, refs)                                   # 1.07 is the morning's, not run b's
+    assert check_markdown(md.replace("1.07", "1.25"), refs) == []
+    assert check_markdown(md.replace("-b gpu", "-c gpu"), refs)       # no such run: no record
+    mine = [R(lesson="15", name="fix_expected", value=1.3, gpu="NVIDIA H100 80GB HBM3", scale="full",
+              extra={"round": 5})]
+    row, = beside("15", mine, "NVIDIA H100 80GB HBM3", refs, [md.replace("1.07", "1.25")])
+    assert row["yours"] == 1.3 and row["reference_range"] == (1.25, 1.25)

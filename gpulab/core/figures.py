@@ -148,7 +148,17 @@ def plain(sentence: str, limit: int = 110) -> str:
 def selected(tag: Tag, extra: dict | None) -> bool:
     """Whether a record's extra fields pass the tag's KEY=VALUE filters (a round of a chain, a size). `gpu=` is not
     an extra field: it picks the reference runs (`reference_records`), never the learner's own record."""
-    return all(str((extra or {}).get(k)) == v for k, v in tag.where if k != "gpu")
+    return all(str((extra or {}).get(k)) == v for k, v in tag.where if k not in REFERENCE_KEYS)
+
+
+# Filters that pick reference runs, not extra fields: `gpu=NAME` (a part of the GPU's name) and `run=FOLDER` (the
+# folder under results/ that holds the record's file, where prose quotes one named run among several of one GPU).
+REFERENCE_KEYS = ("gpu", "run")
+
+
+def in_run(tag: Tag, source: str) -> bool:
+    """Whether a reference record's file lies in the folder the tag's `run=FOLDER` names (its parent's name)."""
+    return all(Path(source).parent.name == v for k, v in tag.where if k == "run")
 
 
 def on_gpu(tag: Tag, gpu: str) -> bool:
@@ -182,7 +192,8 @@ def reference_records(tag: Tag, records: Iterable[Rec]) -> list[Rec]:
     return [r for r in records
             if r.lesson == tag.lesson and r.name == name and r.gpu != "CPU" and r.scale == "full"
             and not (r.extra or {}).get("profile") and not (r.extra or {}).get("shared")
-            and (r.extra or {}).get("device") != "cpu" and selected(tag, r.extra) and on_gpu(tag, r.gpu)]
+            and (r.extra or {}).get("device") != "cpu" and selected(tag, r.extra) and on_gpu(tag, r.gpu)
+            and in_run(tag, r.source)]
 
 
 def matching(tag: Tag, records: Iterable[Rec]) -> list[tuple[float, str]]:
