@@ -395,9 +395,10 @@ def analyze(events: Sequence[Event], *, on_gpu: bool = True, step_name: str = ST
     mains = {e.stream for e in events if e.kind == OP and e.name == step_name}
     main_ops = [e for e in events if is_op(e) and e.stream in mains]
     changes = shape_changes(main_ops, profiled)
-    windows, first, new_shapes = set_apart(events, main_ops, profiled, changes, stalls)      # first runs (gaps.py)
+    windows, first, new_shapes = set_apart(events, main_ops, profiled, changes, stalls,       # first runs (gaps.py)
+                                           host_shapes=not data_dependent(main_ops, len(profiled)))
     steps, span = len(windows), runs_span(profiled, windows)      # a span per run of steps: they run back to back
-    if first:       # the settled step: the timed steps without first runs; the rules read no stalls, no light profile
+    if new_shapes:  # the settled step: the timed steps without first runs; the rules read no stalls, no light profile
         step_ms, stalls, light_busy_ms, light_step_ms = new_shapes["settled_ms"], None, None, None
         main_ops = [e for e in main_ops if any(lo <= e.start_us <= hi for lo, hi in span)]
     host = [e for e in events if e.kind in (OP, RUNTIME)]

@@ -222,16 +222,26 @@ def new_shape_facts(timed_ms: Sequence[float], profiled: int, first: int, busy_m
 
 
 def set_apart(events: Sequence[Event], ops: Sequence[Event], windows: Sequence[tuple[float, float]], changes: tuple,
-              stalls) -> tuple[list, list, dict | None]:
+              stalls, host_shapes: bool = False) -> tuple[list, list, dict | None]:
     """`analyze`'s split of the profiled steps: (kept, set apart, `new_shape_facts` or None). Only where the step
     was timed (`stalls`, its host steps) and its slow steps do not repeat evenly (`StallFacts.period`: that is a
-    stall with a line of its own, a checkpoint say)."""
+    stall with a line of its own, a checkpoint say). Where no profiled step met a new shape but the host chose the
+    shapes (`host_shapes`: they change between the profiled steps and no op's output size is the GPU's to decide)
+    and some timed steps, not all, took NEW_SHAPE_FACTOR x the fastest, those are the first runs: the profiled steps
+    are all kept, and the settled step is the other timed steps' median (on one H100, 2026-12-07,
+    results/zoo/2026-12-07-h100-issue41-h/: hf_trainer_dynamic_padding in a fresh process, 14 of 20 timed steps
+    125-234 ms, the other six 15-27 ms, the five profiled steps none of them; the diagnosis read the median, 119 ms)."""
     if stalls is None or stalls.period or not stalls.step_ms:
         return list(windows), [], None
     gpu = merge_intervals((e.start_us, e.end_us) for e in events if e.kind == GPU and e.end_us > e.start_us)
     busy = [sum(b - a for a, b in intersect(gpu, [w])) for w in windows]
     kept, first = settled_windows(windows, changes, busy, window_keys(ops, windows))
-    if not first:
-        return kept, [], None
     kept_busy_ms = sum(b for w, b in zip(windows, busy) if w in kept) / len(kept) / 1e3
-    return kept, first, new_shape_facts(stalls.step_ms, len(windows), len(first), kept_busy_ms)
+    if first:
+        return kept, first, new_shape_facts(stalls.step_ms, len(windows), len(first), kept_busy_ms)
+    if not (changes and host_shapes):
+        return kept, [], None
+    facts = new_shape_facts(stalls.step_ms, len(windows), 0, kept_busy_ms)
+    if not facts["timed_first"] or facts["timed_first"] == facts["timed"]:
+        return kept, [], None
+    return kept, [], facts

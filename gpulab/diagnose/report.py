@@ -29,18 +29,25 @@ def report_text(d: "Diagnosis") -> str:
     if f.new_shapes:
         n = f.new_shapes
         compiled = f.compiled_regions > 0
-        lines.append(f"new shapes: {n['profiled_first']} of {n['profiled']} profiled steps"
-                     + (f" and {n['timed_first']} of {n['timed']} timed ones ({n['first_ms'][0]:.3g} to "
-                        f"{n['first_ms'][1]:.3g} ms)" if n["first_ms"] else "")
-                     + f" took at least {NEW_SHAPE_FACTOR:g}x the shortest, mostly with the GPU idle, and ran shapes no "
-                     "other profiled step ran: a shape's first run (" + ("a compile, and more" if compiled else
-                     "no compile here: other one-time costs, not told apart") + "), paid again for each shape not run "
-                     "before. What follows reads the other steps, the settled step"
-                     + (f" ({n['settled_ms']:.3g} ms)" if n["settled_ms"] else "") + "; the step line's spread is of "
-                     "all the timed steps"
-                     + ("; most timed steps met a new shape: if your lengths rarely repeat, first runs are most of the "
+        timed = (f"{n['timed_first']} of {n['timed']} timed ones ({n['first_ms'][0]:.3g} to {n['first_ms'][1]:.3g} ms)"
+                 if n["first_ms"] else "")
+        cost = ("a compile, and more" if compiled else "no compile here: other one-time costs, not told apart")
+        if n["profiled_first"]:
+            lines.append(f"new shapes: {n['profiled_first']} of {n['profiled']} profiled steps" + (f" and {timed}" if timed
+                         else "") + f" took at least {NEW_SHAPE_FACTOR:g}x the shortest, mostly with the GPU idle, and ran "
+                         f"shapes no other profiled step ran: a shape's first run ({cost}), paid again for each shape not "
+                         "run before. What follows reads the other steps, the settled step"
+                         + (f" ({n['settled_ms']:.3g} ms)" if n["settled_ms"] else "") + "; the step line's spread is of "
+                         "all the timed steps")
+        else:
+            lines.append(f"new shapes: {timed.replace(' ones', ' steps')} took at least {NEW_SHAPE_FACTOR:g}x the "
+                         "fastest while the shapes changed from step to step (none of the profiled steps did): most "
+                         f"likely a shape's first run ({cost}), paid again for each shape not run before. What follows "
+                         f"reads the settled step, the other timed steps' median ({n['settled_ms']:.3g} ms); the step "
+                         "line's spread is of all the timed steps")
+        lines[-1] += ("; most timed steps met a new shape: if your lengths rarely repeat, first runs are most of the "
                         "epoch, and padding or bucketing to a few shapes pays them only a few times"
-                        if n["timed_first"] * 2 >= n["timed"] else ""))
+                        if n["timed_first"] * 2 >= n["timed"] else "")
     share = (lambda ms: 100 * ms / d.profiled_step_ms) if d.profiled_step_ms else (lambda ms: 0.0)
     if d.on_gpu:
         lines.append(f"GPU busy {d.busy_ms:.3g} ms ({share(d.busy_ms):.0f} % of the profiled step, all streams merged), "

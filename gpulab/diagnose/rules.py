@@ -265,6 +265,17 @@ def launch_bound(f: Facts) -> Verdict | None:
                    expected=f.share(graphs), blocked_by=blocked)
 
 
+# What a few shapes still cost under CUDA graphs, said with each shape verdict's fix. On one H100 (2026-12-07,
+# results/zoo/2026-12-07-h100-issue41-h/shape-steps/), each step timed alone: bert_variable_lengths_compile's fix
+# (3 padded lengths) compiled in each length's first step (5.6-16.8 s), recorded in its second (26-40 ms) and then
+# ran 4.3 ms steps; fairseq_token_batches' fix (rows to 16, lengths to 32) met 25 shapes in 300 steps, the last at
+# step 278, each first step 126-205 ms (after its compiles) and second 38-62 ms, the others 12.1 ms. The zoo's
+# labels time a window of about a second: there the first runs outweighed the gain (1.2x and 0.39x).
+FIRST_RUNS = ("under CUDA graphs each padded shape still costs its first step a compile or a warm-up and its second "
+              "a recording: the gain comes once every shape has run twice, so count the shapes the padding leaves "
+              "(rows x lengths)")
+
+
 def varying_shapes(f: Facts) -> Verdict | None:
     """The step's shapes change from step to step (a batch padded to its own longest sequence, batches built to
     a token budget), so CUDA graphs cannot take its launch gaps: a graph replays one shape, and
@@ -290,7 +301,8 @@ def varying_shapes(f: Facts) -> Verdict | None:
                    f"where: {evidence_lines(rows)}",
                    "pad or bucket to a few shapes (DataCollatorWithPadding(pad_to_multiple_of=...), length buckets), "
                    "then capture each as CUDA graphs (torch.compile(mode='reduce-overhead')); or "
-                   "torch.compile(dynamic=True) / torch._dynamo.mark_dynamic to compile one graph for all of them",
+                   "torch.compile(dynamic=True) / torch._dynamo.mark_dynamic to compile one graph for all of them; "
+                   + FIRST_RUNS,
                    expected=f.share(graphs))
 
 
@@ -640,7 +652,7 @@ def shapes_first(f: Facts, blocked: Verdict) -> Verdict:
                    blocked.share, f"the shapes changed between the profiled steps; they must settle before "
                    f"{blocked.rule} (up to {blocked.bound:.3g}x) can work; where: {evidence_lines(rows) or 'not found'}",
                    "pad or bucket to a few shapes, then capture each as CUDA graphs; or torch.compile(dynamic=True) / "
-                   "torch._dynamo.mark_dynamic", expected=blocked.expected_share)
+                   "torch._dynamo.mark_dynamic; " + FIRST_RUNS, expected=blocked.expected_share)
 
 
 def exposing(f: Facts, blocker: Verdict, blocked: Verdict) -> Verdict:

@@ -193,3 +193,27 @@ def test_analyze_reads_the_settled_steps_and_says_what_the_first_runs_cost():
     every = StallFacts(step_ms=(1.0, 1.2, 9.0, 1.1, 1.0, 9.1), slow=(2, 5), median_ms=1.1, mean_ms=3.9, period=3)
     h = analyze(events, step_ms=3.9, stalls=every)                             # slow every 3 steps: a periodic stall
     assert h.new_shapes is None and h.steps == 3 and h.stalls is every        # (a checkpoint), not a shape's first run
+
+
+def test_first_runs_among_the_timed_steps_alone_give_the_settled_step_where_the_host_chose_the_shapes():
+    """hf_trainer_dynamic_padding in a fresh process (one H100, 2026-12-07): 14 of 20 timed steps met a new length
+    and took 125-234 ms, the profiled steps none; the diagnosis read the median, 119 ms, where the step settles near
+    22 ms. No profiled step is set apart, and the settled step is the fast timed steps' median. Not where every timed
+    step is slow (no settled step to read), nor where the GPU's values choose the shapes (nonzero: its syncs are the
+    evidence), nor where the shapes do not change (a slow step is a stall)."""
+    from gpulab.diagnose.facts import StallFacts
+    events = []
+    for i, (a, length) in enumerate(zip((0, 1000, 2000), (40, 56, 72))):
+        events += [step(a, a + 900), op("aten::embedding", a + 10, a + 20, site=USER, shapes=((100, 8), (4, length))),
+                   *launched("aten::mm", a + 30, a + 800, 50 + i, kernel_at=a + 810, kernel_us=50.0)]
+    stalls = StallFacts(step_ms=(1.0, 9.0, 1.2, 9.5, 1.1), slow=(1, 3), median_ms=1.1, mean_ms=4.4, period=None)
+    f = analyze(events, step_ms=1.2, stalls=stalls, light_busy_ms=0.1, light_step_ms=3.0)
+    assert f.steps == 3 and f.new_shapes["profiled_first"] == 0 and f.new_shapes["timed_first"] == 2
+    assert f.step_ms == pytest.approx(1.1) and f.stalls is None and f.light_step_ms is None
+    slow = StallFacts(step_ms=(9.0, 9.5, 9.2), slow=(), median_ms=9.2, mean_ms=9.2, period=None)
+    assert analyze(events, step_ms=9.2, stalls=slow).new_shapes is None           # every timed step slow
+    fixed = [e if e.name != "aten::embedding" else Event(e.kind, e.name, e.start_us, e.end_us, stream=e.stream,
+                                                           site=USER, shapes=((100, 8), (4, 40))) for e in events]
+    assert analyze(fixed, step_ms=1.2, stalls=stalls).new_shapes is None          # the same shapes: stalls
+    gpu_chosen = events + [op("aten::nonzero", a + 850, a + 860, site=("m.py", 9, "forward")) for a in (0, 1000, 2000)]
+    assert analyze(gpu_chosen, step_ms=1.2, stalls=stalls).new_shapes is None     # the GPU's values chose them
