@@ -41,7 +41,8 @@ def main(name: str, fix: str, func: str, steps: int, out: str) -> None:
         sync()
         ms = (time.perf_counter() - t) * 1e3
         shape = seen[-1] if seen else None
-        rows.append({"i": i, "shape": shape, "ms": ms, "new": shape not in first})
+        rows.append({"i": i, "shape": shape, "ms": ms, "new": shape not in first,
+                     "switch": bool(rows) and shape != rows[-1]["shape"]})
         first.add(shape)
     Path(out).write_text(json.dumps({"step": name, "fix": fix, "torch": torch.__version__,
                                      "gpu": torch.cuda.get_device_name() if device.type == "cuda" else "CPU", "rows": rows}))
@@ -53,6 +54,13 @@ def main(name: str, fix: str, func: str, steps: int, out: str) -> None:
           f"a shape's first step; of the last half: median "
           f"{sorted(r['ms'] for r in rows[steps // 2:])[steps // 4]:.3g} ms, "
           f"{sum(r['ms'] > 3 * median for r in rows[steps // 2:])} slow")
+    seen_before = [r for r in rows if not r["new"]]
+    for switch in (False, True):
+        part = sorted(r["ms"] for r in seen_before if r["switch"] == switch)
+        if part:
+            print(f"  shapes run before, {'another shape' if switch else 'the same shape'} as the step before: "
+                  f"{len(part)} steps, median {part[len(part) // 2]:.3g} ms, mean {sum(part) / len(part):.3g} ms, "
+                  f"{sum(t > 3 * median for t in part)} over 3x the median")
 
 
 if __name__ == "__main__":
