@@ -227,10 +227,14 @@ def set_apart(events: Sequence[Event], ops: Sequence[Event], windows: Sequence[t
     was timed (`stalls`, its host steps) and its slow steps do not repeat evenly (`StallFacts.period`: that is a
     stall with a line of its own, a checkpoint say). Where no profiled step met a new shape but the host chose the
     shapes (`host_shapes`: they change between the profiled steps and no op's output size is the GPU's to decide)
-    and some timed steps, not all, took NEW_SHAPE_FACTOR x the fastest, those are the first runs: the profiled steps
-    are all kept, and the settled step is the other timed steps' median (on one H100, 2026-12-07,
+    and some timed steps took NEW_SHAPE_FACTOR x the fastest, those are the first runs: the profiled steps are all
+    kept, and the settled step is the other timed steps' median (on one H100, 2026-12-07,
     results/zoo/2026-12-07-h100-issue41-h/: hf_trainer_dynamic_padding in a fresh process, 14 of 20 timed steps
-    125-234 ms, the other six 15-27 ms, the five profiled steps none of them; the diagnosis read the median, 119 ms)."""
+    125-234 ms, the other six 15-27 ms, the five profiled steps none of them; the diagnosis read the median, 119 ms).
+    Not where the timed steps may be something else, with no profiled step to tell (review of 134fb54): a slow step
+    the stall search traced to a line of its own (`StallFacts.site`); slow steps under NEW_SHAPE_FACTOR x the GPU's
+    largest profiled step (a bigger batch's own work); fast steps under the GPU's work per step (inside a chunk the
+    host ran ahead, and a step's host time is not its time)."""
     if stalls is None or stalls.period or not stalls.step_ms:
         return list(windows), [], None
     gpu = merge_intervals((e.start_us, e.end_us) for e in events if e.kind == GPU and e.end_us > e.start_us)
@@ -239,9 +243,10 @@ def set_apart(events: Sequence[Event], ops: Sequence[Event], windows: Sequence[t
     kept_busy_ms = sum(b for w, b in zip(windows, busy) if w in kept) / len(kept) / 1e3
     if first:
         return kept, first, new_shape_facts(stalls.step_ms, len(windows), len(first), kept_busy_ms)
-    if not (changes and host_shapes):
+    if not (changes and host_shapes) or stalls.site:
         return kept, [], None
-    facts = new_shape_facts(stalls.step_ms, len(windows), 0, kept_busy_ms)
-    if not facts["timed_first"] or facts["timed_first"] == facts["timed"]:
+    facts = new_shape_facts(stalls.step_ms, len(windows), 0)
+    if (not facts["timed_first"] or facts["first_ms"][0] < NEW_SHAPE_FACTOR * max(busy) / 1e3
+            or facts["settled_ms"] < kept_busy_ms):
         return kept, [], None
-    return kept, [], facts
+    return kept, [], new_shape_facts(stalls.step_ms, len(windows), 0, kept_busy_ms)

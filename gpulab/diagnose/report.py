@@ -41,13 +41,14 @@ def report_text(d: "Diagnosis") -> str:
                          "all the timed steps")
         else:
             lines.append(f"new shapes: {timed.replace(' ones', ' steps')} took at least {NEW_SHAPE_FACTOR:g}x the "
-                         "fastest while the shapes changed from step to step (none of the profiled steps did): most "
+                         "fastest while the shapes changed from step to step (no profiled step was slow): most "
                          f"likely a shape's first run ({cost}), paid again for each shape not run before. What follows "
                          f"reads the settled step, the other timed steps' median ({n['settled_ms']:.3g} ms); the step "
                          "line's spread is of all the timed steps")
-        lines[-1] += ("; most timed steps met a new shape: if your lengths rarely repeat, first runs are most of the "
-                        "epoch, and padding or bucketing to a few shapes pays them only a few times"
-                        if n["timed_first"] * 2 >= n["timed"] else "")
+        lines[-1] += (("; most timed steps met a new shape" if n["profiled_first"] else
+                       "; most timed steps were slow: if these are first runs") + ": if your lengths rarely repeat, "
+                      "first runs are most of the epoch, and padding or bucketing to a few shapes pays them only a few "
+                      "times" if n["timed_first"] * 2 >= n["timed"] else "")
     share = (lambda ms: 100 * ms / d.profiled_step_ms) if d.profiled_step_ms else (lambda ms: 0.0)
     if d.on_gpu:
         lines.append(f"GPU busy {d.busy_ms:.3g} ms ({share(d.busy_ms):.0f} % of the profiled step, all streams merged), "

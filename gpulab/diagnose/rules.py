@@ -269,11 +269,11 @@ def launch_bound(f: Facts) -> Verdict | None:
 # results/zoo/2026-12-07-h100-issue41-h/shape-steps/), each step timed alone: bert_variable_lengths_compile's fix
 # (3 padded lengths) compiled in each length's first step (5.6-16.8 s), recorded in its second (26-40 ms) and then
 # ran 4.3 ms steps; fairseq_token_batches' fix (rows to 16, lengths to 32) met 25 shapes in 300 steps, the last at
-# step 278, each first step 126-205 ms (after its compiles) and second 38-62 ms, the others 12.1 ms. The zoo's
-# labels time a window of about a second: there the first runs outweighed the gain (1.2x and 0.39x).
-FIRST_RUNS = ("under CUDA graphs each padded shape still costs its first step a compile or a warm-up and its second "
-              "a recording: the gain comes once every shape has run twice, so count the shapes the padding leaves "
-              "(rows x lengths)")
+# step 278, each first step 126-711 ms (besides its three compiles, 15.6-16.0 s) and second 36-63 ms (one 825 ms),
+# the others 12.1 ms. The zoo's labels time a window of about a second: there the first runs took most of bert's gain
+# (1.2x) and more than all of fairseq's (0.39x).
+FIRST_RUNS = ("each padded shape still costs its first step a compile or a warm-up and its second a recording: the "
+              "gain comes once every shape has run twice, so count the shapes the padding leaves, rows x lengths")
 
 
 def varying_shapes(f: Facts) -> Verdict | None:
@@ -300,9 +300,8 @@ def varying_shapes(f: Facts) -> Verdict | None:
                    f"{ms:.3g} ms per step the GPU idled while the host issued work (threshold {pct(LAUNCH_SHARE_MIN)}); "
                    f"where: {evidence_lines(rows)}",
                    "pad or bucket to a few shapes (DataCollatorWithPadding(pad_to_multiple_of=...), length buckets), "
-                   "then capture each as CUDA graphs (torch.compile(mode='reduce-overhead')); or "
-                   "torch.compile(dynamic=True) / torch._dynamo.mark_dynamic to compile one graph for all of them; "
-                   + FIRST_RUNS,
+                   "then capture each as CUDA graphs (torch.compile(mode='reduce-overhead'); " + FIRST_RUNS + "); or "
+                   "torch.compile(dynamic=True) / torch._dynamo.mark_dynamic to compile one graph for all of them",
                    expected=f.share(graphs))
 
 
@@ -651,8 +650,8 @@ def shapes_first(f: Facts, blocked: Verdict) -> Verdict:
     return verdict(blocked.blocked_by, "shapes that change from step to step (no CUDA graph can replay them)", "11",
                    blocked.share, f"the shapes changed between the profiled steps; they must settle before "
                    f"{blocked.rule} (up to {blocked.bound:.3g}x) can work; where: {evidence_lines(rows) or 'not found'}",
-                   "pad or bucket to a few shapes, then capture each as CUDA graphs; or torch.compile(dynamic=True) / "
-                   "torch._dynamo.mark_dynamic; " + FIRST_RUNS, expected=blocked.expected_share)
+                   "pad or bucket to a few shapes, then capture each as CUDA graphs (" + FIRST_RUNS + "); or "
+                   "torch.compile(dynamic=True) / torch._dynamo.mark_dynamic", expected=blocked.expected_share)
 
 
 def exposing(f: Facts, blocker: Verdict, blocked: Verdict) -> Verdict:

@@ -210,10 +210,34 @@ def test_first_runs_among_the_timed_steps_alone_give_the_settled_step_where_the_
     f = analyze(events, step_ms=1.2, stalls=stalls, light_busy_ms=0.1, light_step_ms=3.0)
     assert f.steps == 3 and f.new_shapes["profiled_first"] == 0 and f.new_shapes["timed_first"] == 2
     assert f.step_ms == pytest.approx(1.1) and f.stalls is None and f.light_step_ms is None
-    slow = StallFacts(step_ms=(9.0, 9.5, 9.2), slow=(), median_ms=9.2, mean_ms=9.2, period=None)
-    assert analyze(events, step_ms=9.2, stalls=slow).new_shapes is None           # every timed step slow
+    even = StallFacts(step_ms=(9.0, 9.5, 9.2), slow=(), median_ms=9.2, mean_ms=9.2, period=None)
+    assert analyze(events, step_ms=9.2, stalls=even).new_shapes is None           # none 3x the fastest
     fixed = [e if e.name != "aten::embedding" else Event(e.kind, e.name, e.start_us, e.end_us, stream=e.stream,
                                                            site=USER, shapes=((100, 8), (4, 40))) for e in events]
     assert analyze(fixed, step_ms=1.2, stalls=stalls).new_shapes is None          # the same shapes: stalls
     gpu_chosen = events + [op("aten::nonzero", a + 850, a + 860, site=("m.py", 9, "forward")) for a in (0, 1000, 2000)]
     assert analyze(gpu_chosen, step_ms=1.2, stalls=stalls).new_shapes is None     # the GPU's values chose them
+
+
+def test_timed_steps_alone_are_not_first_runs_where_the_gpus_work_or_a_line_explains_them():
+    """Review of 134fb54: with no profiled step to tell, slow timed steps are not called first runs where a bigger
+    batch's own GPU work could make them (under NEW_SHAPE_FACTOR x the GPU's largest profiled step), where the fast
+    ones are under the GPU's work per step (the host ran ahead inside a chunk: a step's host time is not its time),
+    or where the stall search traced them to a line of their own."""
+    from gpulab.diagnose.facts import StallFacts
+
+    def events(kernel_us):
+        out = []
+        for i, (a, length, us) in enumerate(zip((0, 1000, 2000), (40, 56, 72), kernel_us)):
+            out += [step(a, a + 900), op("aten::embedding", a + 10, a + 20, site=USER, shapes=((100, 8), (4, length))),
+                    *launched("aten::mm", a + 30, a + 60, 50 + i, kernel_at=a + 100, kernel_us=us)]
+        return out
+    stall = lambda ms, **kw: StallFacts(step_ms=ms, slow=(1, 3), median_ms=sorted(ms)[2], mean_ms=sum(ms) / len(ms),  # noqa: E731
+                                        period=None, **kw)
+    gpu_work = stall((0.45, 1.5, 0.5, 1.6, 0.48))                  # fastest 0.45: 1.5 is a first run by the timed
+    assert analyze(events((100, 400, 700)), step_ms=0.5, stalls=gpu_work).new_shapes is None    # steps; 3x 0.7 is 2.1
+    assert analyze(events((100, 400, 400)), step_ms=0.5, stalls=gpu_work).new_shapes             # 3x 0.4 is 1.2: is one
+    ahead = stall((0.1, 1.5, 0.12, 1.6, 0.11))                     # fast steps 0.11 ms, the GPU's work 0.4 ms
+    assert analyze(events((400, 400, 400)), step_ms=0.5, stalls=ahead).new_shapes is None
+    traced = stall((0.45, 1.5, 0.5, 1.6, 0.48), site="train.py:40 (step)", site_ms=1.0)
+    assert analyze(events((100, 400, 400)), step_ms=0.5, stalls=traced).new_shapes is None
