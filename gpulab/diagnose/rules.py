@@ -269,7 +269,7 @@ def launch_bound(f: Facts) -> Verdict | None:
 # results/zoo/2026-12-07-h100-issue41-h/shape-steps/), each step timed alone: bert_variable_lengths_compile's fix
 # (3 padded lengths) compiled in each length's first step (5.6-16.8 s), recorded in its second (26-40 ms) and then
 # ran 4.3 ms steps; fairseq_token_batches' fix (rows to 16, lengths to 32) met 25 shapes in 300 steps, the last at
-# step 278, each first step 126-711 ms (besides its three compiles, 15.6-16.0 s) and second 36-63 ms (one 825 ms),
+# step 278, each first step 126-711 ms (besides its three compiles, 15.6-16.0 s) and second 35-63 ms (one 825 ms),
 # the others 12.1 ms. The zoo's labels time a window of about a second: there the first runs took most of bert's gain
 # (1.2x) and more than all of fairseq's (0.39x).
 FIRST_RUNS = ("each padded shape still costs its first step a compile or a warm-up and its second a recording: the "
