@@ -154,8 +154,9 @@ def data_dependent(ops: Iterable[Event], steps: int) -> tuple:
 
 
 # A step whose shapes change (a batch padded to its own longest sequence, batches built to a token budget) pays a
-# one-time cost the first time each shape runs: a compile per shape, and in eager PyTorch something else per new
-# shape that ends once the shape has run (not measured apart). Its steps split into settled ones and ones many times
+# one-time cost the first time each shape runs: a compile per shape, and in eager PyTorch whatever a library builds
+# per shape (on one H100, torch 2.11, SDPA's cuDNN attention: 93-140 ms at each new length, forward and backward,
+# results/zoo/2026-12-07-h100-issue41-i/; `first_run_ops` names it where profiled steps were first runs). Its steps split into settled ones and ones many times
 # slower: on one H100 (2026-12-07, results/zoo/2026-12-07-h100-issue41-c/) 8.7x to 258x, in three steps whose fast
 # steps ran at the speed their labels measured once every shape had run. Where the shapes change between the profiled
 # steps and some profiled steps take at least this many times the shortest one, the analysis reads the others; not
@@ -221,6 +222,40 @@ def new_shape_facts(timed_ms: Sequence[float], profiled: int, first: int, busy_m
             "first_ms": (slow[0], slow[-1]) if slow else None}
 
 
+def self_ms_by_op(ops: Iterable[Event], window: tuple[float, float]) -> dict:
+    """Each op name's self time (ms) inside `window`: its time less its children's on the same thread."""
+    out: dict = {}
+    for thread_ops in OpsByThread(e for e in ops if window[0] <= e.start_us <= window[1]).rows.values():
+        stack: list = []                                           # [event, children's time]
+        for e in sorted(thread_ops, key=lambda e: (e.start_us, -e.end_us)):
+            while stack and stack[-1][0].end_us <= e.start_us:
+                done, kids = stack.pop()
+                out[done.name] = out.get(done.name, 0.0) + (done.dur_us - kids) / 1e3
+            if stack:
+                stack[-1][1] += e.dur_us
+            stack.append([e, 0.0])
+        for done, kids in stack:
+            out[done.name] = out.get(done.name, 0.0) + (done.dur_us - kids) / 1e3
+    return out
+
+
+def first_run_ops(ops: Sequence[Event], kept: Sequence[tuple[float, float]], first: Sequence[tuple[float, float]],
+                  top: int = 3) -> tuple:
+    """Where a shape's first runs spent their extra host time, on every host thread (the backward's too): ((op, ms
+    more per step than in a kept step), ...), the largest first, aten ops only, none under a tenth of the largest (on one H100, 2026-12-07, results/zoo/2026-12-07-h100-issue41-i/: SDPA's cuDNN
+    attention, 93-140 ms at each new length, forward and backward)."""
+    def mean(windows):
+        total: dict = {}
+        for w in windows:
+            for name, ms in self_ms_by_op(ops, w).items():
+                total[name] = total.get(name, 0.0) + ms / len(windows)
+        return total
+    slow, settled = mean(first), mean(kept)
+    extra = sorted(((n, ms - settled.get(n, 0.0)) for n, ms in slow.items() if n.startswith("aten::")),
+                   key=lambda r: -r[1])
+    return tuple((n, ms) for n, ms in extra[:top] if extra and ms > 0.1 * extra[0][1] > 0)   # a tenth of the largest
+
+
 def set_apart(events: Sequence[Event], ops: Sequence[Event], windows: Sequence[tuple[float, float]], changes: tuple,
               stalls, host_shapes: bool = False) -> tuple[list, list, dict | None]:
     """`analyze`'s split of the profiled steps: (kept, set apart, `new_shape_facts` or None). Only where the step
@@ -242,7 +277,8 @@ def set_apart(events: Sequence[Event], ops: Sequence[Event], windows: Sequence[t
     kept, first = settled_windows(windows, changes, busy, window_keys(ops, windows))
     kept_busy_ms = sum(b for w, b in zip(windows, busy) if w in kept) / len(kept) / 1e3
     if first:
-        return kept, first, new_shape_facts(stalls.step_ms, len(windows), len(first), kept_busy_ms)
+        return kept, first, {**new_shape_facts(stalls.step_ms, len(windows), len(first), kept_busy_ms),
+                             "first_ops": first_run_ops([e for e in events if e.kind == OP], kept, first)}
     if not (changes and host_shapes) or stalls.site:
         return kept, [], None
     facts = new_shape_facts(stalls.step_ms, len(windows), 0)

@@ -31,7 +31,12 @@ def report_text(d: "Diagnosis") -> str:
         compiled = f.compiled_regions > 0
         timed = (f"{n['timed_first']} of {n['timed']} timed ones ({n['first_ms'][0]:.3g} to {n['first_ms'][1]:.3g} ms)"
                  if n["first_ms"] else "")
-        cost = ("a compile, and more" if compiled else "no compile here: other one-time costs, not told apart")
+        cost = "a compile, and more" if compiled else "no compile here"
+        if n.get("first_ops"):
+            cost += ("; their extra host time went most to " + ", ".join(f"{op.replace('aten::', '')} +{ms:.3g} ms"
+                                                                        for op, ms in n["first_ops"]))
+        elif not compiled:
+            cost += ": other one-time costs, not told apart"
         if n["profiled_first"]:
             lines.append(f"new shapes: {n['profiled_first']} of {n['profiled']} profiled steps" + (f" and {timed}" if timed
                          else "") + f" took at least {NEW_SHAPE_FACTOR:g}x the shortest, mostly with the GPU idle, and ran "

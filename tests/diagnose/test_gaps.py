@@ -241,3 +241,23 @@ def test_timed_steps_alone_are_not_first_runs_where_the_gpus_work_or_a_line_expl
     assert analyze(events((400, 400, 400)), step_ms=0.5, stalls=ahead).new_shapes is None
     traced = stall((0.45, 1.5, 0.5, 1.6, 0.48), site="train.py:40 (step)", site_ms=1.0)
     assert analyze(events((100, 400, 400)), step_ms=0.5, stalls=traced).new_shapes is None
+
+
+def test_the_first_runs_extra_host_time_is_named_by_op_self_time():
+    """A shape's first run spent 90 ms more in a library op (cuDNN attention's plan, on an H100) nested in a
+    wrapper: the op's own time is named, not its parent's (which only contains it), and an op under a tenth of the
+    largest extra is left out."""
+    def one(a, attn_us, mm_us):
+        return [op("aten::scaled_dot_product_attention", a, a + attn_us + 20),
+                op("aten::_cudnn_attention_forward", a + 10, a + 10 + attn_us),
+                op("aten::mm", a + attn_us + 30, a + attn_us + 30 + mm_us)]
+    ops = one(0, 100, 50) + one(1_000_000, 90_100, 60) + one(2_000_000, 100, 5_000)
+    kept, first = [(0, 500_000), (2_000_000, 2_500_000)], [(1_000_000, 1_500_000)]
+    assert G.self_ms_by_op(ops, first[0]) == pytest.approx({"aten::scaled_dot_product_attention": 0.02,
+                                                            "aten::_cudnn_attention_forward": 90.1, "aten::mm": 0.06})
+    (name, extra), = G.first_run_ops(ops, kept, first)          # mm: 0.06 ms against 2.5 ms kept, none extra
+    assert name == "aten::_cudnn_attention_forward" and extra == pytest.approx(90.0)
+    tenth = ops + [op("aten::add_", 1_200_000, 1_208_900)]       # 8.9 ms extra: under a tenth of 90, left out
+    assert [n for n, _ in G.first_run_ops(tenth, kept, first)] == ["aten::_cudnn_attention_forward"]
+    both = ops + [op("aten::add_", 1_200_000, 1_209_100)]        # 9.1 ms: named second
+    assert [n for n, _ in G.first_run_ops(both, kept, first)] == ["aten::_cudnn_attention_forward", "aten::add_"]
