@@ -76,6 +76,7 @@ def fairseq_profile() -> dict:
 
 
 if __name__ == "__main__":
-    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+    result = {"kind": "gpulab zoo new-shape cost (scripts/device/new_shape_cost.py)",
+              "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "ops": ops(), "fairseq": fairseq_profile()}
     Path(sys.argv[1]).write_text(json.dumps(result, indent=1))

@@ -31,7 +31,8 @@ def main(name: str, fix: str, func: str, steps: int, out: str) -> None:
 
     setattr(mod, func, wrapped)
     device = torch.device(os.environ.get("SHAPE_STEPS_DEVICE", "cuda"))       # cpu and tiny: to try the script here
-    step = mod.make_step(None if fix == "none" else fix, scale=os.environ.get("SHAPE_STEPS_SCALE", "full"), device=device)
+    step = mod.make_step(None if fix == "none" else fix, scale=os.environ.get("SHAPE_STEPS_SCALE", "full"),
+                         device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows, first = [], set()
     for i in range(steps):
@@ -44,8 +45,10 @@ def main(name: str, fix: str, func: str, steps: int, out: str) -> None:
         rows.append({"i": i, "shape": shape, "ms": ms, "new": shape not in first,
                      "switch": bool(rows) and shape != rows[-1]["shape"]})
         first.add(shape)
-    Path(out).write_text(json.dumps({"step": name, "fix": fix, "torch": torch.__version__,
-                                     "gpu": torch.cuda.get_device_name() if device.type == "cuda" else "CPU", "rows": rows}))
+    Path(out).write_text(json.dumps({"kind": "gpulab zoo shape steps (scripts/device/shape_steps.py)",
+                                     "step": name, "fix": fix, "torch": torch.__version__,
+                                     "gpu": torch.cuda.get_device_name() if device.type == "cuda" else "CPU",
+                                     "rows": rows}))
     times = sorted(r["ms"] for r in rows)
     median = times[len(times) // 2]
     slow = [r for r in rows if r["ms"] > 3 * median]
