@@ -285,4 +285,4 @@ def set_apart(events: Sequence[Event], ops: Sequence[Event], windows: Sequence[t
     if (not facts["timed_first"] or facts["first_ms"][0] < NEW_SHAPE_FACTOR * max(busy) / 1e3
             or facts["settled_ms"] < kept_busy_ms):
         return kept, [], None
-    return kept, [], new_shape_facts(stalls.step_ms, len(windows), 0, kept_busy_ms)
+    return kept, [], facts          # its settled step is not under the GPU's work: no floor to apply

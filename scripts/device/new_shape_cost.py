@@ -1,28 +1,28 @@
 """What a new shape costs in eager PyTorch on the lent GPU (issue 41: fairseq_token_batches and
 hf_trainer_dynamic_padding as written take 100-170 ms in a step that meets a shape for the first time, on one H100,
-2026-12-07): (1) one op at a time, the first call at a new size against the second, host clock around
-torch.cuda.synchronize(); (2) the zoo's fairseq step, profiled at a repeated shape and at a new one, its ops by self
+2026-12-07): (1) one op at a time, the first call at a new size against the second, gpulab's `stopwatch` (host clock, the
+device synchronized on both sides; results/zoo/2026-12-07-h100-issue41-i/ was made by ed4a171's copy, its own loop); (2) the zoo's fairseq step, profiled at a repeated shape and at a new one, its ops by self
 CPU time. usage: python scripts/device/new_shape_cost.py OUT.json"""
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "zoo"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from gpulab.core.timing import stopwatch  # noqa: E402
+
 dev = torch.device("cuda")
 
 
 def twice(fn, *args):
     out = []
     for _ in range(2):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn(*args)
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t) * 1e3)
+        with stopwatch(device=dev) as call:
+            fn(*args)
+        out.append(call.ms)
     return out
 
 
@@ -61,12 +61,10 @@ def fairseq_profile() -> dict:
     out = {}
     for label in ("repeated shape " + "x".join(map(str, batches[0].shape)),
                   "new shape " + "x".join(map(str, batches[7].shape))):
-        torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            t = time.perf_counter()
-            step()
-            torch.cuda.synchronize()
-            ms = (time.perf_counter() - t) * 1e3
+            with stopwatch(device=dev) as call:
+                step()
+        ms = call.ms
         top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:12]
         out[label] = {"ms": ms, "top": [(e.key, e.self_cpu_time_total / 1e3, e.count) for e in top]}
         print(f"fairseq step, {label}: {ms:.1f} ms (profiled); top ops by self CPU time:")

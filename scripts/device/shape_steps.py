@@ -4,18 +4,20 @@ a shape-changing step's fix come with shapes met for the first time, or with sha
 usage: python scripts/device/shape_steps.py STEP FIX|none FUNC STEPS OUT.json
   FUNC: the zoo module's function that returns each batch's tensor (its shape is the step's shape), wrapped here to
   read it; the last call in a step wins (a padding function after the batch maker).
-Each step is timed alone by the host clock around torch.cuda.synchronize() on both sides (the step includes host
-work: the batch, the optimizer), so a step's time is its own, not its neighbours'."""
+Each step is timed alone by gpulab's `stopwatch` (the host clock, the device synchronized on both sides: the step
+includes host work, the batch and the optimizer), so a step's time is its own, not its neighbours'. The runs of
+results/zoo/2026-12-07-h100-issue41-h/ were made by af3bdda's copy, which timed the same way with its own loop."""
 import importlib
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "zoo"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from gpulab.core.timing import stopwatch  # noqa: E402
 
 
 def main(name: str, fix: str, func: str, steps: int, out: str) -> None:
@@ -33,14 +35,11 @@ def main(name: str, fix: str, func: str, steps: int, out: str) -> None:
     device = torch.device(os.environ.get("SHAPE_STEPS_DEVICE", "cuda"))       # cpu and tiny: to try the script here
     step = mod.make_step(None if fix == "none" else fix, scale=os.environ.get("SHAPE_STEPS_SCALE", "full"),
                          device=device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows, first = [], set()
     for i in range(steps):
-        sync()
-        t = time.perf_counter()
-        step()
-        sync()
-        ms = (time.perf_counter() - t) * 1e3
+        with stopwatch(device=device) as call:
+            step()
+        ms = call.ms
         shape = seen[-1] if seen else None
         rows.append({"i": i, "shape": shape, "ms": ms, "new": shape not in first,
                      "switch": bool(rows) and shape != rows[-1]["shape"]})
