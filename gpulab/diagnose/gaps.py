@@ -156,11 +156,12 @@ def data_dependent(ops: Iterable[Event], steps: int) -> tuple:
 # A step whose shapes change (a batch padded to its own longest sequence, batches built to a token budget) pays a
 # one-time cost the first time each shape runs: a compile per shape, and in eager PyTorch whatever a library builds
 # per shape (on one H100, torch 2.11, SDPA's cuDNN attention: 93-140 ms at each new length, forward and backward,
-# results/zoo/2026-12-07-h100-issue41-i/; `first_run_ops` names it where profiled steps were first runs). Its steps split into settled ones and ones many times
-# slower: on one H100 (2026-12-07, results/zoo/2026-12-07-h100-issue41-c/) 8.7x to 258x, in three steps whose fast
-# steps ran at the speed their labels measured once every shape had run. Where the shapes change between the profiled
-# steps and some profiled steps take at least this many times the shortest one, the analysis reads the others; not
-# where the timed steps' slow ones repeat evenly (`StallFacts.period`): that is a stall with a line of its own.
+# results/zoo/2026-12-07-h100-issue41-i/; `first_run_ops` names it where profiled steps were first runs). Its steps
+# split into settled ones and ones many times slower: on one H100 (2026-12-07,
+# results/zoo/2026-12-07-h100-issue41-c/) 8.7x to 258x, in three steps whose fast steps ran at the speed their
+# labels measured once every shape had run. Where the shapes change between the profiled steps and some profiled
+# steps take at least this many times the shortest one, the analysis reads the others; not where the timed steps'
+# slow ones repeat evenly (`StallFacts.period`): that is a stall with a line of its own.
 NEW_SHAPE_FACTOR = 3.0
 
 
@@ -241,9 +242,10 @@ def self_ms_by_op(ops: Iterable[Event], window: tuple[float, float]) -> dict:
 
 def first_run_ops(ops: Sequence[Event], kept: Sequence[tuple[float, float]], first: Sequence[tuple[float, float]],
                   top: int = 3) -> tuple:
-    """Where a shape's first runs spent their extra host time, on every host thread (the backward's too): ((op, ms
-    more per step than in a kept step), ...), the largest first, aten ops only, none under a tenth of the largest (on one H100, 2026-12-07, results/zoo/2026-12-07-h100-issue41-i/: SDPA's cuDNN
-    attention, 93-140 ms at each new length, forward and backward)."""
+    """Where a shape's first runs spent their extra host time, on every host thread (the backward's too): ((op, ms more
+    per step than in a kept step), ...), the largest first, aten ops only, none under a tenth of the largest (on one
+    H100, 2026-12-07, results/zoo/2026-12-07-h100-issue41-i/: SDPA's cuDNN attention, 93-140 ms at each new length,
+    forward and backward)."""
     def mean(windows):
         total: dict = {}
         for w in windows:

@@ -1,8 +1,9 @@
 """What a new shape costs in eager PyTorch on the lent GPU (issue 41: fairseq_token_batches and
 hf_trainer_dynamic_padding as written take 100-170 ms in a step that meets a shape for the first time, on one H100,
-2026-12-07): (1) one op at a time, the first call at a new size against the second, gpulab's `stopwatch` (host clock, the
-device synchronized on both sides; results/zoo/2026-12-07-h100-issue41-i/ was made by ed4a171's copy, its own loop); (2) the zoo's fairseq step, profiled at a repeated shape and at a new one, its ops by self
-CPU time. usage: python scripts/device/new_shape_cost.py OUT.json"""
+2026-12-07): (1) one op at a time, the first call at a new size against the second, gpulab's `stopwatch` (host
+clock, the device synchronized on both sides; results/zoo/2026-12-07-h100-issue41-i/ was made by ed4a171's copy, its
+own loop); (2) the zoo's fairseq step, profiled at a repeated shape and at a new one, its ops by self CPU time.
+usage: python scripts/device/new_shape_cost.py OUT.json"""
 import json
 import sys
 from pathlib import Path
