@@ -342,3 +342,18 @@ def test_run_picks_one_named_run_among_several_of_one_gpu():
               extra={"round": 5})]
     row, = beside("15", mine, "NVIDIA H100 80GB HBM3", refs, [md.replace("1.07", "1.25")])
     assert row["yours"] == 1.3 and row["reference_range"] == (1.25, 1.25)
+
+
+def test_a_sentence_that_names_one_gpu_cannot_quote_anothers_run():
+    """A cheat found while closing issue 41's session: "On the H200 its verdict expected 1.25×" tagged with an H100
+    run's folder (`run=`) and no `gpu=` passed, since the tag, not the sentence, picked the records. A sentence that
+    names a GPU of the device table now needs a record of that GPU among its figure's references, or `gpu=` to say
+    which GPU the figure is of."""
+    refs = [Rec("15", "fix_expected", 1.25, gpu="NVIDIA H100 80GB HBM3", extra={"round": 5},
+                source="results/course/2026-12-07-h100-00-15-b/x.json")]
+    tag = "<!-- fig 15 fix_expected round=5 run=2026-12-07-h100-00-15-b -->"
+    (problem,) = check_markdown(f"On the H200 its verdict expected 1.25×{tag}.", refs)
+    assert "names the H200, its records ran on the H100" in problem
+    assert check_markdown(f"On the H100 its verdict expected 1.25×{tag}.", refs) == []
+    assert check_markdown(f"Its verdict expected 1.25×{tag}.", refs) == []            # no GPU named
+    assert check_markdown(f"Unlike the H200, the H100 expected 1.25×{tag}.", refs) == []   # one of those named

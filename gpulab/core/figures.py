@@ -214,6 +214,20 @@ def variants(tag: Tag, records: Iterable[Rec]) -> list[str]:
     return sorted({str(r.extra["variant"]) for r in reference_records(tag, records) if "variant" in (r.extra or {})})
 
 
+def gpu_model(name: str) -> str:
+    """A GPU's model as the device table names it ("NVIDIA H100 80GB HBM3" -> "H100"), or the name itself."""
+    from gpulab.core.specs import datasheet_for
+    entry = datasheet_for(name)
+    return entry.match if entry else name
+
+
+def named_gpus(sentence: str) -> set[str]:
+    """The GPU models of the device table a sentence names, whole words ("the H200" -> {"H200"})."""
+    from gpulab.core.specs import DATASHEETS
+    return {e.match for e in DATASHEETS
+            if re.search(rf"(?<![A-Za-z0-9]){re.escape(e.match)}(?![A-Za-z0-9])", plain(sentence), re.I)}
+
+
 def check_markdown(md: str, records: Iterable[Rec], where: str = "markdown") -> list[str]:
     """Every problem with the figures of one markdown text: tagged figures outside their records'
     range or naming no record, unreadable tags, untagged measured-looking figures."""
@@ -241,6 +255,11 @@ def check_markdown(md: str, records: Iterable[Rec], where: str = "markdown") -> 
                                 f"lesson {tag.lesson} name {tag.name} (GPU, scale full, no profile) "
                                 f"in results/")
                 continue
+            named, ran = named_gpus(sentence), {gpu_model(r.gpu) for r in reference_records(tag, records)}
+            if named and not any(k == "gpu" for k, _ in tag.where) and not named & ran:
+                problems.append(f"{where}: {shown} in {plain(sentence)!r}: the sentence names the "
+                                f"{', '.join(sorted(named))}, its records ran on the {', '.join(sorted(ran))}: "
+                                "say which GPU the figure is of (gpu=NAME)")
             several = variants(tag, records)
             if len(several) > 1:
                 # a figure is one variant's (issue 40: DataParallel's 564 once stood beside the plain step's 622)
