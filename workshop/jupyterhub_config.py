@@ -22,6 +22,13 @@ c.Spawner.start_timeout = 120
 # (JupyterHub's default is 30 s). A room's servers start at once: in tests/workshop/test_hub_load.py eight on two
 # busy cores came close to 30 s, and one past it failed a CI run (2026-12-07).
 c.Spawner.http_timeout = 120
+# A learner's kernel whose port was taken between being chosen and being bound (by any process on the server: an
+# outgoing connection draws its port from the same range) dies at start, and the server retries it five times "with
+# new random ports". With jupyter_client's port cache (on by default, 8.10) every retry reuses the same five ports,
+# so the kernel never starts and the notebook gets a 404 (tests/workshop/test_hub_load.py, CI, 2026-12-07). Without
+# the cache each retry draws new ports.
+KERNEL_ARGS = ["--KernelManager.cache_ports=False"]
+c.Spawner.args = KERNEL_ARGS
 
 if os.environ.get("GPULAB_HUB_ACCOUNTS") == "1":
     # learners log in with their accounts on this server; each server runs as its learner (the hub as root)
@@ -49,7 +56,7 @@ else:
     c.JupyterHub.spawner_class = SimpleRoomSpawner
     c.SimpleRoomSpawner.home_dir_template = os.environ.get("GPULAB_HUB_HOMES", "/srv/gpulab-learners") + "/{username}"
     if os.getuid() == 0:
-        c.SimpleRoomSpawner.args = ["--allow-root"]
+        c.SimpleRoomSpawner.args = ["--allow-root", *KERNEL_ARGS]
 
 # Devices handed out in turn, one per learner: GPU indices ("0,1,2,3", nvidia-smi's numbering) or MIG
 # UUIDs (`nvidia-smi -L` lists them: "MIG-..."). With more learners than entries they share, and their

@@ -60,3 +60,47 @@ def test_an_accounts_room_copies_into_the_learners_home_as_theirs(monkeypatch, t
     assert s.learner_folder() == tmp_path / "ann" / "gpulab" and s.owner() == (me.pw_uid, me.pw_gid)
     s.room_env_for("ann")
     assert oct((tmp_path / "room").stat().st_mode & 0o7777) == "0o1777"     # every account writes there
+
+
+def _hub_config(monkeypatch, uid):
+    """The workshop's jupyterhub_config.py, loaded as JupyterHub loads it, for an ordinary user or root."""
+    from traitlets.config import Config
+    monkeypatch.setenv("GPULAB_HUB_PASSWORD", "a-room-password")
+    monkeypatch.setenv("GPULAB_HUB_ALLOW_ROOT", "1")
+    monkeypatch.setattr("os.getuid", lambda: uid)
+    config = Config()
+    path = W.__file__.rsplit("/gpulab/", 1)[0] + "/workshop/jupyterhub_config.py"
+    exec(compile(open(path, encoding="utf-8").read(), path, "exec"), {"get_config": lambda: config})
+    return config
+
+
+@pytest.mark.parametrize("uid", [1000, 0])
+def test_a_learners_kernel_that_fails_to_start_is_retried_on_new_ports(monkeypatch, uid):
+    import asyncio
+
+    from jupyter_client.ioloop import AsyncIOLoopKernelManager
+    from traitlets.config import Application
+    config = _hub_config(monkeypatch, uid)
+    args = config.SimpleRoomSpawner.args if "args" in config.SimpleRoomSpawner else config.Spawner.args
+    assert uid != 0 or "--allow-root" in args
+    app = Application()
+    app.parse_command_line([a for a in args if a.startswith("--KernelManager.")])
+
+    def ports_across_a_restart(**settings):
+        async def run():
+            km = AsyncIOLoopKernelManager(**settings)
+            await km.start_kernel()
+            try:
+                before = km.shell_port
+                await km.restart_kernel(now=True, newports=True)     # what the server's restarter does
+                return before, km.shell_port
+            finally:
+                await km.shutdown_kernel(now=True)
+        return asyncio.run(run())
+
+    before, after = ports_across_a_restart(config=app.config)
+    assert before != after, f"the hub's learners' servers restart a kernel on the same port {before}: {args}"
+    # the edge: jupyter_client's default keeps the port, the failure this setting removes (if this ever fails,
+    # jupyter_client has mended it and the setting can go)
+    before, after = ports_across_a_restart()
+    assert before == after
