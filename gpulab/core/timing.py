@@ -131,6 +131,26 @@ def _host_times(fn: Callable[[], object], repeat: int, device: torch.device) -> 
     return out
 
 
+def budget_share() -> float:
+    """The share of each timing budget `benchmark` spends: GPULAB_TIMING_BUDGET, a number in (0, 1], default 1.
+    For runs that test the course's control flow, not its numbers (tests/test_portability.py runs every
+    branching notebook under each GPU profile with 0.1): fewer samples, the same code paths, the 3-sample floor
+    kept. A learner's run never sets it. ValueError, naming the variable, for anything else."""
+    import os
+
+    raw = os.environ.get("GPULAB_TIMING_BUDGET", "").strip()
+    if not raw:
+        return 1.0
+    try:
+        share = float(raw)
+    except ValueError:
+        share = float("nan")
+    if not 0 < share <= 1:
+        raise ValueError(f"GPULAB_TIMING_BUDGET must be a number in (0, 1], the share of each timing budget to "
+                         f"spend; got {raw!r}")
+    return share
+
+
 # The fewest calls `benchmark(fn)` makes with its defaults: 3 warm-up, 1 probe, 3 timed. A call slower than
 # the budget costs this many on any GPU; lessons' plans (gpulab.core.predict) count GPU work with it.
 MIN_CALLS = 3 + 1 + 3
@@ -191,7 +211,7 @@ def benchmark(
     events = device.type == "cuda" and clock == "auto"
     if repeat is None:
         probe = (_cuda_event_times(fn, 1) if events else _host_times(fn, 1, device))[0]
-        repeat = int(min(max_repeat, max(3, budget_s * 1e3 / max(probe, 1e-3))))
+        repeat = int(min(max_repeat, max(3, budget_s * budget_share() * 1e3 / max(probe, 1e-3))))
     if clock == "host":
         return summarize(_host_times(fn, repeat, device), str(device), "host clock, synchronized")
     if events:

@@ -72,6 +72,22 @@ def test_repeat_none_follows_the_budget_for_slow_calls():
     assert 3 <= t.n <= 5                  # 50 ms budget / >=10 ms per call
 
 
+def test_a_share_of_the_budget_spends_that_share_and_keeps_the_floor(monkeypatch):
+    slow = lambda: time.sleep(0.005)                                       # noqa: E731
+    assert 15 <= benchmark(slow, warmup=0, budget_s=0.2, device=CPU).n <= 40       # 200 ms / 5 ms and more
+    monkeypatch.setenv("GPULAB_TIMING_BUDGET", "0.1")
+    assert 3 <= benchmark(slow, warmup=0, budget_s=0.2, device=CPU).n <= 4         # 20 ms / 5 ms and more
+    assert benchmark(slow, warmup=0, budget_s=0.01, device=CPU).n == 3             # the floor stays
+    assert benchmark(slow, warmup=0, repeat=7, device=CPU).n == 7                  # a count asked for stays
+
+
+@pytest.mark.parametrize("raw", ["0", "1.5", "half", "-0.1"])
+def test_a_budget_share_out_of_range_is_refused_naming_the_variable(monkeypatch, raw):
+    monkeypatch.setenv("GPULAB_TIMING_BUDGET", raw)
+    with pytest.raises(ValueError, match=r"GPULAB_TIMING_BUDGET must be a number in \(0, 1\]"):
+        benchmark(lambda: None, warmup=0, device=CPU)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"warmup": -1}, "warmup must be >= 0"),
     ({"repeat": 0}, "repeat must be >= 1"),
