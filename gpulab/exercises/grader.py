@@ -587,10 +587,9 @@ def fork_server():
         # shared, broken, by every fork (a torch.compile'd reference hung past 300 s on the H200, 2026-12-04)
         os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
         _CONTEXT = multiprocessing.get_context("forkserver")
-        import pkgutil
-        import gpulab.exercises as package
-        lessons = [f"gpulab.exercises.{i.name}" for i in pkgutil.iter_modules(package.__path__)
-                   if i.name[:1] == "e" and i.name[1:3].isdigit()]
+        # the lessons' exercise modules this process has imported (a notebook's own): a grading of another lesson
+        # imports its module in its own process
+        lessons = sorted(m for m in sys.modules if m.startswith("gpulab.exercises.e") and m[18:20].isdigit())
         _CONTEXT.set_forkserver_preload(["torch", "gpulab.exercises.grader", "gpulab.exercises.registry", *lessons])
     return _CONTEXT
 
