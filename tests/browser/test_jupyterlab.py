@@ -6,23 +6,23 @@ README's command (`bash setup.sh lab`, on a free localhost port with a token),
 which opens the learner's git-ignored working copy my-notebooks/. Drives Debian's
 Chromium through Playwright: checks notebook 00's tables; in 01 waits for the
 widget panel to render, changes a toggle, presses Run and checks that a new run
-appears; runs the other showcase lessons (06, 13) through and saves each, as a
-learner's autosave would; shows the instructor's live exercises' board (`room_board`) of a room
+appears; saves each lesson into the working copy, as a learner's autosave would; shows the instructor's live exercises' board (`room_board`) of a room
 where two learners were graded in the test process, a pass and a cheat; then checks that the clone is still clean
 (`git status --porcelain` empty, notebooks/ as committed) while my-notebooks/ holds
 the outputs.
 
 Which lessons (`BROWSER_LESSONS`): every lesson's kernel code runs under nbval, and under the GPU
 profiles in tests/test_portability.py; what only a browser shows is the front end (widgets render,
-a toggle reruns, a figure appears, JupyterLab saves into the working copy), and four lessons show
+a toggle reruns, a figure appears, JupyterLab saves into the working copy), and two lessons show
 all of it. Running all sixteen here took 352 s of a 14.7-minute CI run on 2 cores (2026-12-03), where
-issue 7 set this test's limit at 3 minutes; the portability matrix runs the other lessons that branch
+issue 7 set this test's limit at 3 minutes (four took 232 s on 2026-12-07: 06 and 13 left, see BROWSER_LESSONS);
+the portability matrix runs the other lessons that branch
 on the device under this test's profile instead, through nbclient, at about half a browser run's cost.
 
 Needs /usr/bin/chromium (Debian's `chromium` package; never a browser download).
 Without it the test is skipped, unless GPULAB_REQUIRE_BROWSER=1 (as in CI), when
 it fails. Screenshots land in test-artifacts/browser/, named after the notebook:
-`NN_name-MM-step.png` for every step, and for the lessons in SHOWCASE (01, 06, 13)
+`NN_name-MM-step.png` for every step, and for the lessons in SHOWCASE (01)
 each output with a figure or a widget as `NN_name-DEVICE-output-KK.png` (DEVICE: cpu
 or cuda), in notebook order.
 """
@@ -56,10 +56,12 @@ WIDGET_FAILURES = ("Loading widget...", "Error displaying widget", "model not fo
                    "A Jupyter widget could not be displayed")
 
 # Lessons whose figures and widgets are screenshot one by one (on the CPU as well).
-SHOWCASE = ("01_measuring_time.ipynb", "06_mixed_precision.ipynb", "13_capstone.ipynb")
+SHOWCASE = ("01_measuring_time.ipynb",)
 # The lessons run here (tests/test_portability.py reads this line: it runs the rest under PROFILE)
-BROWSER_LESSONS = ("00", "01", "06", "13")
-LESSONS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb") if p.name[:2] in BROWSER_LESSONS)
+# 06 and 13 left on 2026-12-07: their run-throughs took 51 s and 80 s of the test's 232 s in one run (06 136 s in
+# the next, beside the hub test), against issue 7's 3 minutes; their kernel code runs under nbval and under both
+# profiles in the matrix, and their panels are the Panel that 01 renders, toggles and plots here.
+BROWSER_LESSONS = ("00", "01")
 RUN_ALL_TIMEOUT_MS = 420_000      # one lesson's run-all at tiny size on a busy 2-core machine
 SAVED: list[str] = []             # the lessons saved into the working copy, in order
 
@@ -335,13 +337,6 @@ def test_a_lesson_panel_renders_and_reacts_to_a_toggle(lab, browser):
         assert after == before + 1
         assert ("True" if not was else "False") in last_row, f"the new run did not use the toggle: {last_row}"
         page.locator(".widget-output img").first.wait_for(timeout=30_000)   # the plot follows the table
-
-
-@pytest.mark.parametrize("notebook", [n for n in LESSONS if n[:2] not in ("00", "01")],
-                         ids=lambda n: n[:-len(".ipynb")])
-def test_the_other_showcase_lessons_run_through_in_jupyterlab(lab, browser, notebook):
-    with ran_notebook(browser, lab, notebook):
-        pass
 
 
 # A learner's submission that patches the grader's clock (as tests/workshop/test_hub_load.py's cheat): suspicious
