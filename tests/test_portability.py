@@ -71,27 +71,60 @@ TIMING_BUDGET = "0.1"
 GRADED = ("exercise(", "ex.check(", "ex.hint(", "ex.show(", "ex.solution(", "speedrun(")
 
 
-def run_notebook(path: Path, profile: str, timeout: int = 600) -> None:
+# Between two lessons in one kernel: the user's names go (a name a lesson forgot to define fails as in a fresh
+# kernel), its figures are closed; the modules stay imported, which is what sharing the kernel saves.
+RESET = "%reset -f\nimport gc as _gc, matplotlib.pyplot as _plt\n_plt.close('all'); _gc.collect(); del _gc, _plt"
+# profile -> (kernel manager, client) of the kernel its lessons share in this file (shared=True)
+KERNELS: dict[str, tuple] = {}
+
+
+def run_notebook(path: Path, profile: str, timeout: int = 600, shared: bool = False) -> None:
     """Execute every cell of `path` at tiny size on the CPU under `profile`; CellExecutionError on a failure.
     The graded exercise's cells are left out: tests/exercises/test_profiles.py grades every exercise under each
-    representative, at a fraction of the cost (a grading process per notebook run cost CI about a minute)."""
+    representative, at a fraction of the cost (a grading process per notebook run cost CI about a minute).
+    `shared`: in the kernel this file keeps for `profile`, after RESET, instead of a fresh one: starting a kernel and
+    importing torch and gpulab was 92 s of the kernels' 294 s here (py-spy, 2 cores, 2026-12-07). A lesson that fails
+    takes its kernel down with it: the next starts a fresh one. nbval runs every lesson in a fresh kernel."""
     nb = nbformat.read(path, as_version=4)
     nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and any(g in c.source for g in GRADED))]
+    kept = KERNELS.get(profile) if shared else None
+    if kept:
+        nb.cells.insert(0, nbformat.v4.new_code_cell(RESET))
     env = {"GPULAB_PROFILE": profile, "GPULAB_DEVICE": "cpu", "GPULAB_SCALE": "tiny",
            "MPLBACKEND": "Agg", "GPULAB_TIMING_BUDGET": TIMING_BUDGET}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)                  # the kernel inherits this process's environment
+    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                     kernel_manager_class=PollingKernelManager,
+                                     resources={"metadata": {"path": str(path.parent)}},
+                                     **({"km": kept[0]} if kept else {}))
+    if kept:
+        client.kc = kept[1]
     try:
-        client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                         kernel_manager_class=PollingKernelManager,
-                                         resources={"metadata": {"path": str(path.parent)}})
-        client.execute()
+        client.execute(cleanup_kc=not shared)
+        if shared:
+            KERNELS[profile] = (client.km, client.kc)
+    except BaseException:
+        if shared:
+            KERNELS.pop(profile, None)
+            client._cleanup_kernel()
+        raise
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared_kernels_stop():
+    yield
+    while KERNELS:
+        km, kc = KERNELS.popitem()[1]
+        client = nbclient.NotebookClient(nbformat.v4.new_notebook(), km=km)
+        client.kc = kc
+        client._cleanup_kernel()
 
 
 def browser_profile() -> str | None:
@@ -127,7 +160,7 @@ def test_the_browser_pass_and_the_matrix_cover_every_branching_lesson_under_ever
 
 @pytest.mark.parametrize("notebook,profile", MATRIX, ids=lambda v: v if isinstance(v, str) else v.stem[:2])
 def test_notebook_runs_under_profile(notebook, profile):
-    run_notebook(notebook, profile)
+    run_notebook(notebook, profile, shared=True)
 
 
 def test_the_matrix_catches_a_planted_device_dependent_crash(tmp_path):
@@ -142,6 +175,22 @@ def test_the_matrix_catches_a_planted_device_dependent_crash(tmp_path):
     run_notebook(path, "a100", timeout=120)
     with pytest.raises(nbclient.exceptions.CellExecutionError, match="KeyError"):
         run_notebook(path, "t4", timeout=120)
+
+
+def test_a_shared_kernel_forgets_the_lesson_before_and_a_failure_ends_it(tmp_path):
+    """In the kernel lessons share under a profile, a name the lesson before defined is gone (NameError, as in a
+    fresh kernel), and a lesson that fails leaves no kernel behind for the next."""
+    def notebook(name, source):
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell(source)]
+        nbformat.write(nb, tmp_path / name)
+        return tmp_path / name
+    KERNELS.pop("t4", None)
+    run_notebook(notebook("a.ipynb", "import os\nleft_behind = os.getpid()"), "t4", timeout=120, shared=True)
+    assert "t4" in KERNELS
+    with pytest.raises(nbclient.exceptions.CellExecutionError, match="NameError"):
+        run_notebook(notebook("b.ipynb", "print(left_behind)"), "t4", timeout=120, shared=True)
+    assert "t4" not in KERNELS
 
 
 def test_a_check_against_the_datasheet_is_skipped_under_a_profile():
