@@ -589,7 +589,8 @@ def fork_server():
         _CONTEXT = multiprocessing.get_context("forkserver")
         # the lessons' exercise modules this process has imported (a notebook's own): a grading of another lesson
         # imports its module in its own process
-        lessons = sorted(m for m in sys.modules if m.startswith("gpulab.exercises.e") and m[18:20].isdigit())
+        from gpulab.exercises.registry import PACKAGE, modules
+        lessons = [f"{PACKAGE}.{n}" for n in modules() if f"{PACKAGE}.{n}" in sys.modules]
         _CONTEXT.set_forkserver_preload(["torch", "gpulab.exercises.grader", "gpulab.exercises.registry", *lessons])
     return _CONTEXT
 

@@ -99,3 +99,33 @@ def test_strict_grading_raises_where_the_notebooks_own_code_was_not_graded(monke
     assert _strict(Verdict("05.pinned", "failed", ["too slow"], speed_judged=True)).state == "failed"
     monkeypatch.delenv("GPULAB_GRADING_STRICT")
     assert _strict(Verdict("05.pinned", "error", ["raised"])).state == "error"
+
+
+def test_a_lesson_s_exercise_is_found_in_its_own_module_alone():
+    """exercise("01.sync") imports e01 and no other lesson's module (e12's builds a torch.compile'd function when
+    imported); an unknown name still lists every exercise."""
+    import subprocess
+    import sys
+    code = ("import sys\nfrom gpulab.exercises.registry import task\nassert task('01.sync').lesson == '01'\n"
+            "print(sorted(m for m in sys.modules if m[:20].startswith('gpulab.exercises.e') and m[18:20].isdigit()))\n"
+            "try:\n    task('01.nothing')\nexcept KeyError as err:\n    print(err)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[0] == "['gpulab.exercises.e01_measuring_time']", out
+    assert "no exercise '01.nothing'; there are: 01.sync" in out and "12.fusion" in out
+
+
+def test_a_task_in_another_lesson_s_module_is_refused_on_either_path(monkeypatch):
+    import types
+
+    from gpulab.exercises import registry
+    from gpulab.exercises.task import Task
+    stray = Task(name="02.stray", lesson="02", title="", tier="systems", slow=None, reference=None, build=None,
+                 what="", hints=("", ""))
+    fake = types.SimpleNamespace(TASKS=[stray])
+    monkeypatch.setattr(registry.importlib, "import_module", lambda name: fake)
+    registry._module_tasks.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=r"exercise '02.stray' \(lesson 02\) is defined in e01_measuring_time"):
+            registry.for_lesson("01")
+    finally:
+        registry._module_tasks.cache_clear()
