@@ -77,16 +77,38 @@ class Rejected(Exception):
         self.state, self.why = state, why
 
 
-def tampered() -> list[str]:
-    return [f"{getattr(owner, '__name__', owner)}.{name}" for owner, name, orig in _ORIGINALS
-            if getattr(owner, name, None) is not orig]
+def task_code(task, modules: set | None = None) -> dict:
+    """What the grader runs of `task`, each part by identity: the task's fields, and the globals of the modules its
+    code comes from (a function's code too). A submission that changed one grades against something else: the code
+    as given made slower inside the grader gave the code as given 12x on the CPU (2026-12-07)."""
+    out = {f"the task's {k}": (v,) for k, v in vars(task).items()}
+    if modules is None:
+        modules = {getattr(f, "__module__", None) for f in (task.slow, task.reference, task.build)} & sys.modules.keys()
+    for m in modules:
+        out.update({f"{m}.{k}": (v, getattr(v, "__code__", None)) for k, v in vars(sys.modules[m]).items()})
+    return out
 
 
-def _check_untampered(when: str) -> None:
+def tampered(task=None, code: dict | None = None) -> list[str]:
+    """The grader's clocks a submission replaced; with `code` (`task_code` before it loaded), what it changed of the
+    task's code instead."""
+    if code is None:
+        return [f"{getattr(owner, '__name__', owner)}.{name}" for owner, name, orig in _ORIGINALS
+                if getattr(owner, name, None) is not orig]
+    now = task_code(task, {k.rsplit(".", 1)[0] for k in code if not k.startswith("the task's")})
+    return sorted(k for k in code.keys() | now.keys()
+                  if k not in code or k not in now or any(a is not b for a, b in zip(code[k], now[k])))
+
+
+def _check_untampered(when: str, task=None, code: dict | None = None) -> None:
     changed = tampered()
     if changed:
         raise Rejected("suspicious", f"the submission replaced {', '.join(changed)} ({when}): the grader times with "
                                      "its own clock, and a submission that patches timers is not graded")
+    changed = tampered(task, code) if code is not None else []
+    if changed:
+        raise Rejected("suspicious", f"the submission changed {', '.join(changed)} ({when}): the grader compares it "
+                                     "with the task's own code, and a submission that changes that code is not graded")
 
 
 # threads a submission may leave running between its calls: a DataLoader's pinning thread, and the feeder thread of
@@ -480,9 +502,10 @@ def _grade(task_name: str, path: str, scale: str, budget_s: float, env: dict | N
         if _compiles(path, task):          # said only where the submission or the task's code compiles
             result["compile_note"] = ("on the CPU the grader runs torch.compile'd code eagerly (compiling costs ~20 s "
                                       "on a small CPU, for a speed that is not judged here)")
+    code = task_code(task)
     try:
         sub = load_submission(path)
-        _check_untampered("when it was loaded")
+        _check_untampered("when it was loaded", task, code)
         torch.manual_seed(int.from_bytes(os.urandom(8), "little") >> 2)     # torch.initial_seed() predicts nothing
         with _quiet():
             wl = task.build(scale, device)
@@ -491,11 +514,11 @@ def _grade(task_name: str, path: str, scale: str, budget_s: float, env: dict | N
         same = check_same(task, wl, sub, device)
         stages["check"] = _CLOCK() - t_start - stages["load"]
         result["why"] += same["lines"]
-        _check_untampered("after the correctness calls")
+        _check_untampered("after the correctness calls", task, code)
         flops = _count_flops(wl, task.slow, device)
         timing = time_in_turns(task, wl, sub, device, budget_s)
         stages["timing"] = _CLOCK() - t_start - stages["load"] - stages["check"]
-        _check_untampered("after the timed calls")
+        _check_untampered("after the timed calls", task, code)
     except Rejected as r:
         return {**result, "state": r.state, "why": [*result["why"], r.why], "grading_s": _CLOCK() - t_start}
     except torch.OutOfMemoryError as err:

@@ -321,3 +321,22 @@ def test_a_weight_frozen_once_timed_is_rejected():
             return step
         """)
     assert_rejected(v, "failed", "stopped training the model while it was timed")
+
+
+@pytest.mark.parametrize("patch, changed", [
+    # the code as given made slower inside the grader, so that the code as given beats it: 12x on the CPU before
+    # the grader looked (2026-12-07)
+    ("from gpulab.exercises.registry import task\n_t = task('01.sync')\n_slow = _t.slow\n"
+     "def _slower(model, optimizer):\n    step = _slow(model, optimizer)\n"
+     "    def s(x, y, host):\n        out = step(x, y, host)\n        time.sleep(0.02)\n        return out\n"
+     "    return s\nobject.__setattr__(_t, 'slow', _slower)\n", "the task's slow"),
+    ("import gpulab.exercises.e01_measuring_time as e01\n_h = e01.host_values_for\n"
+     "e01.host_values_for = lambda ms: 4 * _h(ms)\n", "e01_measuring_time.host_values_for"),
+])
+def test_a_submission_that_changes_the_tasks_own_code_is_suspicious(patch, changed):
+    v = grade(STEP, "import time\n" + patch + textwrap.dedent("""
+        def make_step(model, optimizer):
+            from gpulab.exercises.e01_measuring_time import make_step as given
+            return given(model, optimizer)
+        """))
+    assert_rejected(v, "suspicious", changed, "the task's own code", "when it was loaded")
